@@ -1,0 +1,14 @@
+"""inflight: a continuous-batching LLM inference engine and OpenAI-compatible server."""
+from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from inflight.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy so that `import inflight` (and the pure-Python core) does not pull in torch.
+    if name == "LLM":
+        from inflight.llm import LLM
+        return LLM
+    raise AttributeError(name)

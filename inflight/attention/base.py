@@ -1,0 +1,43 @@
+"""The attention backend interface and the per-step metadata it reads."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Where every token of the flattened batch lives, built once per step.
+
+    Requests are ordered decodes first (``num_decodes`` rows of one token each),
+    then prefill chunks. Request ``i`` owns query rows
+    ``query_start_loc[i]:query_start_loc[i+1]`` and, after this step, has
+    ``seq_lens[i]`` tokens of context in the blocks ``block_tables[i]``.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
+    block_tables: torch.Tensor  # [num_reqs, max_blocks] int64, padded with 0
+    seq_lens: torch.Tensor  # [num_reqs] int64
+    query_start_loc_list: list[int]  # [num_reqs + 1]
+    seq_lens_list: list[int]
+    num_decodes: int
+    block_size: int
+    max_decode_seq_len: int = 0
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_list)
+
+
+class AttentionBackend(abc.ABC):
+    """Writes new K/V into the paged cache and attends each request's queries
+    over its own history (causal within the new tokens)."""
+
+    @abc.abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D].
+        Returns [T, H, D]."""

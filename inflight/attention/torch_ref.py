@@ -1,0 +1,69 @@
+"""Reference attention in plain torch: works on any device, easy to check."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inflight.attention.base import AttentionBackend, AttentionMetadata
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter the step's new K/V rows into their cache slots."""
+    nb, bs, kvh, d = k_cache.shape
+    k_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
+    """Contiguous [length, KVH, D] view of one request's cached tokens."""
+    nblocks = -(-length // cache.shape[1])
+    return cache[block_ids[:nblocks]].flatten(0, 1)[:length]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Decodes in one batched SDPA call over a padded gather; each prefill chunk
+    in its own SDPA call (causal, offset by the cached prefix)."""
+
+    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        out = torch.empty_like(q)
+        nd = md.num_decodes
+        if nd:
+            out[:nd] = self._decode(q[:nd], k_cache, v_cache, md, scale)
+        qsl = md.query_start_loc_list
+        for i in range(nd, md.num_reqs):
+            s, e = qsl[i], qsl[i + 1]
+            out[s:e] = self._prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache,
+                                     md.block_tables[i], md.seq_lens_list[i], scale)
+        return out
+
+    @staticmethod
+    def _decode(q, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+        nd, bs = md.num_decodes, md.block_size
+        max_len = md.max_decode_seq_len
+        nblocks = -(-max_len // bs)
+        bt = md.block_tables[:nd, :nblocks]
+        keys = k_cache[bt].flatten(1, 2)[:, :max_len]  # [nd, L, KVH, D]
+        vals = v_cache[bt].flatten(1, 2)[:, :max_len]
+        mask = torch.arange(max_len, device=q.device)[None, :] < md.seq_lens[:nd, None]
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys.transpose(1, 2).to(q.dtype), vals.transpose(1, 2).to(q.dtype),
+            attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True)
+        return o.squeeze(2)
+
+    @staticmethod
+    def _prefill(q, k, v, k_cache, v_cache, block_ids, seq_len: int, scale: float) -> torch.Tensor:
+        qlen = q.shape[0]
+        if qlen == seq_len:  # no cached prefix: attend over the chunk itself
+            keys, vals, mask, causal = k, v, None, True
+        else:
+            keys = gather_kv(k_cache, block_ids, seq_len).to(q.dtype)
+            vals = gather_kv(v_cache, block_ids, seq_len).to(q.dtype)
+            pos_q = torch.arange(seq_len - qlen, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= pos_q[:, None]
+            causal = False
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1),
+            attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+        return o.transpose(0, 1)

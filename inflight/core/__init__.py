@@ -1,0 +1,1 @@
+"""Scheduler and KV cache bookkeeping: pure Python, no torch."""

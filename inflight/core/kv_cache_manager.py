@@ -1,0 +1,150 @@
+"""Block tables per request, prefix-cache lookups and slot allocation on top
+of the block pool."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from inflight.core.block_pool import BlockPool, KVCacheBlock
+from inflight.core.request import Request
+
+
+class ComputedBlocks(NamedTuple):
+    """Result of a prefix-cache lookup: the hit blocks and the tokens they hold."""
+
+    blocks: list[KVCacheBlock]
+    num_tokens: int
+
+
+def hash_block_tokens(parent_hash: Optional[int], token_ids: tuple[int, ...],
+                      extra: Optional[str] = None) -> int:
+    """Chained hash of one full block: equal hashes mean equal whole prefixes."""
+    return hash((parent_hash, token_ids, extra))
+
+
+class KVCacheManager:
+    """Maps requests to blocks. Full blocks are registered in the prefix cache
+    under a chained hash; a partially filled last block is always private.
+
+    NOTE: a block in any block table has ref_cnt > 0; blocks shared through the
+    prefix cache are never written, because a request only writes slots at
+    positions >= its num_computed_tokens, which lie past every hit block.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+        self.prefix_cache_queries = 0  # prompt tokens looked up
+        self.prefix_cache_hits = 0  # of those, tokens found in the cache
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use (0.0 .. 1.0)."""
+        return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _update_block_hashes(self, request: Request) -> list[int]:
+        hashes = request.block_hashes
+        bs = self.block_size
+        tokens = request.all_token_ids
+        while (len(hashes) + 1) * bs <= len(tokens):
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tuple(tokens[i * bs:(i + 1) * bs]), request.cache_salt))
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> ComputedBlocks:
+        """Longest cached prefix of a new request, in whole blocks.
+
+        NOTE: at most ``num_tokens - 1`` tokens can hit, so the last prompt token
+        is always recomputed and its logits sampled."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs:
+            return ComputedBlocks([], 0)
+        hashes = self._update_block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for h in hashes[:max_blocks]:
+            block = self.pool.get_cached_block(h)
+            if block is None:
+                break
+            hits.append(block)
+        num_tokens = len(hits) * self.block_size
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_tokens
+        return ComputedBlocks(hits, num_tokens)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed: Optional[ComputedBlocks] = None) -> bool:
+        """Make room for ``num_new_tokens`` past the request's computed tokens
+        (plus any prefix-cache hits passed in). Returns False, changing nothing,
+        when the pool cannot supply the blocks."""
+        hit_blocks = computed.blocks if computed else []
+        hit_tokens = computed.num_tokens if computed else 0
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        total = request.num_computed_tokens + hit_tokens + num_new_tokens
+        num_new = self.blocks_needed(total) - len(blocks) - len(hit_blocks)
+        # Hit blocks with ref_cnt 0 sit on the free list: taking them uses up free blocks too.
+        num_reclaimed = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        if max(num_new, 0) + num_reclaimed > self.pool.num_free_blocks:
+            if not blocks:
+                del self.req_to_blocks[request.request_id]
+            return False
+        self.pool.touch(hit_blocks)
+        blocks.extend(hit_blocks)
+        if num_new > 0:
+            blocks.extend(self.pool.allocate(num_new))
+        self._cache_full_blocks(request, blocks, total)
+        return True
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self._update_block_hashes(request)
+        for i in range(start, num_full):
+            self.pool.cache_block(blocks[i], hashes[i])
+        self._num_cached_blocks[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Return a request's blocks, tail first so deeper blocks are evicted first."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self._num_cached_blocks.pop(request.request_id, None)
+        self.pool.free(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def num_blocks_of(self, request_id: str) -> int:
+        return len(self.req_to_blocks.get(request_id, ()))
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        """Assert pool invariants and that every held block is counted once per holder."""
+        self.pool.check_integrity()
+        counts: dict[int, int] = {}
+        for rid, blocks in self.req_to_blocks.items():
+            ids = [b.block_id for b in blocks]
+            assert len(ids) == len(set(ids)), f"request {rid} holds a block twice"
+            for b in blocks:
+                assert b.ref_cnt > 0, f"request {rid} holds free block {b.block_id}"
+                counts[b.block_id] = counts.get(b.block_id, 0) + 1
+        for b in self.pool.blocks:
+            assert b.ref_cnt == counts.get(b.block_id, 0), \
+                f"block {b.block_id}: ref_cnt {b.ref_cnt} != holders {counts.get(b.block_id, 0)}"

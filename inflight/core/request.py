@@ -1,0 +1,105 @@
+"""A request as the scheduler sees it: tokens, progress and status."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from inflight.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Values above PREEMPTED are finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_IGNORED = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_IGNORED: "length",
+}
+
+
+@dataclass
+class RequestTimes:
+    """Wall-clock timestamps (time.time()) of a request's milestones."""
+
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
+    finished_time: Optional[float] = None
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence being generated.
+
+    NOTE: ``num_computed_tokens`` counts tokens whose KV is in the cache; the
+    scheduler never keeps a separate prefill/decode phase. A request needs
+    ``num_tokens - num_computed_tokens`` more tokens computed before it samples.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    arrival_time: float = field(default_factory=time.time)
+    priority: int = 0
+    cache_salt: Optional[str] = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens served from the prefix cache, set on first schedule
+    num_preemptions: int = 0
+    stop_reason: Any = None
+    block_hashes: list[int] = field(default_factory=list)
+    times: RequestTimes = field(init=False)
+    # Token ids after the prompt, including the ones generated so far.
+    all_token_ids: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.times = RequestTimes(arrival_time=self.arrival_time)
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        mt = self.sampling_params.max_tokens
+        return mt if mt is not None else 1 << 62
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)

@@ -1,0 +1,1 @@
+"""The engine: request intake, the step loop, output processing."""

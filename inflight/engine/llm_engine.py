@@ -1,0 +1,160 @@
+"""The synchronous engine: add requests, call ``step()``, get RequestOutputs."""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Optional, Union
+
+from inflight.config import EngineConfig
+from inflight.core.outputs import SchedulerOutput
+from inflight.core.request import Request, RequestStatus
+from inflight.core.scheduler import Scheduler
+from inflight.engine.output_processor import OutputProcessor
+from inflight.outputs import RequestOutput
+from inflight.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+PromptType = Union[str, list[int], dict[str, Any]]
+
+
+class LLMEngine:
+    """Owns the tokenizer, scheduler, model runner and output processor.
+
+    One ``step()`` = schedule, one forward pass over the flattened batch,
+    update, detokenize. Not thread-safe: the async engine drives it from one thread.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        from inflight.loader import load_model
+        from inflight.worker.builder import build_runner
+
+        self.config = config
+        t0 = time.time()
+        loaded = load_model(config.model_config.model)
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = tuple(loaded.eos_token_ids)
+        self.model_source = loaded.source
+        built = build_runner(config, loaded.hf_config, loaded.weights)
+        del loaded
+        self.runner = built.runner
+        self.arch = built.arch
+        self.dtype, self.device = built.dtype, built.device
+        self.max_model_len = built.max_model_len
+        self.num_blocks = built.num_blocks
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+        self.step_count = 0
+        self._trace = open(config.trace_file, "a") if config.trace_file else None
+        logger.info("engine ready in %.1f s: %s, %s on %s; KV cache: %d blocks = %d tokens",
+                    time.time() - t0, self.model_source, self.dtype, self.device,
+                    self.num_blocks, self.num_blocks * config.cache_config.block_size)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "LLMEngine":
+        return cls(EngineConfig.from_kwargs(**kwargs))
+
+    # ------------------------------------------------------------------ intake
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
+        """Accept a string, a token-id list, or {"prompt": ...} / {"prompt_token_ids": ...}."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer(prompt).input_ids
+        return None, list(prompt)
+
+    def add_request(self, request_id: Optional[str], prompt: PromptType, params: Optional[SamplingParams] = None,
+                    arrival_time: Optional[float] = None, priority: int = 0) -> str:
+        """Validate and queue a request; raises ValueError naming the limit it breaks."""
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.output_processor.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self.tokenize_prompt(prompt)
+        self._validate(ids, params)
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=self.max_model_len - len(ids))
+        arrival = arrival_time if arrival_time is not None else time.time()
+        children = []
+        for i in range(params.n):
+            cid = request_id if params.n == 1 else f"{request_id}#{i}"
+            p = params if params.n == 1 else replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            children.append(Request(cid, ids, p, self.eos_token_ids, arrival, priority))
+        for child in children:
+            self.scheduler.check_feasible(child)
+        for child in children:
+            self.scheduler.add_request(child)
+        self.output_processor.add_request(request_id, text, children)
+        return request_id
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty: it must contain at least one token")
+        vocab = self.arch.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        total = len(ids) + (params.max_tokens or 0)
+        if len(ids) >= self.max_model_len or total > self.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                             f"max_model_len ({self.max_model_len})")
+
+    def abort_request(self, request_ids: Union[str, list[str]]) -> list[RequestOutput]:
+        """Stop requests now; their KV blocks return to the pool before the next step."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        outs = []
+        for rid in ids:
+            self.scheduler.abort_requests(self.output_processor.child_ids(rid) or [rid])
+            out = self.output_processor.abort(rid)
+            if out is not None:
+                outs.append(out)
+        return outs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Run one engine iteration and return the outputs of requests that progressed."""
+        t0 = time.time()
+        sched = self.scheduler.schedule()
+        batch = self._trace_batch(sched) if self._trace is not None else None
+        result = self.runner.execute(sched)
+        core_outputs = self.scheduler.update_from_output(sched, result)
+        outputs, stopped = self.output_processor.process(core_outputs)
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if batch:
+            self._write_trace(sched, batch, core_outputs, t0)
+        self.step_count += 1
+        return outputs
+
+    @staticmethod
+    def _trace_batch(sched: SchedulerOutput) -> list[dict]:
+        return [{"id": s.request.request_id, "num_tokens": s.num_new_tokens,
+                 "kind": "prefill" if s.is_prefill else "decode"} for s in sched.scheduled]
+
+    def _write_trace(self, sched: SchedulerOutput, batch: list[dict], core_outputs, t0: float) -> None:
+        kv = self.scheduler.kv
+        rec = {
+            "step": self.step_count, "time": t0, "duration_s": round(time.time() - t0, 6),
+            "requests": batch,
+            "num_tokens": sched.total_num_scheduled_tokens,
+            "kv_blocks_used": kv.num_blocks - kv.num_free_blocks, "kv_blocks_free": kv.num_free_blocks,
+            "num_waiting": len(self.scheduler.waiting), "num_running": len(self.scheduler.running),
+            "finished": [o.request_id for o in core_outputs if o.finish_reason is not None],
+            "preempted": sched.preempted_req_ids,
+        }
+        self._trace.write(json.dumps(rec) + "\n")
+        self._trace.flush()
+
+    def stats(self) -> dict[str, float]:
+        kv = self.scheduler.kv
+        return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "kv_cache_usage": kv.usage, "num_preemptions": self.scheduler.num_preemptions,
+                "prefix_cache_queries": kv.prefix_cache_queries, "prefix_cache_hits": kv.prefix_cache_hits}

@@ -1,0 +1,101 @@
+"""Offline inference: ``LLM(...).generate(prompts, params)``."""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence, Union
+
+from tqdm.auto import tqdm
+
+from inflight.engine.llm_engine import LLMEngine, PromptType
+from inflight.outputs import RequestOutput
+from inflight.sampling_params import SamplingParams
+
+
+class LLM:
+    """Runs batches of prompts through the continuous-batching engine.
+
+    ``LLM()`` loads the embedded SmolLM2-135M-Instruct; every vLLM engine
+    argument (``max_num_seqs``, ``block_size``, ...) is accepted by keyword.
+    """
+
+    def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
+        self.llm_engine = LLMEngine.from_kwargs(model=model, **kwargs)
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 *, prompt_token_ids: Optional[Sequence[Sequence[int]]] = None, use_tqdm: bool = True,
+                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order."""
+        items = self._normalise(prompts, prompt_token_ids)
+        params = self._params_for(sampling_params, len(items))
+        engine = self.llm_engine
+        ids = []
+        try:
+            for i, (prompt, p) in enumerate(zip(items, params)):
+                pr = priority[i] if priority is not None else 0
+                ids.append(engine.add_request(None, prompt, p, priority=pr))
+        except Exception:
+            engine.abort_request(ids)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: Union[list[dict], list[list[dict]]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             *, use_tqdm: bool = True, add_generation_prompt: bool = True,
+             chat_template: Optional[str] = None) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.llm_engine.tokenizer
+        prompts = [{"prompt_token_ids": tok(tok.apply_chat_template(
+            c, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template),
+            add_special_tokens=False).input_ids} for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    @staticmethod
+    def _normalise(prompts, prompt_token_ids) -> list[PromptType]:
+        if prompt_token_ids is not None:
+            return [{"prompt_token_ids": list(t)} for t in prompt_token_ids]
+        if prompts is None:
+            raise ValueError("give prompts or prompt_token_ids")
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and isinstance(prompts[0], int):
+            return [prompts]  # one token-id list
+        return prompts
+
+    @staticmethod
+    def _params_for(sp, n: int) -> list[SamplingParams]:
+        if sp is None:
+            return [SamplingParams()] * n
+        if isinstance(sp, SamplingParams):
+            return [sp] * n
+        sp = list(sp)
+        if len(sp) != n:
+            raise ValueError(f"got {len(sp)} SamplingParams for {n} prompts")
+        return sp
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        start, n_in, n_out = time.time(), 0, 0
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    n_out += sum(len(c.delta_token_ids) for c in out.outputs)
+                    if out.finished:
+                        done[out.request_id] = out
+                        n_in += len(out.prompt_token_ids)
+                        bar.update(1)
+                        el = max(time.time() - start, 1e-9)
+                        bar.set_postfix_str(f"est. speed input: {n_in / el:.1f} toks/s, output: {n_out / el:.1f} toks/s")
+        finally:
+            bar.close()
+            pending = [i for i in ids if i not in done]
+            if pending:
+                engine.abort_request(pending)
+        return [done[i] for i in ids]

@@ -1,0 +1,181 @@
+"""Read a llama.cpp GGUF file into an HF-style config and float32 HF-named weights.
+
+Three things differ from an HF checkpoint and are undone here:
+- names: ``blk.N.attn_q.weight`` instead of ``model.layers.N.self_attn.q_proj.weight``;
+- shapes: GGUF lists dimensions innermost first (``[in, out]``), the reverse of torch;
+- for the llama architecture, llama.cpp's converter reorders the rows of Q and K
+  inside each head (see ``_unpermute_qk``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import normalize_hf_config
+from .types import ModelLoadError, unsupported_architecture
+
+# general.architecture -> HF architecture; other GGUF architectures are refused.
+_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+
+
+def open_gguf(path: str) -> Any:
+    """Open ``path`` with gguf.GGUFReader; any parse failure becomes a ModelLoadError."""
+    try:
+        from gguf import GGUFReader
+
+        # The reader memory-maps the file and parses every header up front, so a
+        # truncated or garbage file fails here rather than half-way through loading.
+        return GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises ValueError, struct/numpy errors, ...
+        raise ModelLoadError(f"cannot read GGUF file {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_architecture(reader: Any, source: str) -> tuple[str, str]:
+    """Return (gguf architecture, HF architecture), refusing unsupported ones."""
+    arch = _field(reader, "general.architecture")
+    if arch not in _GGUF_ARCHITECTURES:
+        raise unsupported_architecture(arch, source)
+    hf_arch = _GGUF_ARCHITECTURES[arch]
+    # llama.cpp files Mistral models under "llama"; the name is the only hint left.
+    if arch == "llama" and "mistral" in str(_field(reader, "general.name", "")).lower():
+        hf_arch = "MistralForCausalLM"
+    return arch, hf_arch
+
+
+def _rope_scaling(reader: Any, arch: str) -> dict[str, Any] | None:
+    rope_type = _field(reader, f"{arch}.rope.scaling.type")
+    if rope_type in (None, "none"):
+        return None
+    scaling: dict[str, Any] = {"rope_type": rope_type}
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    if factor is not None:
+        scaling["factor"] = float(factor)
+    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def _tensor_rows(reader: Any, name: str) -> int | None:
+    for tensor in reader.tensors:
+        if tensor.name == name:
+            return int(tensor.shape[-1])  # GGUF shape is reversed: last entry = rows
+    return None
+
+
+def gguf_hf_config(reader: Any, source: str) -> dict[str, Any]:
+    """Translate GGUF metadata into a normalised HF-style config dict."""
+    arch, hf_arch = gguf_architecture(reader, source)
+
+    def meta(key: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{key}", default)
+
+    if isinstance(meta("attention.head_count_kv"), list):
+        raise ModelLoadError(f"per-layer KV head counts are not supported: {source}")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    # The embedding's row count is what the model computes with; fall back to the token list.
+    vocab = _tensor_rows(reader, "token_embd.weight") or (len(tokens.data) if tokens else None)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")  # chat models may end turns with it
+    names = {t.name for t in reader.tensors}
+    raw = {
+        "architectures": [hf_arch],
+        "hidden_size": meta("embedding_length"),
+        "intermediate_size": meta("feed_forward_length"),
+        "num_hidden_layers": meta("block_count"),
+        "num_attention_heads": meta("attention.head_count"),
+        "num_key_value_heads": meta("attention.head_count_kv"),
+        "head_dim": meta("attention.key_length"),
+        "rms_norm_eps": meta("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": meta("rope.freq_base", 10000.0),
+        "rope_scaling": _rope_scaling(reader, arch),
+        "vocab_size": vocab,
+        "max_position_embeddings": meta("context_length"),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos if eot is None or eot == eos else [eos, eot],
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",  # we dequantize everything to float32
+        "gguf_file_type": _field(reader, "general.file_type"),
+    }
+    return normalize_hf_config(raw, source)
+
+
+def _hf_name(gguf_name: str, source: str) -> str:
+    base, _, kind = gguf_name.rpartition(".")  # kind: "weight" or "bias"
+    if base.startswith("blk."):
+        _, layer, part = base.split(".", 2)
+        if part in _LAYER_NAMES:
+            return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    elif base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{kind}"
+    if base == "rope_freqs":
+        # Llama 3.x frequency factors; dropping them would silently change every output.
+        raise ModelLoadError(f"llama3-style rope_freqs tensors are not supported: {source}")
+    raise ModelLoadError(f"unexpected tensor {gguf_name} in {source}")
+
+
+def _unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation for one projection.
+
+    HF's RoPE rotates the first half of each head against the second half;
+    llama.cpp's kernel rotates adjacent pairs, so its converter reorders each
+    head's rows from (2, head_dim/2) to (head_dim/2, 2). We swap them back.
+    """
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+def _dequantize(tensor: Any) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    arr = dequantize(tensor.data, tensor.tensor_type)
+    arr = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(tensor.shape)])
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        # F32 tensors come back as views of the read-only memory map: copy so the
+        # result outlives the reader and torch gets a writable buffer.
+        arr = np.ascontiguousarray(arr).copy()
+    return torch.from_numpy(arr)
+
+
+def gguf_weights(reader: Any, hf_config: dict[str, Any], source: str) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor to float32 and return it under its HF name and shape."""
+    permute = hf_config["model_type"] in ("llama", "mistral")  # qwen2 is stored unpermuted
+    heads = {"q_proj": hf_config["num_attention_heads"], "k_proj": hf_config["num_key_value_heads"]}
+    weights: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name, source)
+        try:
+            value = _dequantize(tensor)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot dequantize {tensor.name} in {source}: {exc}") from exc
+        proj = name.split(".")[-2]
+        if permute and proj in heads:
+            value = _unpermute_qk(value, heads[proj])
+        weights[name] = value
+    return weights

@@ -1,0 +1,45 @@
+"""Tokenizers from HF folders and GGUF files, with the chat template always attached."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable
+
+from .types import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def tokenizer_from_folder(folder: str) -> "PreTrainedTokenizerBase":
+    """Load the tokenizer saved in ``folder`` (an HF model folder or our cache entry)."""
+    from transformers import AutoTokenizer
+
+    try:
+        # local_files_only: no hub is reachable, and a local folder must not fall back to one.
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load tokenizer from {folder}: {type(exc).__name__}: {exc}") from exc
+
+
+def tokenizer_from_gguf(
+    path: str, chat_template: Callable[[], str | None] | None = None
+) -> "PreTrainedTokenizerBase":
+    """Build the tokenizer stored in the GGUF file ``path``.
+
+    transformers converts the GGUF vocabulary and merges itself and normally
+    copies ``tokenizer.chat_template`` too; ``chat_template`` is a fallback
+    source for the template, called only when transformers left it unset.
+    """
+    from transformers import AutoTokenizer
+
+    folder, name = os.path.split(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot build tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
+    if not tok.chat_template and chat_template is not None:
+        template = chat_template()
+        if template:
+            tok.chat_template = template
+    return tok

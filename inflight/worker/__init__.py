@@ -1,0 +1,1 @@
+"""Model execution on one device: KV cache, model runner, sampler."""

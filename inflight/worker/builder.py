@@ -1,0 +1,74 @@
+"""Builds the model runner: device and dtype choice, weights, KV pool."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from inflight.attention import get_attention_backend
+from inflight.config import EngineConfig
+from inflight.models.registry import ModelArchConfig, get_model_class
+from inflight.worker.kv_cache import allocate_kv_cache, resolve_num_blocks
+from inflight.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 where the hardware runs it fast (CUDA, or a CPU with bf16 units)."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16
+        bf16_ok = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
+        return torch.bfloat16 if bf16_ok else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
+@dataclass
+class BuiltRunner:
+    runner: ModelRunner
+    arch: ModelArchConfig
+    num_blocks: int
+    max_model_len: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltRunner:
+    """Construct the model on its device, load weights and allocate the KV pool."""
+    arch = ModelArchConfig.from_hf(hf_config)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.model_config.dtype, device)
+    max_len = config.model_config.max_model_len or arch.max_position_embeddings
+    if max_len > arch.max_position_embeddings:
+        logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
+                       max_len, arch.max_position_embeddings)
+    cls = get_model_class(arch.architecture)
+    with torch.device("meta"):
+        model = cls(arch, get_attention_backend(), max_len)
+    model = model.to_empty(device=device)
+    model.rope.build_cache(device)  # buffers are not in the checkpoint
+    model.load_weights(weights.items())
+    model = model.to(dtype).eval()
+    cc = config.cache_config
+    num_blocks = resolve_num_blocks(arch, cc.block_size, dtype, device, cc.kv_cache_memory,
+                                    cc.gpu_memory_utilization, cc.num_gpu_blocks_override)
+    kv = allocate_kv_cache(arch, num_blocks, cc.block_size, dtype, device)
+    logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, dtype, device)
+    runner = ModelRunner(model, kv, cc.block_size, arch.vocab_size, device, config.model_config.seed)
+    return BuiltRunner(runner, arch, num_blocks, max_len, dtype, device)
