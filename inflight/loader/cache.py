@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,22 @@ def read_entry(entry: str, source: str) -> CachedModel | None:
     return None
 
 
+def _sweep_leftovers(root: str, max_age_s: float = 3600.0) -> None:
+    """Remove temp/trash folders that killed processes left behind, once they are old.
+
+    Young ones may belong to a process that is writing right now.
+    """
+    now = time.time()
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if (name.startswith(".tmp-") or ".trash-" in name) and os.path.isdir(path):
+            try:
+                if now - os.path.getmtime(path) > max_age_s:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass  # raced with another sweeper
+
+
 def write_entry(
     entry: str,
     source: str,
@@ -140,6 +157,7 @@ def write_entry(
     tmp = None
     try:
         os.makedirs(root, exist_ok=True)
+        _sweep_leftovers(root)
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
         save_file(weights, os.path.join(tmp, WEIGHTS_FILE))
         with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:

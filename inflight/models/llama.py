@@ -27,10 +27,10 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
 
-def rope_inv_freq(cfg: ModelArchConfig) -> torch.Tensor:
+def rope_inv_freq(cfg: ModelArchConfig, device: torch.device) -> torch.Tensor:
     """Inverse frequencies, with llama3 / linear scaling when the config asks."""
     d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
     sc = cfg.rope_scaling or {}
     kind = sc.get("rope_type", sc.get("type", "default"))
     if kind == "linear":
@@ -55,14 +55,14 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg, self.max_positions = cfg, max_positions
-        self.register_buffer("cos", torch.empty(0), persistent=False)
-        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.register_buffer("cos", torch.empty(0, device="cpu"), persistent=False)
+        self.register_buffer("sin", torch.empty(0, device="cpu"), persistent=False)
         self.build_cache(torch.device("cpu"))
 
     def build_cache(self, device: torch.device) -> None:
         """(Re)compute the table in float32; needed after building on the meta device."""
         t = torch.arange(self.max_positions, dtype=torch.float32, device=device)
-        freqs = torch.outer(t, rope_inv_freq(self.cfg).to(device))
+        freqs = torch.outer(t, rope_inv_freq(self.cfg, device))
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
 

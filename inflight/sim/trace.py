@@ -103,14 +103,14 @@ def _charts(steps: list[TraceStep]) -> list[Chart]:
     totals = [s.kv_blocks_used + s.kv_blocks_free for s in steps]
     kv = [s.kv_blocks_used / t if t else 0.0 for s, t in zip(steps, totals)]
     peak = max(range(len(steps)), key=lambda i: kv[i])
-    kv_chart = Chart("KV blocks used", kv,
+    kv_chart = Chart("KV used", kv,
                      [f"{s.kv_blocks_used}/{t} blocks = {v:.1%}"
                       for s, t, v in zip(steps, totals, kv)],
                      f"peak {steps[peak].kv_blocks_used}/{totals[peak]} = {kv[peak]:.1%}")
     most = max(s.num_tokens for s in steps) or 1
     mean = sum(s.num_tokens for s in steps) / len(steps)
-    tok_chart = Chart("tokens in step", [s.num_tokens / most for s in steps],
-                      [f"{s.num_tokens} tokens" for s in steps],
+    tok_chart = Chart("tokens", [s.num_tokens / most for s in steps],
+                      [f"{s.num_tokens} in the step" for s in steps],
                       f"max {most}, mean {mean:.1f}/step")
     return [kv_chart, tok_chart]
 
@@ -118,7 +118,8 @@ def _charts(steps: list[TraceStep]) -> list[Chart]:
 def _status(s: TraceStep) -> str:
     pre = sum(r.num_tokens for r in s.requests if r.kind == "prefill")
     dec = sum(r.num_tokens for r in s.requests if r.kind == "decode")
-    text = (f"step {s.step}: {s.num_tokens} tokens ({pre} prefill, {dec} decode), "
+    noun = "token" if s.num_tokens == 1 else "tokens"
+    text = (f"step {s.step}: {s.num_tokens} {noun} ({pre} prefill, {dec} decode), "
             f"running {s.num_running}, waiting {s.num_waiting}, "
             f"{s.duration_s * 1000:.1f} ms")
     if s.finished:

@@ -95,7 +95,8 @@ def sim_panel(result: SimResult) -> Panel:
     status = []
     for s in stats:
         back = ", ".join(f"r{i}" for i in s.handed_back) or "none"
-        status.append(f"step {s.step}: {s.tokens} tokens; handed back now: {back}")
+        noun = "token" if s.tokens == 1 else "tokens"
+        status.append(f"step {s.step}: {s.tokens} {noun}; handed back now: {back}")
     return Panel(
         title=f"{result.scheduler} batching",
         row_title="slot",

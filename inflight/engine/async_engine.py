@@ -1,0 +1,303 @@
+"""Drives an ``LLMEngine`` from a dedicated thread and gives every request an
+async stream of outputs.
+
+Threading model: ``LLMEngine`` is not thread-safe, so exactly one thread (the
+step thread) ever touches it. The event loop never calls the engine: it queues
+commands (add, abort, arbitrary calls) that the step thread applies at the next
+step boundary. Outputs travel back with ``loop.call_soon_threadsafe`` into one
+``asyncio.Queue`` per request. With no commands and no unfinished requests the
+step thread blocks on a condition variable, so an idle server burns no CPU.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional, Protocol, TypeVar
+
+from inflight.outputs import RequestOutput
+from inflight.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop crashed (or was shut down); no request can make progress."""
+
+
+class StepObserver(Protocol):
+    """Receives every step's results on the step thread (metrics, logging)."""
+
+    def on_step(self, engine: Any, outputs: list[RequestOutput], step_time: float) -> None: ...
+
+    def on_abort(self, engine: Any, request_id: str, outputs: list[RequestOutput]) -> None: ...
+
+
+@dataclass
+class _Command:
+    """A call queued for the step thread, with the future its caller awaits."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
+    is_add: bool = False
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return  # the caller gave up before the step thread got here
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as e:  # handed to the caller, never kills the loop
+            self.future.set_exception(e)
+
+    def fail(self, error: BaseException) -> None:
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_exception(error)
+
+
+class _RequestStream:
+    """The consumer side of one request: outputs, or an exception, in order."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.loop = loop
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+
+class AsyncLLMEngine:
+    """Asynchronous front of an ``LLMEngine``: ``generate()`` yields RequestOutputs.
+
+    ``start()`` must be called from the event loop that will consume outputs.
+    ``abort()`` may be called from any thread; it takes effect at the next step
+    boundary and frees the request's KV blocks there.
+    """
+
+    def __init__(self, engine: Any, observer: Optional[StepObserver] = None) -> None:
+        self.engine = engine
+        self.observer = observer
+        self._cond = threading.Condition()
+        self._commands: list[_Command] = []  # guarded by _cond
+        self._pending_adds = 0  # guarded by _cond
+        self._stopping = False  # guarded by _cond
+        self._dead: Optional[BaseException] = None  # set once, under _cond
+        self._accepting = True
+        self._streams: dict[str, _RequestStream] = {}  # owned by the step thread
+        self._thread: Optional[threading.Thread] = None
+        self.num_waiting = 0  # snapshot written by the step thread, read anywhere
+        self.num_running = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the step thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="inflight-step-loop", daemon=True)
+            self._thread.start()
+
+    @property
+    def thread(self) -> Optional[threading.Thread]:
+        return self._thread
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the step loop runs and has not crashed."""
+        return self._dead is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def dead_error(self) -> Optional[BaseException]:
+        return self._dead
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests the engine holds, plus adds still queued for the step thread."""
+        with self._cond:
+            return len(self._streams) + self._pending_adds
+
+    @property
+    def num_waiting_total(self) -> int:
+        """Waiting requests plus adds not yet applied: what admission control compares."""
+        with self._cond:
+            return self.num_waiting + self._pending_adds
+
+    def stop_accepting(self) -> None:
+        """New requests fail with EngineDeadError from now on; running ones continue."""
+        self._accepting = False
+
+    async def shutdown(self, grace_period: float = 0.0) -> None:
+        """Stop admitting, let running requests finish for up to ``grace_period``
+        seconds, abort the rest, and stop the step thread."""
+        self.stop_accepting()
+        deadline = time.monotonic() + grace_period
+        while self.num_unfinished and time.monotonic() < deadline and self.is_alive:
+            await asyncio.sleep(0.05)
+        if self.is_alive:
+            try:
+                await self.call(lambda eng: self._abort_all())
+            except EngineDeadError:
+                pass  # died meanwhile: _die already failed every stream
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+
+    # ------------------------------------------------------------- commands
+    def _submit(self, fn: Callable[[], T], is_add: bool = False) -> "concurrent.futures.Future[T]":
+        """Queue ``fn`` for the step thread; its result or exception lands in the future."""
+        command = _Command(fn, concurrent.futures.Future(), is_add)
+        with self._cond:
+            if self._dead is not None or self._stopping:
+                command.fail(EngineDeadError("the engine loop is not running"))
+                return command.future
+            self._commands.append(command)
+            self._pending_adds += int(is_add)
+            self._cond.notify()
+        return command.future
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(engine)`` on the step thread at the next step boundary."""
+        return await asyncio.wrap_future(self._submit(lambda: fn(self.engine)))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request at the next step boundary (thread-safe, non-blocking)."""
+        self._submit(lambda: self._do_abort(request_id))
+
+    # ------------------------------------------------------------- requests
+    async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
+                       priority: int = 0, arrival_time: Optional[float] = None,
+                       ) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its outputs until it finishes.
+
+        Raises ValueError (bad input, from the engine's validation) before the
+        first output, or EngineDeadError if the loop dies. Leaving the iteration
+        early (client disconnect, cancellation) aborts the request.
+        """
+        if not self._accepting:
+            raise EngineDeadError("the server is shutting down")
+        stream = _RequestStream(request_id, asyncio.get_running_loop())
+        arrival = arrival_time if arrival_time is not None else time.time()
+        finished = False
+        try:
+            add = self._submit(lambda: self._do_add(stream, prompt, params, arrival, priority), is_add=True)
+            try:
+                await asyncio.wrap_future(add)
+            except (ValueError, TypeError, EngineDeadError):
+                finished = True  # never entered the engine: nothing to abort
+                raise
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    # ------------------------------------------------ step thread internals
+    def _do_add(self, stream: _RequestStream, prompt: Any, params: SamplingParams,
+                arrival: float, priority: int) -> None:
+        if stream.request_id in self._streams:
+            raise ValueError(f"request id {stream.request_id!r} is already in use")
+        self.engine.add_request(stream.request_id, prompt, params, arrival_time=arrival, priority=priority)
+        self._streams[stream.request_id] = stream
+        self.num_waiting = len(self.engine.scheduler.waiting)
+
+    def _do_abort(self, request_id: str) -> None:
+        outputs = self.engine.abort_request([request_id])
+        stream = self._streams.pop(request_id, None)
+        if self.observer is not None:
+            self.observer.on_abort(self.engine, request_id, outputs)
+        if stream is not None:
+            self._deliver([(stream, out) for out in outputs])
+        self._snapshot_counts()
+
+    def _abort_all(self) -> None:
+        for rid in list(self._streams):
+            self._do_abort(rid)
+
+    def _snapshot_counts(self) -> None:
+        sched = self.engine.scheduler
+        self.num_waiting, self.num_running = len(sched.waiting), len(sched.running)
+
+    def _next_commands(self) -> Optional[list[_Command]]:
+        """Block until there is a command or work; None means stop."""
+        with self._cond:
+            while not (self._commands or self._stopping or self.engine.has_unfinished_requests()):
+                self._cond.wait()
+            if self._stopping and not self._commands:
+                return None
+            commands, self._commands = self._commands, []
+            return commands
+
+    def _run(self) -> None:
+        try:
+            while True:
+                commands = self._next_commands()
+                if commands is None:
+                    break
+                for command in commands:
+                    if command.is_add:
+                        with self._cond:
+                            self._pending_adds -= 1
+                    command.run()
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                elif commands and self.observer is not None:
+                    self.observer.on_step(self.engine, [], 0.0)  # refresh gauges after aborts
+        except BaseException as e:
+            logger.exception("the engine step loop crashed; failing every pending request")
+            self._die(e)
+        else:
+            self._die(EngineDeadError("the engine loop was shut down"))
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        step_time = time.perf_counter() - t0
+        batch = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            batch.append((stream, out))
+            if out.finished:
+                del self._streams[out.request_id]
+        self._deliver(batch)
+        self._snapshot_counts()
+        if self.observer is not None:
+            self.observer.on_step(self.engine, outputs, step_time)
+
+    def _deliver(self, batch: list[tuple[_RequestStream, Any]]) -> None:
+        """Hand items to their consumers' loops: one wake-up per loop per step."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_RequestStream, Any]]] = {}
+        for stream, item in batch:
+            by_loop.setdefault(stream.loop, []).append((stream, item))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    def _die(self, error: BaseException) -> None:
+        with self._cond:
+            if not isinstance(error, EngineDeadError):
+                error = EngineDeadError(f"the engine loop died: {type(error).__name__}")
+            self._dead = error
+            commands, self._commands = self._commands, []
+            self._pending_adds = 0
+        for command in commands:  # fail queued adds/calls instead of leaving them hanging
+            command.fail(EngineDeadError(str(error)))
+        streams, self._streams = list(self._streams.values()), {}
+        self._deliver([(s, error) for s in streams])
+
+
+def _put_all(items: list[tuple[_RequestStream, Any]]) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)

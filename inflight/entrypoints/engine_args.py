@@ -1,0 +1,63 @@
+"""Every engine setting as a command-line flag, spelled as in vLLM."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, fields
+from typing import Any
+
+from inflight.config import CacheConfig, ModelConfig, SchedulerConfig
+
+_HELP = {
+    "model": "HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    "dtype": "auto | float32 | bfloat16 | float16",
+    "max_model_len": "longest prompt + output in tokens (default: the model's)",
+    "kv_cache_memory": "bytes for the KV pool on CPU (default 2 GiB)",
+    "max_num_seqs": "most requests running at once",
+    "max_num_batched_tokens": "token budget of one step",
+    "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
+    "scheduling_policy": "fcfs | priority",
+    "preemption_mode": "recompute | swap",
+    "swap_space": "GiB of host memory for swap preemption",
+    "enable_prefix_caching": "share KV blocks of common prefixes",
+    "enable_chunked_prefill": "split long prompts across steps",
+}
+_SKIP = {"model"}  # positional / handled by the subcommand
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add --max-num-seqs, --block-size, ... for every config field."""
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig):
+        for f in fields(cls):
+            if f.name in _SKIP:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not MISSING else None
+            if isinstance(default, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                    help=_HELP.get(f.name))
+            else:
+                typ = _type_of(f.type, default)
+                parser.add_argument(flag, type=typ, default=default, help=_HELP.get(f.name))
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--trace-file", default=None, help="write one JSON line per engine step here")
+
+
+def _type_of(annotation: Any, default: Any):
+    text = str(annotation)
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str
+
+
+def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed flags as keyword arguments for ``LLM`` / ``LLMEngine.from_kwargs``."""
+    kw: dict[str, Any] = {}
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig):
+        for f in fields(cls):
+            if hasattr(args, f.name):
+                kw[f.name] = getattr(args, f.name)
+    kw["device"] = args.device
+    kw["trace_file"] = args.trace_file
+    return kw

