@@ -64,6 +64,7 @@ class EngineMetrics:
         self._totals = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}
         self._window = _Window()
         self._last_hit_rate = (0, 0)  # prefix-cache queries/hits at the previous log line
+        self._stats: dict[str, float] = {}
         self._build()
 
     def _build(self) -> None:

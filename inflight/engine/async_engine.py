@@ -59,13 +59,45 @@ class _Command:
             self.future.set_exception(error)
 
 
-class _RequestStream:
-    """The consumer side of one request: outputs, or an exception, in order."""
+class RequestStream:
+    """Async iterator over one request's RequestOutputs, ending after the finished one.
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+    ``close()`` (or cancelling a pending ``__anext__``) aborts the request if it
+    has not finished; consumers must close streams they stop reading.
+    """
+
+    def __init__(self, engine: "AsyncLLMEngine", request_id: str) -> None:
         self.request_id = request_id
-        self.loop = loop
+        self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.finished = False
+        self._engine = engine
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            item = await self.queue.get()
+        except BaseException:  # cancelled: whoever waited for this request is gone
+            self.close()
+            raise
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def close(self) -> None:
+        """Stop reading; an unfinished request is aborted at the next step boundary."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 class AsyncLLMEngine:
@@ -85,7 +117,7 @@ class AsyncLLMEngine:
         self._stopping = False  # guarded by _cond
         self._dead: Optional[BaseException] = None  # set once, under _cond
         self._accepting = True
-        self._streams: dict[str, _RequestStream] = {}  # owned by the step thread
+        self._streams: dict[str, RequestStream] = {}  # owned by the step thread
         self._thread: Optional[threading.Thread] = None
         self.num_waiting = 0  # snapshot written by the step thread, read anywhere
         self.num_running = 0
@@ -166,42 +198,37 @@ class AsyncLLMEngine:
         self._submit(lambda: self._do_abort(request_id))
 
     # ------------------------------------------------------------- requests
-    async def generate(self, prompt: Any, params: SamplingParams, request_id: str,
-                       priority: int = 0, arrival_time: Optional[float] = None,
-                       ) -> AsyncIterator[RequestOutput]:
-        """Add a request and yield its outputs until it finishes.
+    async def add_request(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
+                          arrival_time: Optional[float] = None) -> RequestStream:
+        """Queue a request and return its output stream once the engine accepted it.
 
-        Raises ValueError (bad input, from the engine's validation) before the
-        first output, or EngineDeadError if the loop dies. Leaving the iteration
-        early (client disconnect, cancellation) aborts the request.
+        Raises ValueError for input the engine rejects (the caller answers 400),
+        EngineDeadError when the loop is dead or shutting down.
         """
         if not self._accepting:
             raise EngineDeadError("the server is shutting down")
-        stream = _RequestStream(request_id, asyncio.get_running_loop())
+        stream = RequestStream(self, request_id)
         arrival = arrival_time if arrival_time is not None else time.time()
-        finished = False
+        add = self._submit(lambda: self._do_add(stream, prompt, params, arrival, priority), is_add=True)
         try:
-            add = self._submit(lambda: self._do_add(stream, prompt, params, arrival, priority), is_add=True)
-            try:
-                await asyncio.wrap_future(add)
-            except (ValueError, TypeError, EngineDeadError):
-                finished = True  # never entered the engine: nothing to abort
-                raise
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+            await asyncio.wrap_future(add)
+        except asyncio.CancelledError:
+            stream.close()  # the add may still run: the abort queued after it undoes it
+            raise
+        return stream
+
+    async def generate(self, prompt: Any, params: SamplingParams, request_id: str, priority: int = 0,
+                       arrival_time: Optional[float] = None) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its outputs until it finishes; leaving early aborts it."""
+        stream = await self.add_request(request_id, prompt, params, priority, arrival_time)
+        try:
+            async for out in stream:
+                yield out
         finally:
-            if not finished:
-                self.abort(request_id)
+            stream.close()
 
     # ------------------------------------------------ step thread internals
-    def _do_add(self, stream: _RequestStream, prompt: Any, params: SamplingParams,
+    def _do_add(self, stream: RequestStream, prompt: Any, params: SamplingParams,
                 arrival: float, priority: int) -> None:
         if stream.request_id in self._streams:
             raise ValueError(f"request id {stream.request_id!r} is already in use")
@@ -274,9 +301,9 @@ class AsyncLLMEngine:
         if self.observer is not None:
             self.observer.on_step(self.engine, outputs, step_time)
 
-    def _deliver(self, batch: list[tuple[_RequestStream, Any]]) -> None:
+    def _deliver(self, batch: list[tuple[RequestStream, Any]]) -> None:
         """Hand items to their consumers' loops: one wake-up per loop per step."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_RequestStream, Any]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
         for stream, item in batch:
             by_loop.setdefault(stream.loop, []).append((stream, item))
         for loop, items in by_loop.items():
@@ -298,6 +325,6 @@ class AsyncLLMEngine:
         self._deliver([(s, error) for s in streams])
 
 
-def _put_all(items: list[tuple[_RequestStream, Any]]) -> None:
+def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
     for stream, item in items:
         stream.queue.put_nowait(item)

@@ -1,0 +1,186 @@
+"""Request bodies of the OpenAI-compatible API (pydantic), and their mapping to SamplingParams.
+
+Field names, defaults and ranges follow OpenAI's API, plus vLLM's sampling
+extensions (top_k, min_p, repetition_penalty, ignore_eos, ...). Unknown fields
+are accepted and ignored, as OpenAI and vLLM do, so newer clients keep working.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from inflight.sampling_params import SamplingParams
+
+MAX_LOGPROBS = 20
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of every request/response model: extra fields are kept, not rejected."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(OpenAIBaseModel):
+    """``stream_options``: ask for a final usage chunk."""
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingRequest(OpenAIBaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model: Optional[str] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    n: int = 1
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    priority: int = 0
+    user: Optional[str] = None  # accepted, ignored
+
+    @model_validator(mode="after")
+    def _check_stream_options(self) -> "SamplingRequest":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be set when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
+        """The engine's SamplingParams; raises ValueError (-> 400) on out-of-range values."""
+
+        def pick(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
+        return SamplingParams(
+            n=self.n, temperature=pick(self.temperature, 1.0), top_p=pick(self.top_p, 1.0),
+            top_k=pick(self.top_k, 0), min_p=pick(self.min_p, 0.0), seed=self.seed,
+            presence_penalty=pick(self.presence_penalty, 0.0),
+            frequency_penalty=pick(self.frequency_penalty, 0.0),
+            repetition_penalty=pick(self.repetition_penalty, 1.0),
+            max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
+            stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+
+
+PromptInput = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(SamplingRequest):
+    """``POST /v1/completions``."""
+
+    prompt: PromptInput
+    max_tokens: Optional[int] = 16
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> "CompletionRequest":
+        p = self.prompt
+        if isinstance(p, list) and (not p or any(isinstance(x, list) and not x for x in p)):
+            raise ValueError("prompt must not be empty")
+        return self
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """The batch of prompts: each a string or a token-id list."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def to_sampling_params(self) -> SamplingParams:
+        return self.sampling_params(self.max_tokens, self.logprobs)
+
+
+class ContentPart(OpenAIBaseModel):
+    """One part of a multi-part message; only text parts are understood."""
+
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    """A conversation turn."""
+
+    role: str
+    content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template sees it: text parts joined into one string."""
+        content = self.content
+        if isinstance(content, list):
+            kinds = {part.type for part in content} - {"text"}
+            if kinds:
+                raise ValueError(f"unsupported message content part type(s): {sorted(kinds)}; only text is supported")
+            content = "".join(part.text or "" for part in content)
+        msg: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name:
+            msg["name"] = self.name
+        return msg
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = None
+    max_tokens: Optional[int] = None  # deprecated by OpenAI, still sent by many clients
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    def to_sampling_params(self) -> SamplingParams:
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self.sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    """``POST /tokenize``: a prompt or a chat conversation."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    """``POST /detokenize``."""
+
+    model: Optional[str] = None
+    tokens: list[int]
+

@@ -1,0 +1,165 @@
+"""Response bodies of the OpenAI-compatible API (pydantic), shaped as OpenAI's."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, Field
+
+
+def random_id(prefix: str) -> str:
+    """OpenAI-style object id, e.g. ``cmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class PromptTokensDetails(BaseModel):
+    """How many prompt tokens were served from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
+class UsageInfo(BaseModel):
+    """Token counts of a response."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> "UsageInfo":
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+
+
+# ---------------------------------------------------------------- completions
+class CompletionLogProbs(BaseModel):
+    """Legacy completions logprobs: parallel lists, one entry per token."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    """One generated text (index = prompt_index * n + sample_index)."""
+
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class CompletionResponse(BaseModel):
+    """Non-streaming ``/v1/completions`` answer."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+
+
+class CompletionStreamResponse(CompletionResponse):
+    """One SSE chunk of a streaming completion (same object name as OpenAI's)."""
+
+
+# ----------------------------------------------------------------------- chat
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class TokenLogprob(TopLogprob):
+    """The sampled token's logprob and the most likely alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogProbs(BaseModel):
+    content: Optional[list[TokenLogprob]] = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: str = "assistant"
+    content: Optional[str] = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChatLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """Non-streaming ``/v1/chat/completions`` answer."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Optional[UsageInfo] = None
+
+
+class DeltaMessage(BaseModel):
+    role: Optional[str] = None
+    content: Optional[str] = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChatLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One SSE chunk of a streaming chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: Optional[UsageInfo] = None
+
+
+# ---------------------------------------------------------- models, tokenizer
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "inflight"
+    root: Optional[str] = None
+    max_model_len: Optional[int] = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """JSON-ready dict of a response (None fields kept: OpenAI clients expect them)."""
+    return model.model_dump(mode="json")
