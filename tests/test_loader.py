@@ -1,9 +1,10 @@
 """Tests of inflight.loader: GGUF files and HF folders, the cache, tokenizers, errors.
 
 The embedded SmolLM2 GGUF is checked against transformers' own GGUF loading
-(marked slow: ~25 s). Everything else runs on tiny models written here: tiny
-GGUF files carry llama.cpp's Q/K permutation applied by our re-implementation of
-its converter, so loading them back must give the original weights exactly.
+(marked slow: ~25 s). Everything else runs on tiny models from
+inflight.loader.testing, whose GGUF files carry llama.cpp's Q/K permutation
+applied by a copy of its converter's code, so loading them back must give the
+original weights exactly.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from inflight.loader import ModelLoadError, default_model_path, load_model, load
 from inflight.loader import api as loader_api
 from inflight.loader import cache as loader_cache
 from inflight.loader.testing import CHAT_TEMPLATE, TOKENS, rope_theta, tiny_model, write_tiny_gguf
+
 
 def expected_weights(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
     sd = {k: v.float() for k, v in model.state_dict().items()}
@@ -214,6 +216,13 @@ def test_interrupted_cache_write_leaves_no_entry(tiny_gguf_dir, tmp_path):
     again = load_model(path, cache_dir=str(tmp_path))
     assert_weights_equal(again.weights, model.weights)
     assert loader_cache.entry_is_valid(entry, path)
+
+
+def test_unwritable_cache_still_loads(tiny_gguf_dir, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("the cache root cannot be created under a regular file")
+    model = load_model(os.path.join(tiny_gguf_dir, "llama.gguf"), cache_dir=str(blocker / "cache"))
+    assert model.hf_config["model_type"] == "llama"
 
 
 def test_changed_source_gets_new_entry(tmp_path):

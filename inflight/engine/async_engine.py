@@ -38,6 +38,9 @@ class StepObserver(Protocol):
     def on_abort(self, engine: Any, request_id: str, outputs: list[RequestOutput]) -> None: ...
 
 
+_CLOSED = object()  # queue marker: the consumer closed the stream
+
+
 @dataclass
 class _Command:
     """A call queued for the step thread, with the future its caller awaits."""
@@ -84,6 +87,8 @@ class RequestStream:
         except BaseException:  # cancelled: whoever waited for this request is gone
             self.close()
             raise
+        if item is _CLOSED:
+            raise StopAsyncIteration
         if isinstance(item, BaseException):
             self.finished = True
             raise item
@@ -95,6 +100,7 @@ class RequestStream:
         if not self.finished:
             self.finished = True
             self._engine.abort(self.request_id)
+            self.queue.put_nowait(_CLOSED)  # wakes a reader still waiting on this stream
 
     async def aclose(self) -> None:
         self.close()

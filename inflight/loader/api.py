@@ -106,7 +106,7 @@ def _load_gguf(path: str, cache_dir: str | None) -> LoadedModel:
         try:
             weights = finalize_weights(cached.weights, cached.hf_config, path)
             tokenizer = tokenizer_from_folder(cached.tokenizer_dir)
-        except ModelLoadError as exc:
+        except (ModelLoadError, KeyError, TypeError, ValueError) as exc:  # bad config.json too
             logger.warning("cache entry %s is corrupt (%s); rebuilding", entry, exc)
             cache.remove_entry(entry)
         else:

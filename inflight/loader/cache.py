@@ -170,7 +170,7 @@ def write_entry(
         os.rename(tmp, entry)
         tmp = None
         return True
-    except OSError as exc:
+    except Exception as exc:  # OSError, SafetensorError, ...; a load never fails for caching
         # Either the cache is not writable (the model still loads, only slower next
         # time) or a concurrent process renamed its own complete entry first.
         if not entry_is_valid(entry, source):

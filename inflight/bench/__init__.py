@@ -1,0 +1,1 @@
+"""Benchmarks: workload generator, offline throughput, serving load client, sweeps."""

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: protocol models, handlers and the FastAPI app."""

@@ -1,0 +1,170 @@
+"""The FastAPI app of the OpenAI-compatible server, and how to run it with uvicorn."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+import inflight
+from inflight.engine.async_engine import AsyncLLMEngine
+from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, install_error_handlers
+from inflight.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                                  TokenizeRequest)
+from inflight.entrypoints.openai.responses import (DetokenizeResponse, ModelCard, ModelList, TokenizeResponse,
+                                                   dump)
+from inflight.entrypoints.openai.serving_chat import ChatHandler, render_chat
+from inflight.entrypoints.openai.serving_common import ServerState
+from inflight.entrypoints.openai.serving_completion import CompletionHandler
+from inflight.metrics import EngineMetrics
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_name(model: Optional[str]) -> str:
+    """The name clients use when none was given: the model file or folder's name."""
+    if not model:
+        return DEFAULT_MODEL_NAME
+    base = os.path.basename(os.path.normpath(model))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
+                max_waiting_requests: Optional[int] = None, log_stats: bool = True,
+                log_interval_s: float = 5.0) -> ServerState:
+    """Wrap a loaded LLMEngine for serving: metrics observer, async engine, settings.
+
+    The step thread is started by the app's lifespan (or by the caller)."""
+    metrics = EngineMetrics(model_name, log_interval_s=log_interval_s if log_stats else float("inf"))
+    async_engine = AsyncLLMEngine(engine, observer=metrics)
+    return ServerState(engine=async_engine, tokenizer=engine.tokenizer, model_name=model_name,
+                       max_model_len=engine.max_model_len, metrics=metrics,
+                       model_root=getattr(engine, "model_source", None), api_key=api_key,
+                       max_waiting_requests=max_waiting_requests)
+
+
+async def require_api_key(request: Request) -> None:
+    """401 unless the bearer token matches ``--api-key`` (when one is set)."""
+    key = request.app.state.server.api_key
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        raise OpenAIError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                          code="invalid_api_key")
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def _guarded(work) -> Response:
+    """Anything unexpected becomes an OpenAI-shaped error (500 reveals no internals)."""
+    try:
+        return await work
+    except OpenAIError:
+        raise
+    except Exception as e:
+        raise engine_error(e) from None
+
+
+protected = APIRouter(dependencies=[Depends(require_api_key)])
+public = APIRouter()
+
+
+@public.get("/health")
+async def health(request: Request) -> Response:
+    """200 while the engine loop is alive, 503 once it died or stopped."""
+    engine = _state(request).engine
+    if engine.is_alive:
+        return Response(status_code=200)
+    return OpenAIError(503, "the inference engine is not running", code="engine_dead").response()
+
+
+@public.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": inflight.__version__})
+
+
+@public.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@protected.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = _state(request)
+    card = ModelCard(id=state.model_name, root=state.model_root, max_model_len=state.max_model_len)
+    return JSONResponse(dump(ModelList(data=[card])))
+
+
+@protected.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    return await _guarded(CompletionHandler(_state(request)).create(body, request))
+
+
+@protected.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    return await _guarded(ChatHandler(_state(request)).create(body, request))
+
+
+@protected.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    state = _state(request)
+    state.check_model(body.model)
+    tok = state.tokenizer
+    if body.messages is not None:
+        ids = render_chat(tok, body.messages, body.add_generation_prompt)["prompt_token_ids"]
+    else:
+        ids = tok(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
+    strs = tok.convert_ids_to_tokens(ids) if hasattr(tok, "convert_ids_to_tokens") else None
+    return JSONResponse(dump(TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids,
+                                              token_strs=strs)))
+
+
+@protected.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    state = _state(request)
+    state.check_model(body.model)
+    vocab = len(state.tokenizer)
+    if any(not 0 <= t < vocab for t in body.tokens):
+        raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
+    return JSONResponse(dump(DetokenizeResponse(prompt=state.tokenizer.decode(body.tokens))))
+
+
+def build_app(state: ServerState, shutdown_grace_s: float = 5.0) -> FastAPI:
+    """The app: starts the step thread on startup; on shutdown stops admitting,
+    lets running requests finish for ``shutdown_grace_s``, aborts the rest."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            await state.engine.shutdown(shutdown_grace_s)
+
+    app = FastAPI(title="inflight", version=inflight.__version__, lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(public)
+    app.include_router(protected)
+    return app
+
+
+def make_uvicorn_server(app: FastAPI, host: str, port: int, *, log_level: str = "info",
+                        shutdown_grace_s: float = 5.0, **kwargs: Any):
+    """A uvicorn.Server for ``app``; on SIGTERM/SIGINT it stops accepting, waits up to
+    ``shutdown_grace_s`` for open requests, then runs the app's shutdown."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=max(int(shutdown_grace_s), 1), **kwargs)
+    return uvicorn.Server(config)

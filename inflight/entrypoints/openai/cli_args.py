@@ -1,0 +1,55 @@
+"""``inflight serve [MODEL] --host --port --api-key ...`` plus every engine flag."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``serve`` subcommand (flags spelled as in ``vllm serve``)."""
+    from inflight.entrypoints.engine_args import add_engine_args
+
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("model", nargs="?", default=None, help="HF folder or .gguf (default: embedded SmolLM2)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("INFLIGHT_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1 and tokenizer routes "
+                        "(default: $INFLIGHT_API_KEY; /health, /metrics, /version stay open)")
+    p.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="answer 503 + Retry-After while this many requests wait (default: no limit)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds running requests may take to finish after SIGTERM before being aborted")
+    p.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
+    p.add_argument("--log-stats-interval", type=float, default=5.0, help="seconds between stats log lines")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_engine_args(p)
+    p.set_defaults(handler=run_serve)
+    return p
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Load the engine, then serve until SIGTERM/SIGINT; returns the exit status."""
+    from inflight.engine.llm_engine import LLMEngine
+    from inflight.entrypoints.engine_args import engine_kwargs_from_args
+    from inflight.entrypoints.openai.api_server import (build_app, build_state, default_model_name,
+                                                        make_uvicorn_server)
+
+    kwargs = engine_kwargs_from_args(args)
+    kwargs["model"] = args.model
+    model_name = args.served_model_name or default_model_name(args.model)
+    kwargs["served_model_name"] = model_name
+    engine = LLMEngine.from_kwargs(**kwargs)
+    state = build_state(engine, model_name, api_key=args.api_key,
+                        max_waiting_requests=args.max_waiting_requests,
+                        log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval)
+    app = build_app(state, shutdown_grace_s=args.shutdown_timeout)
+    server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,
+                                 shutdown_grace_s=args.shutdown_timeout)
+    logger.info("serving %s as %r on http://%s:%d/v1", engine.model_source, model_name, args.host, args.port)
+    server.run()
+    return 0

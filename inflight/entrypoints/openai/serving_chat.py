@@ -1,0 +1,133 @@
+"""``POST /v1/chat/completions``: messages through the model's chat template."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from inflight.engine.async_engine import RequestStream
+from inflight.entrypoints.openai.errors import bad_request
+from inflight.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChunk, ChatCompletionResponse,
+                                                   ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
+                                                   DeltaMessage, TokenLogprob, TopLogprob, dump, random_id)
+from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
+                                                        merge_streams, safe_logprob, sse, stream_response,
+                                                        unless_disconnected, usage_of)
+from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
+from inflight.outputs import CompletionOutput, Logprob, RequestOutput
+
+
+def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Apply the chat template; returns an engine prompt with text and token ids.
+
+    Raises OpenAIError(400) for messages the template cannot render."""
+    try:
+        dicts = [m.template_dict() for m in messages]
+        text = tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **(template_kwargs or {}))
+    except Exception as e:  # jinja raises for roles/orders the template rejects
+        raise bad_request(f"cannot apply the chat template to these messages: {e}", "messages") from None
+    # The template already wrote any BOS token: do not let the tokenizer add another.
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    return {"prompt": text, "prompt_token_ids": ids}
+
+
+@dataclass
+class _Cursor:
+    text_sent: int = 0
+    tokens_sent: int = 0
+    done: bool = False
+
+
+class ChatHandler:
+    """Serves chat completions against the shared server state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        state = self.state
+        state.check_model(req.model)
+        state.check_capacity()
+        try:
+            params = req.to_sampling_params()
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        prompt = render_chat(state.tokenizer, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
+        request_id, created = random_id("chatcmpl"), int(time.time())
+        streams = await add_requests(state, request_id, [prompt], params, req.priority)
+        if req.stream:
+            return stream_response(streams, self._events(req, request_id, created, streams))
+        outputs = await unless_disconnected(raw, final_outputs(streams))
+        if outputs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        out = outputs[0]
+        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                              logprobs=self._logprobs(req, c.token_ids, c.logprobs),
+                              finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in out.outputs]
+        body = ChatCompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
+                                      usage=usage_of(outputs))
+        return JSONResponse(dump(body))
+
+    def _logprobs(self, req: ChatCompletionRequest, token_ids: list[int],
+                  logprobs: Optional[list[dict[int, Logprob]]]) -> Optional[ChatLogProbs]:
+        if not req.logprobs:
+            return None
+        decode = self.state.tokenizer.decode
+        top_n = req.top_logprobs or 0
+
+        def text_of(tok: int, lp: Logprob) -> str:
+            return lp.decoded_token if lp.decoded_token is not None else decode([tok])
+
+        content = []
+        for tok, entry in zip(token_ids, logprobs or []):
+            sampled = entry.get(tok) or next(iter(entry.values()))
+            ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:top_n]
+            token = text_of(tok, sampled)
+            content.append(TokenLogprob(
+                token=token, logprob=safe_logprob(sampled.logprob), bytes=list(token.encode()),
+                top_logprobs=[TopLogprob(token=text_of(t, lp), logprob=safe_logprob(lp.logprob),
+                                         bytes=list(text_of(t, lp).encode())) for t, lp in ranked]))
+        return ChatLogProbs(content=content)
+
+    def _chunk(self, request_id: str, created: int, choices: list[ChatStreamChoice], usage=None) -> str:
+        return sse(dump(ChatCompletionChunk(id=request_id, created=created, model=self.state.model_name,
+                                            choices=choices, usage=usage)))
+
+    async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
+                      streams: list[RequestStream]) -> AsyncIterator[str]:
+        """The role first (sent at once, before any token), then one content delta
+        per step that produced text, a finish chunk per choice, usage, [DONE]."""
+        for index in range(req.n):
+            yield self._chunk(request_id, created,
+                              [ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        cursors = [_Cursor() for _ in range(req.n)]
+        final: Optional[RequestOutput] = None
+        async for _, out in merge_streams(streams):
+            for c in out.outputs:
+                choice = self._delta(req, c, cursors[c.index])
+                if choice is not None:
+                    yield self._chunk(request_id, created, [choice])
+            if out.finished:
+                final = out
+        if req.include_usage and final is not None:
+            yield self._chunk(request_id, created, [], usage_of([final]))
+        yield SSE_DONE
+
+    def _delta(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> Optional[ChatStreamChoice]:
+        """The unsent part of one choice (from cumulative fields: see serving_completion._delta)."""
+        if cur.done:
+            return None
+        text = c.text[cur.text_sent:]
+        if not (text or c.finish_reason):
+            return None
+        token_ids = c.token_ids[cur.tokens_sent:]
+        logprobs = self._logprobs(req, token_ids, (c.logprobs or [])[cur.tokens_sent:])
+        cur.text_sent, cur.tokens_sent, cur.done = len(c.text), len(c.token_ids), c.finish_reason is not None
+        return ChatStreamChoice(index=c.index, delta=DeltaMessage(content=text), logprobs=logprobs,
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)

@@ -1,0 +1,183 @@
+"""What the completion and chat handlers share: server state, admission checks,
+adding requests to the engine, disconnect handling and Server-Sent Events."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from inflight.engine.async_engine import AsyncLLMEngine, RequestStream
+from inflight.entrypoints.openai.errors import OpenAIError, engine_error
+from inflight.entrypoints.openai.responses import UsageInfo
+from inflight.metrics import EngineMetrics
+from inflight.outputs import RequestOutput
+from inflight.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServerState:
+    """Everything a handler needs; stored on ``app.state.server``."""
+
+    engine: AsyncLLMEngine
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    metrics: EngineMetrics
+    model_root: Optional[str] = None
+    api_key: Optional[str] = None
+    max_waiting_requests: Optional[int] = None
+
+    def check_model(self, name: Optional[str]) -> None:
+        """404 for a model this server does not serve (an absent name means ours)."""
+        if name is not None and name != self.model_name:
+            raise OpenAIError(404, f"The model `{name}` does not exist. This server serves `{self.model_name}`.",
+                              param="model", code="model_not_found")
+
+    def check_capacity(self) -> None:
+        """503 + Retry-After while the waiting queue is full or the engine is down."""
+        if not self.engine.is_alive:
+            raise OpenAIError(503, "the inference engine is not running", code="engine_unavailable",
+                              headers={"Retry-After": "5"})
+        limit = self.max_waiting_requests
+        if limit is not None and self.engine.num_waiting_total >= limit:
+            raise OpenAIError(503, f"the server is overloaded: {limit} requests are already waiting",
+                              code="server_overloaded", headers={"Retry-After": "1"})
+
+
+async def add_requests(state: ServerState, base_id: str, prompts: list[Any], params: SamplingParams,
+                       priority: int) -> list[RequestStream]:
+    """Add one engine request per prompt, all in the same step; all or none.
+
+    Raises OpenAIError (400 for input the engine rejects)."""
+    ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
+    results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority)
+                                     for rid, p in zip(ids, prompts)), return_exceptions=True)
+    streams = [r for r in results if isinstance(r, RequestStream)]
+    errors = [r for r in results if not isinstance(r, RequestStream)]
+    if errors:
+        for s in streams:
+            s.close()
+        raise engine_error(errors[0])
+    return streams
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several request streams as outputs arrive: yields (stream index, output)."""
+    pending = {asyncio.ensure_future(s.__anext__()): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    out = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, out
+                pending[asyncio.ensure_future(streams[i].__anext__())] = i
+    finally:
+        for task in pending:
+            task.cancel()  # a cancelled __anext__ closes (aborts) its stream
+        for s in streams:
+            s.close()
+
+
+async def final_outputs(streams: list[RequestStream]) -> list[RequestOutput]:
+    """Wait for every stream's finished output, in prompt order."""
+    last: dict[int, RequestOutput] = {}
+    async for i, out in merge_streams(streams):
+        last[i] = out
+    return [last[i] for i in range(len(streams))]
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body was already read, so the next ASGI message can only be the disconnect.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> Optional[T]:
+    """Run ``work``; if the client goes away first, cancel it (aborting its
+    requests through their streams) and return None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        logger.info("client disconnected; request aborted")
+        return None
+    return task.result()
+
+
+def sse(data: Any) -> str:
+    """One Server-Sent Event carrying ``data`` as JSON."""
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that runs ``on_close`` however it ends.
+
+    Starlette never starts the body iterator if the client left before the
+    response began, so closing the engine streams cannot live in the iterator's
+    ``finally`` alone.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def stream_response(streams: list[RequestStream], events: AsyncIterator[str]) -> Response:
+    """Wrap an SSE generator over ``streams`` so they are closed (aborted) however it ends."""
+
+    async def guarded() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        except Exception as exc:  # headers are gone: report in-band, then end the stream
+            yield sse(engine_error(exc).body())
+            yield SSE_DONE
+        finally:
+            for s in streams:
+                s.close()
+            await events.aclose()  # type: ignore[attr-defined]
+
+    return SSEResponse(guarded(), lambda: [s.close() for s in streams])
+
+
+def usage_of(outputs: list[RequestOutput]) -> UsageInfo:
+    """Usage of finished outputs: prompts counted once each, every sample's tokens."""
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outputs)
+    return UsageInfo.of(prompt, completion, cached)
+
+
+def safe_logprob(value: float) -> float:
+    """JSON has no -inf: clamp as vLLM does."""
+    return max(value, -9999.0)

@@ -1,0 +1,152 @@
+"""``POST /v1/completions``: one engine request per prompt, streamed or not."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from inflight.engine.async_engine import RequestStream
+from inflight.entrypoints.openai.errors import bad_request
+from inflight.entrypoints.openai.protocol import CompletionRequest
+from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
+                                                   CompletionStreamResponse, dump, random_id)
+from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
+                                                        merge_streams, safe_logprob, sse, stream_response,
+                                                        unless_disconnected, usage_of)
+from inflight.outputs import CompletionOutput, Logprob, RequestOutput
+
+# Status nginx uses for "client closed the request"; nobody reads it, but logs do.
+CLIENT_CLOSED = 499
+
+
+@dataclass
+class _Cursor:
+    """How much of one choice a stream has already sent."""
+
+    text_sent: int = 0  # characters of the choice's generated text
+    tokens_sent: int = 0
+    chars_sent: int = 0  # characters sent, echoed prompt included (for text_offset)
+    started: bool = False
+    done: bool = False
+
+
+class CompletionHandler:
+    """Serves completions against the shared server state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def create(self, req: CompletionRequest, raw: Request) -> Response:
+        """Validate, add every prompt to the engine, then answer (SSE or JSON)."""
+        state = self.state
+        state.check_model(req.model)
+        state.check_capacity()
+        try:
+            params = req.to_sampling_params()
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in req.prompts()]
+        request_id, created = random_id("cmpl"), int(time.time())
+        streams = await add_requests(state, request_id, prompts, params, req.priority)
+        if req.stream:
+            return stream_response(streams, self._events(req, request_id, created, streams))
+        outputs = await unless_disconnected(raw, final_outputs(streams))
+        if outputs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        choices = [self._choice(req, i * req.n + c.index, out, c) for i, out in enumerate(outputs)
+                   for c in out.outputs]
+        body = CompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
+                                  usage=usage_of(outputs))
+        return JSONResponse(dump(body))
+
+    def _prompt_text(self, out: RequestOutput) -> str:
+        if out.prompt is not None:
+            return out.prompt
+        return self.state.tokenizer.decode(out.prompt_token_ids)
+
+    def _choice(self, req: CompletionRequest, index: int, out: RequestOutput, c: CompletionOutput) -> CompletionChoice:
+        prefix = self._prompt_text(out) if req.echo else ""
+        logprobs = None
+        if req.logprobs is not None:
+            echo_ids = out.prompt_token_ids if req.echo else []
+            logprobs = self._logprobs(echo_ids, c.token_ids, c.logprobs or [], 0)
+        return CompletionChoice(index=index, text=prefix + c.text, logprobs=logprobs,
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+    def _logprobs(self, echo_ids: list[int], token_ids: list[int], logprobs: list[dict[int, Logprob]],
+                  offset: int) -> CompletionLogProbs:
+        """Legacy logprobs. Echoed prompt tokens carry None: the engine computes no prompt logprobs."""
+        result = CompletionLogProbs()
+        decode = self.state.tokenizer.decode
+        for tok in echo_ids:
+            text = decode([tok])
+            result.tokens.append(text)
+            result.token_logprobs.append(None)
+            result.top_logprobs.append(None)
+            result.text_offset.append(offset)
+            offset += len(text)
+        for tok, entry in zip(token_ids, logprobs):
+            sampled = entry.get(tok) or next(iter(entry.values()))
+            text = sampled.decoded_token if sampled.decoded_token is not None else decode([tok])
+            result.tokens.append(text)
+            result.token_logprobs.append(safe_logprob(sampled.logprob))
+            top: dict[str, float] = {}
+            for t, lp in entry.items():
+                key = lp.decoded_token if lp.decoded_token is not None else decode([t])
+                top[key] = max(top.get(key, -9999.0), safe_logprob(lp.logprob))
+            result.top_logprobs.append(top)
+            result.text_offset.append(offset)
+            offset += len(text)
+        return result
+
+    async def _events(self, req: CompletionRequest, request_id: str, created: int,
+                      streams: list[RequestStream]) -> AsyncIterator[str]:
+        """One SSE chunk per step in which a choice produced text, its final chunk
+        carrying finish_reason, then usage if asked, then [DONE]."""
+        cursors: dict[int, _Cursor] = {}
+        finals: dict[int, RequestOutput] = {}
+        async for i, out in merge_streams(streams):
+            for c in out.outputs:
+                index = i * req.n + c.index
+                choice = self._delta(req, index, out, c, cursors.setdefault(index, _Cursor()))
+                if choice is not None:
+                    chunk = CompletionStreamResponse(id=request_id, created=created, model=self.state.model_name,
+                                                     choices=[choice])
+                    yield sse(dump(chunk))
+            if out.finished:
+                finals[i] = out
+        if req.include_usage:
+            usage = usage_of([finals[i] for i in sorted(finals)])
+            chunk = CompletionStreamResponse(id=request_id, created=created, model=self.state.model_name,
+                                             choices=[], usage=usage)
+            yield sse(dump(chunk))
+        yield SSE_DONE
+
+    def _delta(self, req: CompletionRequest, index: int, out: RequestOutput, c: CompletionOutput,
+               cur: _Cursor) -> Optional[CompletionChoice]:
+        """The unsent part of a choice, from its cumulative text and tokens.
+
+        NOTE: cumulative fields, not ``delta_*``: a sample not touched in a step
+        (finished earlier, or preempted) still carries its old delta text.
+        """
+        if cur.done:
+            return None
+        text = c.text[cur.text_sent:]
+        token_ids = c.token_ids[cur.tokens_sent:]
+        prefix, echo_ids = "", []
+        if req.echo and not cur.started:
+            prefix, echo_ids = self._prompt_text(out), out.prompt_token_ids
+        if not (text or prefix or c.finish_reason):
+            return None  # tokens without text yet (partial UTF-8, held stop text): send with the next text
+        logprobs: Any = None
+        if req.logprobs is not None:
+            logprobs = self._logprobs(echo_ids, token_ids,
+                                      (c.logprobs or [])[cur.tokens_sent:], cur.chars_sent)
+        cur.text_sent, cur.tokens_sent = len(c.text), len(c.token_ids)
+        cur.chars_sent += len(prefix) + len(text)
+        cur.started, cur.done = True, c.finish_reason is not None
+        return CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)
