@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -42,7 +42,7 @@ class _RequestTiming:
 class _Window:
     """Token counts since the last log line."""
 
-    start: float = field(default_factory=time.monotonic)
+    start: Optional[float] = None  # time.monotonic() of the window's first step
     prompt_tokens: int = 0
     generation_tokens: int = 0
 
@@ -107,6 +107,8 @@ class EngineMetrics:
     def on_step(self, engine: Any, outputs: list[RequestOutput], step_time: float) -> None:
         """Record one step's outputs and refresh the gauges from the engine."""
         now = time.time()
+        if outputs and self._window.start is None:
+            self._window.start = time.monotonic() - step_time
         new_prompt = new_generated = 0
         for out in outputs:
             timing = self._requests.setdefault(out.request_id, _RequestTiming(_arrival(out, now)))
@@ -130,9 +132,8 @@ class EngineMetrics:
         self.generation_tokens.inc(new_generated)
         self._window.prompt_tokens += new_prompt
         self._window.generation_tokens += new_generated
-        self._refresh(engine)
-        if outputs:
-            self._maybe_log()
+        stats = self._refresh(engine)
+        self._maybe_log(idle=not (stats["num_running"] or stats["num_waiting"]))
 
     def on_abort(self, engine: Any, request_id: str, outputs: list[RequestOutput]) -> None:
         """An aborted request leaves: count it and forget its timing."""
@@ -155,7 +156,7 @@ class EngineMetrics:
             self.time_per_output_token.observe(
                 (timing.last_token_time - timing.first_token_time) / (timing.num_generated - 1))
 
-    def _refresh(self, engine: Any) -> None:
+    def _refresh(self, engine: Any) -> dict[str, float]:
         stats = engine.stats()
         self.num_requests_running.set(stats["num_running"])
         self.num_requests_waiting.set(stats["num_waiting"])
@@ -169,20 +170,27 @@ class EngineMetrics:
                 getattr(self, name).inc(delta)
             self._totals[name] = total
         self._stats = stats
+        return stats
 
-    def _maybe_log(self) -> None:
-        elapsed = time.monotonic() - self._window.start
-        if elapsed < self.log_interval_s:
+    def _maybe_log(self, idle: bool) -> None:
+        """Log every ``log_interval_s`` of busy time, and once when a burst of at least 1 s ends."""
+        w = self._window
+        if w.start is None:
             return
-        w, stats = self._window, self._stats
-        queries = self._totals["prefix_cache_queries"] - self._last_hit_rate[0]
-        hits = self._totals["prefix_cache_hits"] - self._last_hit_rate[1]
-        logger.info("prompt throughput: %.1f tokens/s, generation throughput: %.1f tokens/s, running: %d, "
-                    "waiting: %d, KV cache usage: %.1f%%, prefix cache hit rate: %.1f%%",
-                    w.prompt_tokens / elapsed, w.generation_tokens / elapsed, stats["num_running"],
-                    stats["num_waiting"], 100.0 * stats["kv_cache_usage"], 100.0 * hits / queries if queries else 0.0)
-        self._window = _Window()
-        self._last_hit_rate = (self._totals["prefix_cache_queries"], self._totals["prefix_cache_hits"])
+        elapsed = time.monotonic() - w.start
+        if elapsed >= self.log_interval_s or (idle and elapsed >= min(1.0, self.log_interval_s)):
+            stats = self._stats
+            queries = self._totals["prefix_cache_queries"] - self._last_hit_rate[0]
+            hits = self._totals["prefix_cache_hits"] - self._last_hit_rate[1]
+            logger.info("prompt throughput: %.1f tokens/s, generation throughput: %.1f tokens/s, running: %d, "
+                        "waiting: %d, KV cache usage: %.1f%%, prefix cache hit rate: %.1f%%",
+                        w.prompt_tokens / elapsed, w.generation_tokens / elapsed, stats["num_running"],
+                        stats["num_waiting"], 100.0 * stats["kv_cache_usage"],
+                        100.0 * hits / queries if queries else 0.0)
+            self._last_hit_rate = (self._totals["prefix_cache_queries"], self._totals["prefix_cache_hits"])
+        elif not idle:
+            return
+        self._window = _Window()  # logged, or a short burst ended: start afresh with the next step
 
 
 def _arrival(out: RequestOutput, default: float) -> float:

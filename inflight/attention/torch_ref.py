@@ -46,11 +46,16 @@ class TorchAttentionBackend(AttentionBackend):
         bt = md.block_tables[:nd, :nblocks]
         keys = k_cache[bt].flatten(1, 2)[:, :max_len]  # [nd, L, KVH, D]
         vals = v_cache[bt].flatten(1, 2)[:, :max_len]
-        mask = torch.arange(max_len, device=q.device)[None, :] < md.seq_lens[:nd, None]
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys.transpose(1, 2).to(q.dtype), vals.transpose(1, 2).to(q.dtype),
-            attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True)
-        return o.squeeze(2)
+        pad = torch.arange(max_len, device=q.device)[None, :] >= md.seq_lens[:nd, None]
+        # Grouped-query attention as two batched matmuls: [nd, KVH, G, D] x [nd, KVH, D, L].
+        # For one query row this beats SDPA's flash kernel on the CPU.
+        kvh, d = keys.shape[2], keys.shape[3]
+        qg = q.view(nd, kvh, -1, d)
+        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1).to(q.dtype)).float() * scale
+        scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        o = torch.matmul(probs, vals.transpose(1, 2).to(q.dtype))  # [nd, KVH, G, D]
+        return o.reshape(nd, -1, d)
 
     @staticmethod
     def _prefill(q, k, v, k_cache, v_cache, block_ids, seq_len: int, scale: float) -> torch.Tensor:

@@ -160,9 +160,20 @@ class AsyncLLMEngine:
         with self._cond:
             return self.num_waiting + self._pending_adds
 
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
     def stop_accepting(self) -> None:
         """New requests fail with EngineDeadError from now on; running ones continue."""
         self._accepting = False
+
+    async def abort_all(self) -> None:
+        """Abort every request the engine holds (their streams end with finish_reason "abort")."""
+        try:
+            await self.call(lambda eng: self._abort_all())
+        except EngineDeadError:
+            pass  # died meanwhile: _die already failed every stream
 
     async def shutdown(self, grace_period: float = 0.0) -> None:
         """Stop admitting, let running requests finish for up to ``grace_period``
@@ -172,10 +183,7 @@ class AsyncLLMEngine:
         while self.num_unfinished and time.monotonic() < deadline and self.is_alive:
             await asyncio.sleep(0.05)
         if self.is_alive:
-            try:
-                await self.call(lambda eng: self._abort_all())
-            except EngineDeadError:
-                pass  # died meanwhile: _die already failed every stream
+            await self.abort_all()
         with self._cond:
             self._stopping = True
             self._cond.notify()
@@ -198,6 +206,10 @@ class AsyncLLMEngine:
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(engine)`` on the step thread at the next step boundary."""
         return await asyncio.wrap_future(self._submit(lambda: fn(self.engine)))
+
+    def call_sync(self, fn: Callable[[Any], T], timeout: Optional[float] = None) -> T:
+        """``call`` for threads other than the event loop's (tests, benchmarks): blocks."""
+        return self._submit(lambda: fn(self.engine)).result(timeout)
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next step boundary (thread-safe, non-blocking)."""

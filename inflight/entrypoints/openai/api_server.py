@@ -1,6 +1,7 @@
 """The FastAPI app of the OpenAI-compatible server, and how to run it with uvicorn."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -161,10 +162,23 @@ def build_app(state: ServerState, shutdown_grace_s: float = 5.0) -> FastAPI:
 
 def make_uvicorn_server(app: FastAPI, host: str, port: int, *, log_level: str = "info",
                         shutdown_grace_s: float = 5.0, **kwargs: Any):
-    """A uvicorn.Server for ``app``; on SIGTERM/SIGINT it stops accepting, waits up to
-    ``shutdown_grace_s`` for open requests, then runs the app's shutdown."""
+    """A uvicorn.Server for ``app`` that shuts down gracefully on SIGTERM/SIGINT
+    (or ``should_exit``): stop admitting (503), let running requests finish for
+    ``shutdown_grace_s``, then abort the rest so their streams end cleanly."""
     import uvicorn
 
+    class GracefulServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            engine: AsyncLLMEngine = app.state.server.engine
+            engine.stop_accepting()
+            loop = asyncio.get_running_loop()
+            timer = loop.call_later(shutdown_grace_s, lambda: asyncio.ensure_future(engine.abort_all()))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    # uvicorn's own deadline (after which it cancels handlers) only backs ours up.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=max(int(shutdown_grace_s), 1), **kwargs)
-    return uvicorn.Server(config)
+                            timeout_graceful_shutdown=int(shutdown_grace_s) + 5, **kwargs)
+    return GracefulServer(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 
 logger = logging.getLogger(__name__)
 
@@ -51,5 +52,13 @@ def run_serve(args: argparse.Namespace) -> int:
     server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,
                                  shutdown_grace_s=args.shutdown_timeout)
     logger.info("serving %s as %r on http://%s:%d/v1", engine.model_source, model_name, args.host, args.port)
-    server.run()
+    # uvicorn re-raises the signal that stopped it once it has shut down, through the
+    # handlers it found installed; no-op ones make a graceful stop exit with status 0.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    logger.info("server stopped")
     return 0

@@ -7,7 +7,8 @@ a 500 never reveals a traceback.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+import re
+from typing import Any, Iterable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -62,20 +63,33 @@ def engine_error(exc: BaseException) -> OpenAIError:
     return OpenAIError(500, "internal server error", code="internal_error")
 
 
+_UNION_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
-    if first.get("type") == "missing" and not loc:
-        return "the request body is missing", None
-    msg = first.get("msg", "invalid value")
-    msg = msg.removeprefix("Value error, ")
+
+    def path(err: dict) -> str:
+        # Drop "body" and pydantic's union-member tags ("str", "list[int]") from the location.
+        return ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p)))
+
+    param = path(first) or None
+    # A value matching no member of a union yields one error per member: report them together.
+    msgs = list(dict.fromkeys(e.get("msg", "invalid value").removeprefix("Value error, ")
+                              for e in errors if path(e) == path(first)))
+    msg = msgs[0] if len(msgs) == 1 else "invalid value: " + "; or ".join(msgs)
     return (f"{param}: {msg}" if param else msg), param
+
+
+def param_of(message: str, fields: Iterable[str]) -> Optional[str]:
+    """The request field a message like "top_p must be in (0, 1]" is about, if any."""
+    m = re.match(r"(\w+)", message)
+    return m.group(1) if m and m.group(1) in fields else None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -47,6 +47,9 @@ class ServerState:
         if not self.engine.is_alive:
             raise OpenAIError(503, "the inference engine is not running", code="engine_unavailable",
                               headers={"Retry-After": "5"})
+        if not self.engine.accepting:
+            raise OpenAIError(503, "the server is shutting down", code="shutting_down",
+                              headers={"Retry-After": "5"})
         limit = self.max_waiting_requests
         if limit is not None and self.engine.num_waiting_total >= limit:
             raise OpenAIError(503, f"the server is overloaded: {limit} requests are already waiting",
