@@ -41,6 +41,8 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # 0: no per-request chunk cap
     scheduling_policy: str = "fcfs"  # fcfs | priority
     preemption_mode: str = "recompute"
+    scheduling: str = "continuous"  # continuous | static (request-level batching, for comparison)
+    static_padding: bool = True  # static only: finished members keep computing padding rows
 
 
 @dataclass
@@ -85,5 +87,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be at least 1, got {c.block_size}")
         if s.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {s.scheduling_policy!r}")
+        if s.scheduling not in ("continuous", "static"):
+            raise ValueError(f"scheduling must be 'continuous' or 'static', got {s.scheduling!r}")
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}")

@@ -175,7 +175,7 @@ class EngineMetrics:
     def _maybe_log(self, idle: bool) -> None:
         """Log every ``log_interval_s`` of busy time, and once when a burst of at least 1 s ends."""
         w = self._window
-        if w.start is None:
+        if w.start is None or self.log_interval_s == float("inf"):  # inf: logging disabled
             return
         elapsed = time.monotonic() - w.start
         if elapsed >= self.log_interval_s or (idle and elapsed >= min(1.0, self.log_interval_s)):

@@ -5,12 +5,14 @@ from inflight.config import CacheConfig, SchedulerConfig
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.request import Request
 from inflight.core.scheduler import Scheduler
+from inflight.core.static_scheduler import StaticScheduler
 from inflight.sampling_params import SamplingParams
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 1024, **sched_kw) -> Scheduler:
     caching = sched_kw.pop("enable_prefix_caching", True)
-    return Scheduler(SchedulerConfig(**sched_kw), CacheConfig(block_size=block_size, enable_prefix_caching=caching),
+    cls = StaticScheduler if sched_kw.get("scheduling") == "static" else Scheduler
+    return cls(SchedulerConfig(**sched_kw), CacheConfig(block_size=block_size, enable_prefix_caching=caching),
                      num_blocks, max_model_len)
 
 

@@ -7,7 +7,7 @@ from inflight.core.request import RequestStatus
 request_st = st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3), st.integers(0, 5))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     reqs=st.lists(request_st, min_size=1, max_size=12),
     num_blocks=st.integers(4, 40),
@@ -19,13 +19,14 @@ request_st = st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)
     threshold=st.sampled_from([0, 3]),
     abort_steps=st.sets(st.integers(0, 60), max_size=5),
     policy=st.sampled_from(["fcfs", "priority"]),
+    scheduling=st.sampled_from(["continuous", "static"]),
 )
 def test_invariants_hold_under_random_traffic(reqs, num_blocks, block_size, budget, max_num_seqs, chunked,
-                                              caching, threshold, abort_steps, policy):
+                                              caching, threshold, abort_steps, policy, scheduling):
     s = make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget,
                        max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked,
                        enable_prefix_caching=caching, long_prefill_token_threshold=threshold,
-                       scheduling_policy=policy)
+                       scheduling_policy=policy, scheduling=scheduling)
     pending = []
     for i, (plen, mt, arrival, prio) in enumerate(reqs):
         # A small vocabulary of prefixes so prefix-cache hits and sharing happen.

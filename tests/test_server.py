@@ -1,10 +1,8 @@
 """The OpenAI-compatible server over the fake engine (fast): protocol, streaming,
-errors, cancellation, metrics, idle CPU. The same checks against the real model
-live in test_server_real.py."""
+side endpoints, metrics, errors. Cancellation, idle CPU and crashes are in
+test_server_cancel.py; the real model in test_server_real.py."""
 from __future__ import annotations
 
-import asyncio
-import re
 import time
 
 import httpx
@@ -12,7 +10,7 @@ import openai
 import pytest
 
 from inflight.entrypoints.openai.server_thread import ServerThread
-from test_async_engine import SCRIPT, assert_blocks_all_free, make_fake_engine, thread_cpu_seconds
+from test_async_engine import SCRIPT, assert_blocks_all_free, make_fake_engine
 
 MODEL = "fake-model"
 
@@ -250,94 +248,3 @@ def test_overload_answers_503_with_retry_after(server):
     with httpx.Client(base_url=server.base_url) as h:
         r = h.post(C, json={"prompt": "Hi"})
     assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "server_overloaded"
-
-
-# ---------------------------------------------------------------- cancellation
-def test_streaming_client_disconnect_aborts_and_frees_blocks(server):
-    server.engine.runner.step_delay = 0.02
-    with httpx.Client(base_url=server.base_url, timeout=10) as h:
-        with h.stream("POST", C, json={"prompt": "Hi", "max_tokens": 100, "ignore_eos": True, "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-            assert server.state.engine.num_unfinished == 1
-        # Leaving the block closed the connection mid-stream; finishing would take 2 s.
-        wait_until_idle(server, timeout=0.5)
-        text = h.get("/metrics").text
-    assert metric(text, "inflight:request_success_total", finished_reason="abort") >= 1
-    assert metric(text, "inflight:num_requests_running") == 0
-
-
-def test_non_streaming_client_timeout_aborts_and_frees_blocks(server):
-    server.engine.runner.step_delay = 0.02
-    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=0.3)
-    aborted = metric(httpx.get(server.base_url + "/metrics").text, "inflight:request_success_total",
-                     finished_reason="abort")
-    with pytest.raises(openai.APITimeoutError):
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=100, extra_body={"ignore_eos": True})
-    wait_until_idle(server, timeout=0.5)  # finishing would take 2 s
-    text = httpx.get(server.base_url + "/metrics").text
-    assert metric(text, "inflight:request_success_total", finished_reason="abort") == aborted + 1
-
-
-def test_concurrent_streams_get_exact_counts_and_dropped_ones_free_their_blocks(server):
-    """64 streams with their own max_tokens; then 40 streams of which 20 hang up mid-way."""
-    server.engine.runner.step_delay = 0.002
-
-    async def one(h: httpx.AsyncClient, max_tokens: int, drop_after: int = 0) -> int:
-        body = {"prompt": "Hi", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
-        text, usage = "", None
-        async with h.stream("POST", C, json=body) as r:
-            chunks = 0
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunks += 1
-                if drop_after and chunks >= drop_after:
-                    return -1
-                data = __import__("json").loads(line[6:])
-                text += "".join(c["text"] for c in data["choices"])
-                usage = data.get("usage") or usage
-        assert usage["completion_tokens"] == len(text)
-        return len(text)
-
-    async def main():
-        limits = httpx.Limits(max_connections=100)
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=60, limits=limits) as h:
-            counts = await asyncio.gather(*(one(h, 1 + i % 50) for i in range(64)))
-            assert counts == [1 + i % 50 for i in range(64)]
-            counts = await asyncio.gather(*(one(h, 60, drop_after=5 if i % 2 else 0) for i in range(40)))
-            assert counts == [-1 if i % 2 else 60 for i in range(40)]
-
-    asyncio.run(main())
-    wait_until_idle(server, timeout=3.0)
-    text = httpx.get(server.base_url + "/metrics").text
-    assert metric(text, "inflight:kv_cache_usage_perc") == 0.0
-    assert metric(text, "inflight:num_requests_running") == metric(text, "inflight:num_requests_waiting") == 0
-
-
-def test_idle_server_uses_no_cpu(server, client):
-    client.completions.create(model=MODEL, prompt="Hi", max_tokens=3)
-    time.sleep(0.2)
-    step_thread = server.state.engine.thread
-    t0, p0 = thread_cpu_seconds(step_thread), time.process_time()
-    time.sleep(1.0)
-    step_cpu, process_cpu = thread_cpu_seconds(step_thread) - t0, time.process_time() - p0
-    assert step_cpu < 0.02, f"idle step thread used {step_cpu:.3f} s of CPU in 1 s"
-    assert process_cpu < 0.05, f"idle server process used {process_cpu:.3f} s of CPU in 1 s"
-
-
-# ---------------------------------------------------------------------- crash
-def test_engine_crash_fails_requests_with_500_and_health_503():
-    engine = make_fake_engine()
-    with ServerThread(engine, MODEL, log_stats=False) as srv:
-        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0, timeout=10)
-        assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].text == "he"
-        engine.runner.crash = True
-        with pytest.raises(openai.InternalServerError) as e:
-            client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
-        assert "Traceback" not in str(e.value) and "simulated" not in str(e.value)
-        with httpx.Client(base_url=srv.base_url) as h:
-            assert h.get("/health").status_code == 503
-            r = h.post(C, json={"prompt": "Hi"})
-            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"

@@ -149,3 +149,57 @@ def test_idle_server_uses_almost_no_cpu(server, client):
     time.sleep(1.0)
     step_cpu, process_cpu = thread_cpu_seconds(step_thread) - t0, time.process_time() - p0
     assert step_cpu < 0.02 and process_cpu < 0.1, (step_cpu, process_cpu)
+
+
+def test_64_concurrent_streams_get_exact_token_counts(server):
+    async def one(h: httpx.AsyncClient, max_tokens: int) -> int:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        async with h.stream("POST", "/v1/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines() if line.startswith("data: {")]
+        return json.loads(lines[-1][6:])["usage"]["completion_tokens"]
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120,
+                                     limits=httpx.Limits(max_connections=100)) as h:
+            return await asyncio.gather(*(one(h, 1 + i % 6) for i in range(64)))
+
+    assert asyncio.run(main()) == [1 + i % 6 for i in range(64)]
+    wait_until_idle(server)
+
+
+def test_sigterm_ends_running_streams_and_exits_0(tmp_path):
+    """`inflight serve` in a subprocess: SIGTERM stops admitting, aborts what outlives
+    --shutdown-timeout (its stream ends with finish_reason "abort" and [DONE]), exits 0."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "inflight.entrypoints.cli", "serve", "--port", str(port), "--dtype", "float32",
+           "--kv-cache-memory", str(64 * 2**20), "--shutdown-timeout", "0.5", "--uvicorn-log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "w"))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        body = {"prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "abort"
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -151,14 +151,23 @@ class Scheduler:
         logger.warning("preempted request %s by recompute (preemptions: %d for it, %d in total)",
                        req.request_id, req.num_preemptions, self.num_preemptions)
 
-    def _next_waiting(self) -> Request:
-        if self.config.scheduling_policy == "priority":
-            return min(self.waiting, key=lambda r: (r.priority, r.arrival_time))
-        return self.waiting[0]
+    def _make_room(self) -> bool:
+        """Free memory for a waiting request without preempting; True if something was freed."""
+        return False
+
+    def _admissible(self):
+        """Waiting requests that may start now (all of them, for continuous batching)."""
+        return self.waiting
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self._next_waiting()
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            candidates = self._admissible()
+            if not candidates:
+                break
+            if self.config.scheduling_policy == "priority":
+                req = min(candidates, key=lambda r: (r.priority, r.arrival_time))
+            else:
+                req = candidates[0]
             computed = self.kv.get_computed_blocks(req)
             n = self._chunk(req, computed.num_tokens, budget)
             # NOTE: without chunked prefill a prompt runs whole or not at all; a request
@@ -168,6 +177,8 @@ class Scheduler:
                     and n < req.num_tokens - computed.num_tokens):
                 break
             if not self.kv.allocate_slots(req, n, computed):
+                if self._make_room():
+                    continue
                 break
             self.waiting.remove(req)
             req.num_computed_tokens = computed.num_tokens

@@ -126,7 +126,6 @@ class AsyncLLMEngine:
         self._streams: dict[str, RequestStream] = {}  # owned by the step thread
         self._thread: Optional[threading.Thread] = None
         self.num_waiting = 0  # snapshot written by the step thread, read anywhere
-        self.num_running = 0
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -143,10 +142,6 @@ class AsyncLLMEngine:
     def is_alive(self) -> bool:
         """True while the step loop runs and has not crashed."""
         return self._dead is None and self._thread is not None and self._thread.is_alive()
-
-    @property
-    def dead_error(self) -> Optional[BaseException]:
-        return self._dead
 
     @property
     def num_unfinished(self) -> int:
@@ -213,7 +208,7 @@ class AsyncLLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next step boundary (thread-safe, non-blocking)."""
-        self._submit(lambda: self._do_abort(request_id))
+        self._submit(lambda: self._do_abort(request_id)).add_done_callback(_log_abort_failure)
 
     # ------------------------------------------------------------- requests
     async def add_request(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
@@ -257,19 +252,22 @@ class AsyncLLMEngine:
     def _do_abort(self, request_id: str) -> None:
         outputs = self.engine.abort_request([request_id])
         stream = self._streams.pop(request_id, None)
-        if self.observer is not None:
-            self.observer.on_abort(self.engine, request_id, outputs)
+        self._observe("on_abort", request_id, outputs)
         if stream is not None:
             self._deliver([(stream, out) for out in outputs])
-        self._snapshot_counts()
+        self.num_waiting = len(self.engine.scheduler.waiting)
 
     def _abort_all(self) -> None:
         for rid in list(self._streams):
             self._do_abort(rid)
 
-    def _snapshot_counts(self) -> None:
-        sched = self.engine.scheduler
-        self.num_waiting, self.num_running = len(sched.waiting), len(sched.running)
+    def _observe(self, event: str, *args: Any) -> None:
+        # Metrics are not worth a dead engine: an observer failure is only logged.
+        if self.observer is not None:
+            try:
+                getattr(self.observer, event)(self.engine, *args)
+            except Exception:
+                logger.exception("step observer %s failed", event)
 
     def _next_commands(self) -> Optional[list[_Command]]:
         """Block until there is a command or work; None means stop."""
@@ -294,8 +292,8 @@ class AsyncLLMEngine:
                     command.run()
                 if self.engine.has_unfinished_requests():
                     self._step()
-                elif commands and self.observer is not None:
-                    self.observer.on_step(self.engine, [], 0.0)  # refresh gauges after aborts
+                elif commands:
+                    self._observe("on_step", [], 0.0)  # refresh gauges after aborts
         except BaseException as e:
             logger.exception("the engine step loop crashed; failing every pending request")
             self._die(e)
@@ -315,9 +313,8 @@ class AsyncLLMEngine:
             if out.finished:
                 del self._streams[out.request_id]
         self._deliver(batch)
-        self._snapshot_counts()
-        if self.observer is not None:
-            self.observer.on_step(self.engine, outputs, step_time)
+        self.num_waiting = len(self.engine.scheduler.waiting)
+        self._observe("on_step", outputs, step_time)
 
     def _deliver(self, batch: list[tuple[RequestStream, Any]]) -> None:
         """Hand items to their consumers' loops: one wake-up per loop per step."""
@@ -346,3 +343,10 @@ class AsyncLLMEngine:
 def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
     for stream, item in items:
         stream.queue.put_nowait(item)
+
+
+def _log_abort_failure(future: concurrent.futures.Future) -> None:
+    # Nobody awaits an abort: a failure (other than a dead engine) would otherwise vanish.
+    if not future.cancelled() and future.exception() is not None \
+            and not isinstance(future.exception(), EngineDeadError):
+        logger.error("abort failed", exc_info=future.exception())

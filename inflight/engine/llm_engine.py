@@ -12,6 +12,7 @@ from inflight.config import EngineConfig
 from inflight.core.outputs import SchedulerOutput
 from inflight.core.request import Request, RequestStatus
 from inflight.core.scheduler import Scheduler
+from inflight.core.static_scheduler import StaticScheduler
 from inflight.engine.output_processor import OutputProcessor
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
@@ -45,7 +46,8 @@ class LLMEngine:
         self.dtype, self.device = built.dtype, built.device
         self.max_model_len = built.max_model_len
         self.num_blocks = built.num_blocks
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len)
+        sched_cls = StaticScheduler if config.scheduler_config.scheduling == "static" else Scheduler
+        self.scheduler = sched_cls(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self.step_count = 0

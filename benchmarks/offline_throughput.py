@@ -1,0 +1,101 @@
+"""Offline throughput: inflight (continuous batching) vs transformers' static `generate`.
+
+    python benchmarks/offline_throughput.py [--workload decode] [--num-requests 96] [--hf-requests 32]
+
+Both run the same requests (from the project's workload generator, or a JSONL file
+given with --workload-file) in the same process, bfloat16, every output generated to
+exactly max_tokens (ignore_eos). transformers runs static batches of --hf-batch-size:
+each batch generates until its longest member is done; only each request's own
+max_tokens count as useful output. Prints tokens/s, TTFT/TPOT percentiles and the ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from inflight import LLM, SamplingParams
+from inflight.bench.workload import generate, load_jsonl
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def run_inflight(llm: LLM, reqs) -> dict:
+    sps = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
+    t0 = time.time()
+    outs = llm.generate([r.prompt for r in reqs], sps, use_tqdm=True)
+    wall = time.time() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    ttft = [o.metrics.first_token_time - t0 for o in outs]
+    tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / max(len(o.outputs[0].token_ids) - 1, 1)
+            for o in outs]
+    return {"requests": len(reqs), "output_tokens": n_out, "wall_s": wall, "output_tok_s": n_out / wall,
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+            "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99)}
+
+
+def run_hf_static(reqs, tokenizer, batch_size: int) -> dict:
+    from transformers import AutoModelForCausalLM  # noqa: F401  (import cost outside the timer)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from hf_reference import load_hf_reference
+
+    model = load_hf_reference(dtype=torch.bfloat16)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    useful, t0 = 0, time.time()
+    for i in range(0, len(reqs), batch_size):
+        batch = reqs[i:i + batch_size]
+        enc = tokenizer([r.prompt for r in batch], return_tensors="pt", padding=True)
+        longest = max(r.max_tokens for r in batch)
+        with torch.no_grad():
+            model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+        useful += sum(r.max_tokens for r in batch)
+    wall = time.time() - t0
+    return {"requests": len(reqs), "useful_output_tokens": useful, "wall_s": wall, "output_tok_s": useful / wall}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="decode")
+    ap.add_argument("--workload-file", default=None)
+    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--hf-requests", type=int, default=32, help="requests for the transformers baseline (0: skip)")
+    ap.add_argument("--hf-batch-size", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+
+    llm = LLM(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              kv_cache_memory=2 * 2**30)
+    tok = llm.get_tokenizer()
+    reqs = load_jsonl(args.workload_file) if args.workload_file else generate(args.workload, tok)
+    reqs = reqs[:args.num_requests] if args.num_requests else reqs
+    res = {"machine": f"{os.cpu_count()} cpus, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
+           "workload": args.workload_file or args.workload}
+    res["inflight_all"] = run_inflight(llm, reqs)
+    if args.hf_requests:
+        sub = reqs[:args.hf_requests]
+        res["inflight_subset"] = run_inflight(llm, sub)
+        res["hf_static"] = run_hf_static(sub, tok, args.hf_batch_size)
+        res["ratio_subset"] = res["inflight_subset"]["output_tok_s"] / res["hf_static"]["output_tok_s"]
+    print(json.dumps(res, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
