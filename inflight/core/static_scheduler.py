@@ -86,6 +86,10 @@ class StaticScheduler(Scheduler):
                 return True
         return False
 
+    def _pick_victim(self) -> Request:
+        padding = [r for r in self.running if r.request_id in self._done]
+        return padding[-1] if padding else super()._pick_victim()
+
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         # A padding row is not worth memory: drop it (as without padding) instead of preempting.
         status = self._done.pop(req.request_id, None)
