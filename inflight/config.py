@@ -53,6 +53,7 @@ class EngineConfig:
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "auto"
+    attention_backend: str = "auto"  # auto | torch | cpu
     trace_file: Optional[str] = None
 
     @classmethod
@@ -63,7 +64,7 @@ class EngineConfig:
             "model": {f.name for f in fields(ModelConfig)},
             "cache": {f.name for f in fields(CacheConfig)},
             "sched": {f.name for f in fields(SchedulerConfig)},
-            "top": {"device", "trace_file"},
+            "top": {"device", "trace_file", "attention_backend"},
         }
         for key, value in kwargs.items():
             for group, known in names.items():

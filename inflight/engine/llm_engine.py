@@ -51,6 +51,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self.step_count = 0
+        self.last_num_scheduled_tokens = 0
         self._trace = open(config.trace_file, "a") if config.trace_file else None
         logger.info("engine ready in %.1f s: %s, %s on %s; KV cache: %d blocks = %d tokens",
                     time.time() - t0, self.model_source, self.dtype, self.device,
@@ -125,6 +126,7 @@ class LLMEngine:
         """Run one engine iteration and return the outputs of requests that progressed."""
         t0 = time.time()
         sched = self.scheduler.schedule()
+        self.last_num_scheduled_tokens = sched.total_num_scheduled_tokens
         batch = self._trace_batch(sched) if self._trace is not None else None
         result = self.runner.execute(sched)
         core_outputs = self.scheduler.update_from_output(sched, result)

@@ -59,6 +59,7 @@ class OutputProcessor:
         for parent in self.parents.values():
             for s in parent.samples:
                 s.completion.delta_token_ids = []
+                s.completion.delta_text = ""
                 s.completion.delta_logprobs = None
         for o in outputs:
             key = self.child_to_parent.get(o.request_id)

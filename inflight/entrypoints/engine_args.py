@@ -40,6 +40,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                 parser.add_argument(flag, type=typ, default=default, help=_HELP.get(f.name))
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--trace-file", default=None, help="write one JSON line per engine step here")
+    parser.add_argument("--attention-backend", default="auto", help="auto | torch | cpu (the C paged kernel)")
 
 
 def _type_of(annotation: Any, default: Any):
@@ -60,4 +61,5 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
                 kw[f.name] = getattr(args, f.name)
     kw["device"] = args.device
     kw["trace_file"] = args.trace_file
+    kw["attention_backend"] = args.attention_backend
     return kw

@@ -60,7 +60,7 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
                        max_len, arch.max_position_embeddings)
     cls = get_model_class(arch.architecture)
     with torch.device("meta"):
-        model = cls(arch, get_attention_backend(), max_len)
+        model = cls(arch, get_attention_backend(config.attention_backend), max_len)
     model = model.to_empty(device=device)
     model.rope.build_cache(device)  # buffers are not in the checkpoint
     model.load_weights(weights.items())

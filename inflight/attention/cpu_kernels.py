@@ -1,0 +1,54 @@
+"""Builds and loads the C kernels in csrc/ with the system compiler, through ctypes.
+
+Plain C with no torch headers compiles in about a second, so the library is
+built on first use and cached; without a compiler the engine falls back to the
+torch reference backend.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("INFLIGHT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "inflight")
+    return os.path.join(base, "kernels")
+
+
+@functools.lru_cache(maxsize=None)
+def load_library(name: str = "paged_decode") -> Optional[ctypes.CDLL]:
+    """Compile (once per source hash) and load csrc/<name>.c; None when that is impossible."""
+    if os.environ.get("INFLIGHT_DISABLE_C_KERNELS"):
+        return None
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    source = resources.files("inflight.attention").joinpath(f"csrc/{name}.c").read_text()
+    digest = hashlib.sha256((source + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    path = os.path.join(_cache_dir(), f"{name}-{digest}.so")
+    if not os.path.exists(path):
+        if cc is None:
+            logger.warning("no C compiler found: using the torch attention backend")
+            return None
+        os.makedirs(_cache_dir(), exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, f"{name}.c")
+            with open(src, "w") as f:
+                f.write(source)
+            out = os.path.join(tmp, "lib.so")
+            res = subprocess.run([cc, *_FLAGS, src, "-o", out, "-lm"], capture_output=True, text=True)
+            if res.returncode != 0:
+                logger.warning("building C kernel %s failed, using torch attention: %s", name, res.stderr[-500:])
+                return None
+            os.replace(out, path)  # atomic: a concurrent builder never sees half a file
+    return ctypes.CDLL(path)

@@ -1,0 +1,50 @@
+"""CPU attention: decode rows through the C paged-decode kernel (no gather copy),
+prefill chunks through the torch reference path."""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from inflight.attention.base import AttentionMetadata
+from inflight.attention.cpu_kernels import load_library
+from inflight.attention.torch_ref import TorchAttentionBackend
+
+_FNS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+class CpuPagedAttentionBackend(TorchAttentionBackend):
+    """Falls back to the torch reference for anything the kernel does not cover."""
+
+    def __init__(self, lib: Optional[ctypes.CDLL] = None) -> None:
+        self.lib = lib or load_library("paged_decode")
+        if self.lib is None:
+            raise RuntimeError("the C paged-decode kernel is not available")
+        g, d = ctypes.c_int(), ctypes.c_int()
+        self.lib.paged_decode_limits(ctypes.byref(g), ctypes.byref(d))
+        self.max_g, self.max_d = g.value, d.value
+
+    def supports(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        nh, d = q.shape[1], q.shape[2]
+        kvh = k_cache.shape[2]
+        return (q.device.type == "cpu" and q.dtype == k_cache.dtype and q.dtype in _FNS
+                and nh % kvh == 0 and nh // kvh <= self.max_g and d <= self.max_d and k_cache.is_contiguous())
+
+    def _decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+        if not self.supports(q, k_cache):
+            return super()._decode(q, k_cache, v_cache, md, scale)
+        nd = md.num_decodes
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        bt = md.block_tables
+        fn = getattr(self.lib, _FNS[q.dtype])
+        fn(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(bt), ctypes.c_int64(bt.stride(0)), _ptr(md.seq_lens),
+           _ptr(out), ctypes.c_int(nd), ctypes.c_int(q.shape[1]), ctypes.c_int(k_cache.shape[2]),
+           ctypes.c_int(q.shape[2]), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale),
+           ctypes.c_int(md.max_decode_seq_len))
+        return out
