@@ -27,8 +27,11 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: Optional[int] = None
     enable_prefix_caching: bool = True
+    # auto: the model's dtype; fp8 (= fp8_e4m3): float8_e4m3fn with a scale per token and KV head,
+    # about twice the tokens of bfloat16 in the same memory (attention/kv_quant.py).
     kv_cache_dtype: str = "auto"
     swap_space: float = 0.0  # GiB of host memory for swap preemption
+    num_cpu_blocks_override: Optional[int] = None  # host (swap) pool size in blocks, instead of swap_space
 
 
 @dataclass
@@ -40,7 +43,16 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: no per-request chunk cap
     scheduling_policy: str = "fcfs"  # fcfs | priority
-    preemption_mode: str = "recompute"
+    preemption_mode: str = "recompute"  # recompute | swap (falls back to recompute when the host pool is full)
+    # Admission keeps this fraction of KV blocks free while anything runs, so running
+    # requests can grow without preempting the newcomer at once (vLLM's 1%).
+    watermark: float = 0.01
+    # After this many preemptions a request is never preempted again for newer work.
+    max_preemptions_per_request: int = 3
+    # Fairness: requests with max_tokens above the threshold (0: off) are long generations
+    # and may hold at most this share of the max_num_seqs seats (see core/admission.py).
+    long_generation_threshold: int = 0
+    long_generation_seat_share: float = 0.75
     scheduling: str = "continuous"  # continuous | static (request-level batching, for comparison)
     static_padding: bool = True  # static only: finished members keep computing padding rows
 
@@ -92,3 +104,18 @@ class EngineConfig:
             raise ValueError(f"scheduling must be 'continuous' or 'static', got {s.scheduling!r}")
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}")
+        self._validate_pressure()
+
+    def _validate_pressure(self) -> None:
+        """Settings of issue 4: swap, watermark, preemption cap, fairness, KV dtype."""
+        s, c = self.scheduler_config, self.cache_config
+        if c.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got {c.kv_cache_dtype!r}")
+        if c.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {c.swap_space}")
+        if not 0.0 <= s.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {s.watermark}")
+        if s.max_preemptions_per_request < 1:
+            raise ValueError(f"max_preemptions_per_request must be at least 1, got {s.max_preemptions_per_request}")
+        if s.long_generation_threshold < 0 or not 0.0 < s.long_generation_seat_share <= 1.0:
+            raise ValueError("long_generation_threshold must be >= 0 and long_generation_seat_share in (0, 1]")

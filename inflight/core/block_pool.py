@@ -67,6 +67,11 @@ class BlockPool:
                 self.num_evictions += 1
             block.block_hash = None
 
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Forget a block's hash (its content will never be written, e.g. its
+        writer was preempted before the step ran)."""
+        self._evict(block)
+
     def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
         """Register a full block under its hash; an existing entry wins."""
         if not self.enable_caching or block.block_hash is not None:

@@ -85,22 +85,30 @@ class KVCacheManager:
         self.prefix_cache_hits += num_tokens
         return ComputedBlocks(hits, num_tokens)
 
+    def num_blocks_to_allocate(self, request: Request, num_new_tokens: int,
+                               computed: Optional[ComputedBlocks] = None) -> int:
+        """Free blocks that :meth:`allocate_slots` would take for these tokens (no side effects)."""
+        hit_blocks = computed.blocks if computed else []
+        hit_tokens = computed.num_tokens if computed else 0
+        held = len(self.req_to_blocks.get(request.request_id, ()))
+        total = request.num_computed_tokens + hit_tokens + num_new_tokens
+        num_new = self.blocks_needed(total) - held - len(hit_blocks)
+        # Hit blocks with ref_cnt 0 sit on the free list: taking them uses up free blocks too.
+        num_reclaimed = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        return max(num_new, 0) + num_reclaimed
+
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        computed: Optional[ComputedBlocks] = None) -> bool:
         """Make room for ``num_new_tokens`` past the request's computed tokens
         (plus any prefix-cache hits passed in). Returns False, changing nothing,
         when the pool cannot supply the blocks."""
+        if self.num_blocks_to_allocate(request, num_new_tokens, computed) > self.pool.num_free_blocks:
+            return False
         hit_blocks = computed.blocks if computed else []
         hit_tokens = computed.num_tokens if computed else 0
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         total = request.num_computed_tokens + hit_tokens + num_new_tokens
         num_new = self.blocks_needed(total) - len(blocks) - len(hit_blocks)
-        # Hit blocks with ref_cnt 0 sit on the free list: taking them uses up free blocks too.
-        num_reclaimed = sum(1 for b in hit_blocks if b.ref_cnt == 0)
-        if max(num_new, 0) + num_reclaimed > self.pool.num_free_blocks:
-            if not blocks:
-                del self.req_to_blocks[request.request_id]
-            return False
         self.pool.touch(hit_blocks)
         blocks.extend(hit_blocks)
         if num_new > 0:
@@ -125,6 +133,36 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self._num_cached_blocks.pop(request.request_id, None)
         self.pool.free(reversed(blocks))
+
+    def free_preempted(self, request: Request) -> None:
+        """Free a request preempted before this step ran. Blocks past its computed
+        tokens were registered in the prefix cache when this step allocated them,
+        but they will never be written: forget their hashes first.
+
+        NOTE: only the running loop preempts a request scheduled in this step, and it
+        runs before any admission could take a prefix hit on such a block, so
+        these blocks are held by this request alone."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        for block in blocks[request.num_computed_tokens // self.block_size:]:
+            if block.block_hash is not None and block.ref_cnt == 1:
+                self.pool.uncache(block)
+        self.free(request)
+
+    def computed_block_ids(self, request: Request) -> list[int]:
+        """Blocks holding the request's computed tokens: what a swap-out copies."""
+        n = self.blocks_needed(request.num_computed_tokens)
+        return [b.block_id for b in self.req_to_blocks.get(request.request_id, [])[:n]]
+
+    def allocate_swapped_in(self, request: Request, num_blocks: int) -> list[int]:
+        """Fresh blocks for a request coming back from the host pool; the caller
+        copies its KV into them before the step runs, so full blocks are
+        registered in the prefix cache at once (an existing entry wins)."""
+        assert request.request_id not in self.req_to_blocks, f"{request.request_id} already holds blocks"
+        blocks = self.pool.allocate(num_blocks)
+        self.req_to_blocks[request.request_id] = blocks
+        self._num_cached_blocks.pop(request.request_id, None)
+        self._cache_full_blocks(request, blocks, request.num_computed_tokens)
+        return [b.block_id for b in blocks]
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]

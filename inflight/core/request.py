@@ -10,19 +10,23 @@ from inflight.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
-    """Where a request is in its life. Values above PREEMPTED are finished."""
+    """Where a request is in its life. Values above SWAPPED are finished.
+
+    PREEMPTED: preempted by recompute, back in the waiting queue with no KV;
+    SWAPPED: preempted by swap, its KV blocks held in the host pool."""
 
     WAITING = 0
     RUNNING = 1
     PREEMPTED = 2
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
-    FINISHED_IGNORED = 6
+    SWAPPED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_IGNORED = 7
 
     @property
     def is_finished(self) -> bool:
-        return self > RequestStatus.PREEMPTED
+        return self > RequestStatus.SWAPPED
 
     @property
     def finish_reason(self) -> Optional[str]:

@@ -1,0 +1,193 @@
+"""A streaming load client for any OpenAI-compatible server (``/v1/completions``
+or ``/v1/chat/completions``), on asyncio + httpx.
+
+Requests arrive all at once (rate ``inf``), as a Poisson process at
+``request_rate``, or as a gamma process with shape ``burstiness`` (1 is Poisson,
+below 1 burstier, above 1 more regular) at the same mean rate; at most
+``max_concurrency`` are in flight. Every request streams, and asks for a final
+usage chunk, so token counts are the server's own.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from inflight.bench.metrics import RequestRecord
+from inflight.bench.workload import WorkloadRequest
+
+
+@dataclass
+class ClientConfig:
+    """Where to send the load and how."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    model: Optional[str] = None  # None: the first model the server lists
+    endpoint: str = "/v1/completions"
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: Optional[int] = None
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    seed: int = 0
+    timeout_s: float = 3600.0
+    api_key: Optional[str] = None
+    warmup_requests: int = 0
+    show_progress: bool = True
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoadResult:
+    """Per-request records and the wall time from the first send to the last answer."""
+
+    records: list[RequestRecord]
+    duration: float
+    started_at: float  # time.time() when the load began
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Send times (seconds from the start) of ``n`` requests; the first goes at 0."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be positive, got {rate}")
+    if burstiness <= 0:
+        raise ValueError(f"burstiness must be positive, got {burstiness}")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    for i in range(n):
+        offsets.append(t)
+        t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    return offsets
+
+
+def _payload(cfg: ClientConfig, model: str, req: WorkloadRequest, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": cfg.temperature,
+                            "stream": True, "stream_options": {"include_usage": True},
+                            "ignore_eos": cfg.ignore_eos}
+    if cfg.endpoint.rstrip("/").endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+    else:
+        body["prompt"] = req.prompt
+    body.update(cfg.extra_body)
+    return body
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    """Generated text carried by one streamed chunk (completions or chat)."""
+    text = ""
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta")
+        text += (delta.get("content") or "") if isinstance(delta, dict) else (choice.get("text") or "")
+    return text
+
+
+async def _stream(client, cfg: ClientConfig, model: str, req: WorkloadRequest, rec: RequestRecord,
+                  t_send: float, max_tokens: int) -> None:
+    """Send one request and fill ``rec`` from its stream; raises on any failure."""
+    chunks, last, usage, done = 0, t_send, None, False
+    async with client.stream("POST", cfg.endpoint, json=_payload(cfg, model, req, max_tokens)) as resp:
+        if resp.status_code != 200:
+            body = (await resp.aread()).decode(errors="replace")[:300]
+            raise RuntimeError(f"HTTP {resp.status_code}: {body}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"error in stream: {chunk['error']}")
+            now = time.perf_counter()
+            if _chunk_text(chunk):
+                if rec.ttft is None:
+                    rec.ttft = now - t_send
+                else:
+                    rec.itl.append(now - last)
+                last, chunks = now, chunks + 1
+            usage = chunk.get("usage") or usage
+    if not done:
+        raise RuntimeError("the stream ended before [DONE]")
+    rec.e2e = time.perf_counter() - t_send
+    if usage:
+        rec.output_tokens = int(usage.get("completion_tokens") or 0)
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
+    else:
+        rec.output_tokens = chunks  # no usage: one token per content chunk, a lower bound
+    rec.success = True
+
+
+async def _one(client, cfg: ClientConfig, model: str, req: WorkloadRequest, delay: float, t0: float,
+               sem: Optional[asyncio.Semaphore], bar) -> RequestRecord:
+    await asyncio.sleep(max(0.0, t0 + delay - time.perf_counter()))
+    rec = RequestRecord(id=req.id, prompt_tokens=max(req.prompt_tokens, 0), max_tokens=req.max_tokens)
+    async with sem if sem is not None else _nullcontext():
+        t_send = time.perf_counter()
+        rec.start = t_send - t0
+        try:
+            await _stream(client, cfg, model, req, rec, t_send, req.max_tokens)
+        except Exception as e:  # any failure is a failed request, never a crashed benchmark
+            rec.success, rec.e2e = False, time.perf_counter() - t_send
+            rec.error = f"{type(e).__name__}: {e}"[:500]
+    if bar is not None:
+        bar.update(1)
+    return rec
+
+
+class _nullcontext:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+
+def make_client(cfg: ClientConfig, connections: int):
+    """An httpx.AsyncClient with room for every concurrent stream (no pool queueing)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=max(connections, 1), max_keepalive_connections=max(connections, 1))
+    timeout = httpx.Timeout(cfg.timeout_s, connect=30.0, pool=None)
+    # trust_env=False: a proxy from the environment must not sit between client and server.
+    return httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), headers=headers, limits=limits,
+                             timeout=timeout, trust_env=False)
+
+
+async def resolve_model(client, cfg: ClientConfig) -> str:
+    """``cfg.model``, or the first model the server lists at /v1/models."""
+    if cfg.model:
+        return cfg.model
+    resp = await client.get("/v1/models")
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+async def run_load(cfg: ClientConfig, requests: list[WorkloadRequest]) -> LoadResult:
+    """Send ``requests`` by the configured arrival process; returns every record, in input order."""
+    from tqdm.auto import tqdm
+
+    offsets = arrival_offsets(len(requests), cfg.request_rate, cfg.burstiness, cfg.seed)
+    sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    async with make_client(cfg, cfg.max_concurrency or len(requests)) as client:
+        model = await resolve_model(client, cfg)
+        for i in range(cfg.warmup_requests):
+            warm = RequestRecord(id=f"warmup-{i}")
+            await _stream(client, cfg, model, requests[i % len(requests)], warm, time.perf_counter(), 4)
+        bar = tqdm(total=len(requests), desc="Requests", dynamic_ncols=True) if cfg.show_progress else None
+        started_at, t0 = time.time(), time.perf_counter()
+        try:
+            records = await asyncio.gather(*(_one(client, cfg, model, r, d, t0, sem, bar)
+                                             for r, d in zip(requests, offsets)))
+        finally:
+            if bar is not None:
+                bar.close()
+        duration = time.perf_counter() - t0
+    return LoadResult(list(records), duration, started_at)
