@@ -36,6 +36,12 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     total_num_scheduled_tokens: int = 0
     preempted_req_ids: list[str] = field(default_factory=list)
+    # Swap preemption: (device block, host block) pairs to copy out and (host block,
+    # device block) pairs to copy in. NOTE: the runner does both before the forward
+    # pass, reading every source before writing any destination, and even when
+    # ``scheduled`` is empty.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     # Requests that left since the previous step; the runner drops their state.
     finished_req_ids: list[str] = field(default_factory=list)
 

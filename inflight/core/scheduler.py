@@ -8,34 +8,54 @@ from collections import deque
 from typing import Iterable, Optional
 
 from inflight.config import CacheConfig, SchedulerConfig
+from inflight.core.admission import AdmissionMixin
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import (EngineCoreOutput, ModelRunnerOutput, ScheduledRequest,
                                    SchedulerOutput)
+from inflight.core.preemption import PreemptionMixin
 from inflight.core.request import Request, RequestStatus
+from inflight.core.swap import SwapSpace
 
 logger = logging.getLogger(__name__)
 
 
-class Scheduler:
-    """Continuous batching with chunked prefill, prefix caching and recompute preemption.
+class Scheduler(AdmissionMixin, PreemptionMixin):
+    """Continuous batching with chunked prefill, prefix caching, and preemption by
+    recompute or swap.
 
-    Each step: running requests first (oldest first; a decode takes one token, a
-    request mid-prefill its next chunk), then waiting requests by policy while
-    ``max_num_seqs``, the token budget and free KV blocks allow; the last prefill
-    admitted takes whatever budget remains.
+    Each step: under the priority policy, a waiting request may first preempt
+    lower-priority running ones (core/preemption.py); then running requests
+    (oldest first; a decode takes one token, a request mid-prefill its next
+    chunk; one that cannot get a block preempts); then, unless that preempted,
+    swapped requests resume and waiting ones are admitted (core/admission.py)
+    while ``max_num_seqs``, the token budget and free KV blocks above the
+    watermark allow; the last prefill admitted takes whatever budget remains.
+
+    ``num_host_blocks`` sizes the host pool for ``preemption_mode="swap"`` (the
+    worker computes it from ``swap_space``); with none, swap falls back to recompute.
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 num_blocks: int, max_model_len: int) -> None:
+                 num_blocks: int, max_model_len: int, num_host_blocks: int = 0) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        swap_mode = scheduler_config.preemption_mode == "swap"
+        self.swap = SwapSpace(num_host_blocks if swap_mode else 0)
+        if swap_mode and not self.swap.num_blocks:
+            logger.warning("preemption_mode=swap with no host swap space (swap_space=0): "
+                           "every preemption falls back to recompute")
+        self.watermark_blocks = int(scheduler_config.watermark * num_blocks)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: list[Request] = []
         self._finished_ids: list[str] = []
+        self._preempted_now: set[str] = set()  # preempted in the current schedule(): not resumed in it
         self.num_preemptions = 0
+        self.num_swap_outs = 0  # preemptions whose KV went to the host pool
+        self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full and recomputed
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -47,12 +67,15 @@ class Scheduler:
         self.waiting.append(request)
 
     def check_feasible(self, request: Request) -> None:
+        """Raise ValueError if the request could never run, whatever else is running."""
         max_tokens = request.sampling_params.max_tokens or (self.max_model_len - request.num_prompt_tokens)
         need = self.kv.blocks_needed(request.num_prompt_tokens + max_tokens)
         if need > self.kv.num_blocks:
             raise ValueError(
                 f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {need} KV "
-                f"blocks but the whole KV cache has {self.kv.num_blocks} blocks of {self.block_size} tokens")
+                f"blocks but the whole KV cache has {self.kv.num_blocks} blocks of {self.block_size} tokens "
+                f"({self.kv.num_blocks * self.block_size} tokens): it can never fit; shorten the prompt "
+                f"or lower max_tokens")
         if not self.config.enable_chunked_prefill and request.num_prompt_tokens > self.config.max_num_batched_tokens:
             raise ValueError(
                 f"prompt of {request.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
@@ -74,6 +97,9 @@ class Scheduler:
     def _finish(self, req: Request, status: RequestStatus) -> None:
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
+        elif req.status == RequestStatus.SWAPPED:
+            self.swapped.remove(req)
+            self.swap.free(req.request_id)
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = status
@@ -83,15 +109,30 @@ class Scheduler:
         del self.requests[req.request_id]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
+
+    def check_integrity(self) -> None:
+        """Assert the invariants of both pools and that each request is where its status says."""
+        self.kv.check_integrity()
+        self.swap.check_integrity()
+        for r in self.swapped:
+            assert r.status == RequestStatus.SWAPPED and self.kv.num_blocks_of(r.request_id) == 0
+            assert self.swap.num_blocks_of(r.request_id) > 0, f"swapped request {r.request_id} holds no host blocks"
+        for r in self.waiting:
+            assert self.kv.num_blocks_of(r.request_id) == 0, f"waiting request {r.request_id} holds blocks"
+        assert set(self.swap.req_to_blocks) == {r.request_id for r in self.swapped}
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
+        """Decide this step's batch; see the class docstring for the order."""
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = []
+        self._preempted_now = set()
+        self._preempt_for_priority(out)
+        num_priority_preemptions = len(out.preempted_req_ids)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted_req_ids:
-            # NOTE: no admissions in a step that had to preempt: memory is short.
+        if len(out.preempted_req_ids) == num_priority_preemptions:
+            # NOTE: no admissions in a step whose running requests had to preempt: memory is short.
             self._schedule_waiting(out, budget)
         out.total_num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
         for s in out.scheduled:
@@ -114,6 +155,7 @@ class Scheduler:
             n = self._chunk(req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
+            self._requester = req
             while not self.kv.allocate_slots(req, n):
                 victim = self._pick_victim()
                 if victim is req and len(self.running) == 1:
@@ -134,23 +176,6 @@ class Scheduler:
             for r in self.running if r.request_id in scheduled)
         return budget
 
-    def _pick_victim(self) -> Request:
-        if self.config.scheduling_policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
-        return self.running[-1]
-
-    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        self.running.remove(req)
-        self.kv.free(req)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(req)
-        out.preempted_req_ids.append(req.request_id)
-        logger.warning("preempted request %s by recompute (preemptions: %d for it, %d in total)",
-                       req.request_id, req.num_preemptions, self.num_preemptions)
-
     def _make_room(self) -> bool:
         """Free memory for a waiting request without preempting; True if something was freed."""
         return False
@@ -161,33 +186,59 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            candidates = self._admissible()
-            if not candidates:
+            req = self._next_candidate()
+            if req is None:
                 break
-            if self.config.scheduling_policy == "priority":
-                req = min(candidates, key=lambda r: (r.priority, r.arrival_time))
+            if req.status == RequestStatus.SWAPPED:
+                n = self._resume_swapped(req, out, budget)
             else:
-                req = candidates[0]
-            computed = self.kv.get_computed_blocks(req)
-            n = self._chunk(req, computed.num_tokens, budget)
-            # NOTE: without chunked prefill a prompt runs whole or not at all; a request
-            # preempted mid-generation may still be recomputed in chunks, else a
-            # prompt+output longer than the budget could never resume.
-            if (not self.config.enable_chunked_prefill and req.num_output_tokens == 0
-                    and n < req.num_tokens - computed.num_tokens):
-                break
-            if not self.kv.allocate_slots(req, n, computed):
+                n = self._admit(req, out, budget)
+            if n is None:  # short of blocks
                 if self._make_room():
                     continue
                 break
-            self.waiting.remove(req)
-            req.num_computed_tokens = computed.num_tokens
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = computed.num_tokens
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.scheduled.append(ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id)))
+            if n == 0:  # a whole prompt does not fit the budget left
+                break
             budget -= n
+
+    def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> Optional[int]:
+        """Start a waiting request: tokens scheduled, 0 if it must wait for budget, None for blocks."""
+        computed = self.kv.get_computed_blocks(req)
+        n = self._chunk(req, computed.num_tokens, budget)
+        # NOTE: without chunked prefill a prompt runs whole or not at all; a request
+        # preempted mid-generation may still be recomputed in chunks, else a
+        # prompt+output longer than the budget could never resume.
+        if (not self.config.enable_chunked_prefill and req.num_output_tokens == 0
+                and n < req.num_tokens - computed.num_tokens):
+            return 0
+        if not self._room_for(self.kv.num_blocks_to_allocate(req, n, computed)) \
+                or not self.kv.allocate_slots(req, n, computed):
+            return None
+        self.waiting.remove(req)
+        req.num_computed_tokens = computed.num_tokens
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = computed.num_tokens
+        self._start(req, n, out)
+        return n
+
+    def _resume_swapped(self, req: Request, out: SchedulerOutput, budget: int) -> Optional[int]:
+        """Bring a swapped request back: fresh device blocks, host -> device copies, next chunk."""
+        n = self._chunk(req, req.num_computed_tokens, budget)
+        num_host = self.swap.num_blocks_of(req.request_id)
+        if not self._room_for(max(num_host, self.kv.blocks_needed(req.num_computed_tokens + n))):
+            return None
+        device_ids = self.kv.allocate_swapped_in(req, num_host)
+        out.blocks_to_swap_in.extend(self.swap.swap_in(req.request_id, device_ids))
+        ok = self.kv.allocate_slots(req, n)
+        assert ok, "room was checked above"
+        self.swapped.remove(req)
+        self._start(req, n, out)
+        return n
+
+    def _start(self, req: Request, n: int, out: SchedulerOutput) -> None:
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        out.scheduled.append(ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id)))
 
     # ------------------------------------------------------------------ update
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
