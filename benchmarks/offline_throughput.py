@@ -42,12 +42,25 @@ def run_inflight(llm: LLM, reqs) -> dict:
             "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99)}
 
 
-def run_hf_static(reqs, tokenizer, batch_size: int) -> dict:
-    from transformers import AutoModelForCausalLM  # noqa: F401  (import cost outside the timer)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from hf_reference import load_hf_reference
+def hf_model_bf16():
+    """A plain transformers Llama in bfloat16 with the same (dequantized) weights.
 
-    model = load_hf_reference(dtype=torch.bfloat16)
+    Loading the GGUF through transformers keeps the weights quantized and casts
+    around every matmul, which would make the baseline unfairly slow."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from inflight.loader import load_model
+
+    loaded = load_model(None)
+    cfg = {k: v for k, v in loaded.hf_config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    model = LlamaForCausalLM(LlamaConfig(**cfg))
+    model.load_state_dict(loaded.weights, strict=False)
+    model.tie_weights()
+    return model.to(torch.bfloat16).eval()
+
+
+def run_hf_static(reqs, tokenizer, batch_size: int) -> dict:
+    model = hf_model_bf16()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -60,6 +73,7 @@ def run_hf_static(reqs, tokenizer, batch_size: int) -> dict:
             model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
                            pad_token_id=tokenizer.pad_token_id)
         useful += sum(r.max_tokens for r in batch)
+        print(f"transformers batch {i // batch_size + 1}: {longest} steps, {time.time() - t0:.1f}s", file=sys.stderr)
     wall = time.time() - t0
     return {"requests": len(reqs), "useful_output_tokens": useful, "wall_s": wall, "output_tok_s": useful / wall}
 

@@ -9,11 +9,12 @@ from inflight.core.static_scheduler import StaticScheduler
 from inflight.sampling_params import SamplingParams
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 1024, **sched_kw) -> Scheduler:
+def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 1024, num_host_blocks: int = 0,
+                   **sched_kw) -> Scheduler:
     caching = sched_kw.pop("enable_prefix_caching", True)
     cls = StaticScheduler if sched_kw.get("scheduling") == "static" else Scheduler
     return cls(SchedulerConfig(**sched_kw), CacheConfig(block_size=block_size, enable_prefix_caching=caching),
-                     num_blocks, max_model_len)
+                     num_blocks, max_model_len, num_host_blocks=num_host_blocks)
 
 
 def make_request(rid: str, prompt_len: int = 8, max_tokens: int = 4, base: int = 0, **kw) -> Request:

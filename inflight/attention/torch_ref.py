@@ -5,11 +5,16 @@ import torch
 import torch.nn.functional as F
 
 from inflight.attention.base import AttentionBackend, AttentionMetadata
+from inflight.attention.kv_quant import is_quantized
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Scatter the step's new K/V rows into their cache slots."""
+    if is_quantized(k_cache):  # fp8 KV cache: quantize on write; indexing it dequantizes (kv_quant.py)
+        k_cache.write(k, slot_mapping)
+        v_cache.write(v, slot_mapping)
+        return
     nb, bs, kvh, d = k_cache.shape
     k_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))

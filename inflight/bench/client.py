@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import random
 import time
@@ -48,6 +49,7 @@ class LoadResult:
     records: list[RequestRecord]
     duration: float
     started_at: float  # time.time() when the load began
+    model: str = ""
 
 
 def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
@@ -153,6 +155,7 @@ def make_client(cfg: ClientConfig, connections: int):
     """An httpx.AsyncClient with room for every concurrent stream (no pool queueing)."""
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=max(connections, 1), max_keepalive_connections=max(connections, 1))
     timeout = httpx.Timeout(cfg.timeout_s, connect=30.0, pool=None)
@@ -190,4 +193,4 @@ async def run_load(cfg: ClientConfig, requests: list[WorkloadRequest]) -> LoadRe
             if bar is not None:
                 bar.close()
         duration = time.perf_counter() - t0
-    return LoadResult(list(records), duration, started_at)
+    return LoadResult(list(records), duration, started_at, model)

@@ -93,6 +93,8 @@ def machine_info() -> dict[str, Any]:
     """Facts that make a number reproducible: CPU, OS, Python, torch, accelerator."""
     info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
                             "processor": _cpu_model(), "python": platform.python_version()}
+    if hasattr(os, "getloadavg"):  # 1/5/15 min, the benchmark's own load included
+        info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     try:
         import torch
 

@@ -3,6 +3,8 @@
 - ``plot_knee``: output tokens/s against TPOT p50/p99 and against TTFT p99, one
   point per ``max_num_seqs``, one line per (scheduling, request rate): where the
   line turns flat to the right, more concurrency buys latency, not throughput.
+  Static runs appear only against TTFT: they hand back every token at the batch
+  end, so their TPOT is meaningless.
 - ``plot_compare``: runs side by side (e.g. static vs continuous): throughput
   bars, TTFT distribution, and when each request completed.
 """
@@ -59,12 +61,15 @@ def plot_knee(runs: Sequence[Run], path: str, tpot_slo_ms: Optional[float] = Non
         color = f"C{i}"
         y, p50, p99, ttft = ([_num(r["summary"][k]) for r in series]
                              for k in ("output_throughput", "tpot_p50_ms", "tpot_p99_ms", "ttft_p99_ms"))
-        ax1.plot(p50, y, "o--", color=color, alpha=0.6, label=f"{name}: TPOT p50")
-        ax1.plot(p99, y, "s-", color=color, label=f"{name}: TPOT p99")
+        streamed = _setting(series[0], "scheduling", "continuous") == "continuous"
+        if streamed:  # static hands every token back at the batch end: its TPOT means nothing
+            ax1.plot(p50, y, "o--", color=color, alpha=0.6, label=f"{name}: TPOT p50")
+            ax1.plot(p99, y, "s-", color=color, label=f"{name}: TPOT p99")
         ax2.plot(ttft, y, "s-", color=color, label=name)
         for r, xa, xb, yy in zip(series, p99, ttft, y):
             n = _setting(r, "max_num_seqs")
-            ax1.annotate(f"{n}", (xa, yy), textcoords="offset points", xytext=(5, 5), fontsize=8)
+            if streamed:
+                ax1.annotate(f"{n}", (xa, yy), textcoords="offset points", xytext=(5, 5), fontsize=8)
             ax2.annotate(f"{n}", (xb, yy), textcoords="offset points", xytext=(5, 5), fontsize=8)
     if tpot_slo_ms:
         ax1.axvline(tpot_slo_ms, color="red", linestyle=":", label=f"TPOT SLO {tpot_slo_ms:g} ms")
@@ -140,14 +145,16 @@ def compare_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
 
 
 def plot_all(runs: Sequence[Run], out_dir: str, tpot_slo_ms: Optional[float] = None) -> list[str]:
-    """Every plot that the runs support: the knee, and one comparison per group (or of all runs)."""
+    """Every plot that the runs support: the knee, and one comparison per group of runs
+    that differ only in scheduling; with neither, one comparison of all (2-6) runs."""
     paths = []
     if any(len(s) > 1 for s in knee_series(runs).values()):
         paths.append(plot_knee(runs, os.path.join(out_dir, "knee.png"), tpot_slo_ms))
     groups = compare_groups(runs)
     for key, group in groups.items():
         name = key.replace(".", "_").replace("inf", "all")
-        paths.append(plot_compare(group, os.path.join(out_dir, f"compare_{name}.png"), title=key))
-    if not groups and 1 < len(runs) <= 6:
+        title = f"max_num_seqs={_setting(group[0], 'max_num_seqs')}, {_rate_text(_setting(group[0], 'request_rate'))}"
+        paths.append(plot_compare(group, os.path.join(out_dir, f"compare_{name}.png"), title=title))
+    if not paths and 1 < len(runs) <= 6:
         paths.append(plot_compare(list(runs), os.path.join(out_dir, "compare.png")))
     return paths

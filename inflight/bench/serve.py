@@ -70,7 +70,7 @@ def bench_once(cfg: ClientConfig, requests: list[WorkloadRequest], label: str,
     result = asyncio.run(run_load(cfg, requests))
     summary = summarize(result.records, result.duration, slo, percentiles)
     config = {k: v for k, v in asdict(cfg).items() if k not in ("api_key", "show_progress")}
-    config.update(num_requests=len(requests), goodput_slo_ms=slo or {}, started_at=result.started_at,
+    config.update(model=result.model, num_requests=len(requests), goodput_slo_ms=slo or {}, started_at=result.started_at,
                   **(extra_config or {}))
     return make_run(label, "serve", config, summary, result.records)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import math
 import os
 import shlex
@@ -92,6 +93,7 @@ def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log_path
     """Poll GET /health until 200; raise if the process exits or time runs out."""
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -44,8 +44,9 @@ class AdmissionMixin:
     """Candidate order, the watermark and the long-generation seat share, mixed into :class:`Scheduler`."""
 
     def _is_long(self: "Scheduler", r: Request) -> bool:
+        # NOTE: static batches are fixed up front; a seat share there could strand a member.
         t = self.config.long_generation_threshold
-        return t > 0 and r.max_tokens > t
+        return t > 0 and r.max_tokens > t and self.config.scheduling == "continuous"
 
     def _long_seats(self: "Scheduler") -> int:
         return max(1, int(self.config.long_generation_seat_share * self.config.max_num_seqs))
@@ -63,7 +64,7 @@ class AdmissionMixin:
     def _next_candidate(self: "Scheduler") -> Optional[Request]:
         """The request admission should try next, or None."""
         long_full = False
-        if self.config.long_generation_threshold > 0:
+        if self.config.long_generation_threshold > 0 and self.config.scheduling == "continuous":
             long_full = sum(1 for r in self.running if self._is_long(r)) >= self._long_seats()
         by_priority = self.config.scheduling_policy == "priority"
         best: Optional[Request] = None

@@ -79,6 +79,7 @@ class PreemptionMixin:
         if not self.swap.can_hold(len(ids)):
             if ids:
                 self.num_swap_fallbacks += 1
+            if ids and self.swap.num_blocks:  # (with no host pool at all, __init__ warned once)
                 logger.warning("host swap pool full (%d of %d blocks free, %d needed): request %s "
                                "falls back to recompute", self.swap.num_free_blocks, self.swap.num_blocks,
                                len(ids), req.request_id)

@@ -41,7 +41,9 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
-        swap_mode = scheduler_config.preemption_mode == "swap"
+        # NOTE: static batching (the comparison baseline) preempts by recompute only: its
+        # padding rows start once no member waits, and a swapped member would look started.
+        swap_mode = scheduler_config.preemption_mode == "swap" and scheduler_config.scheduling == "continuous"
         self.swap = SwapSpace(num_host_blocks if swap_mode else 0)
         if swap_mode and not self.swap.num_blocks:
             logger.warning("preemption_mode=swap with no host swap space (swap_space=0): "
@@ -52,6 +54,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self._finished_ids: list[str] = []
+        self._pending_outputs: list[EngineCoreOutput] = []  # finishes decided in schedule()
         self._preempted_now: set[str] = set()  # preempted in the current schedule(): not resumed in it
         self.num_preemptions = 0
         self.num_swap_outs = 0  # preemptions whose KV went to the host pool
@@ -159,9 +162,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
             while not self.kv.allocate_slots(req, n):
                 victim = self._pick_victim()
                 if victim is req and len(self.running) == 1:
-                    logger.warning("request %s alone exceeds the KV cache (%d blocks); finishing it with "
-                                   "finish_reason=length", req.request_id, self.kv.num_blocks)
-                    self._finish(req, RequestStatus.FINISHED_LENGTH_CAPPED)
+                    self._finish_infeasible(req)
                     break
                 if victim.request_id in scheduled:
                     budget += scheduled.pop(victim.request_id)
@@ -175,6 +176,18 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
             ScheduledRequest(r, scheduled[r.request_id], self.kv.get_block_ids(r.request_id))
             for r in self.running if r.request_id in scheduled)
         return budget
+
+    def _finish_infeasible(self, req: Request) -> None:
+        """A request that alone fills the pool ends with finish_reason=length (never a hang).
+
+        NOTE: admission rejects prompt + max_tokens that cannot fit, so this is defence
+        in depth; the output goes out with the next update_from_output."""
+        logger.warning("request %s alone fills the KV cache (%d blocks of %d tokens, %d tokens needed); "
+                       "finishing it with finish_reason=length", req.request_id, self.kv.num_blocks,
+                       self.block_size, req.num_tokens)
+        self._finish(req, RequestStatus.FINISHED_LENGTH_CAPPED)
+        self._pending_outputs.append(EngineCoreOutput(req.request_id, [], "length", None, None,
+                                                      max(req.num_cached_tokens, 0)))
 
     def _make_room(self) -> bool:
         """Free memory for a waiting request without preempting; True if something was freed."""
@@ -243,7 +256,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
     # ------------------------------------------------------------------ update
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance progress, append sampled tokens, apply stop conditions, free finished."""
-        outputs = []
+        outputs, self._pending_outputs = self._pending_outputs, []
         now = time.time()
         for s in sched.scheduled:
             req = s.request

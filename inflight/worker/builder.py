@@ -9,8 +9,9 @@ import torch
 from inflight.attention import get_attention_backend
 from inflight.config import EngineConfig
 from inflight.models.registry import ModelArchConfig, get_model_class
-from inflight.worker.kv_cache import allocate_kv_cache, resolve_num_blocks
+from inflight.worker.kv_cache import allocate_kv_cache, resolve_num_blocks, resolve_num_host_blocks
 from inflight.worker.model_runner import ModelRunner
+from inflight.worker.swap import Swapper
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class BuiltRunner:
     max_model_len: int
     dtype: torch.dtype
     device: torch.device
+    num_host_blocks: int = 0  # host swap pool, for preemption_mode="swap"
 
 
 def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltRunner:
@@ -67,8 +69,15 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
     model = model.to(dtype).eval()
     cc = config.cache_config
     num_blocks = resolve_num_blocks(arch, cc.block_size, dtype, device, cc.kv_cache_memory,
-                                    cc.gpu_memory_utilization, cc.num_gpu_blocks_override)
-    kv = allocate_kv_cache(arch, num_blocks, cc.block_size, dtype, device)
-    logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, dtype, device)
-    runner = ModelRunner(model, kv, cc.block_size, arch.vocab_size, device, config.model_config.seed)
-    return BuiltRunner(runner, arch, num_blocks, max_len, dtype, device)
+                                    cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.kv_cache_dtype)
+    kv = allocate_kv_cache(arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype)
+    kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
+    logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
+    num_host = 0
+    if config.scheduler_config.preemption_mode == "swap":
+        num_host = resolve_num_host_blocks(arch, cc.block_size, dtype, cc.kv_cache_dtype, cc.swap_space,
+                                           cc.num_cpu_blocks_override)
+        logger.info("swap space: %d host blocks = %d tokens", num_host, num_host * cc.block_size)
+    runner = ModelRunner(model, kv, cc.block_size, arch.vocab_size, device, config.model_config.seed,
+                         swapper=Swapper(kv, num_host, device))
+    return BuiltRunner(runner, arch, num_blocks, max_len, dtype, device, num_host)

@@ -9,6 +9,7 @@ import torch
 from inflight.attention.base import AttentionMetadata
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.worker.sampler import Sampler, SamplingMetadata, SamplingRow
+from inflight.worker.swap import Swapper
 
 
 @dataclass
@@ -27,8 +28,9 @@ class ModelRunner:
     generators); knows nothing of HTTP or scheduling policy."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, block_size: int, vocab_size: int,
-                 device: torch.device, seed: int = 0) -> None:
+                 device: torch.device, seed: int = 0, swapper: Optional[Swapper] = None) -> None:
         self.model = model
+        self.swapper = swapper or Swapper(kv_caches, 0, device)  # host pool for swap preemption
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.vocab_size = vocab_size
@@ -92,6 +94,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: forward the whole batch, then sample the rows that need it."""
+        self.swapper.apply(sched)  # swap preemption's block copies, before the forward pass (even if empty)
         for rid in sched.finished_req_ids:
             self.generators.pop(rid, None)
         if sched.is_empty:

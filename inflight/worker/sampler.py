@@ -194,7 +194,8 @@ class Sampler:
         """Sample ``logits`` [num_rows, vocab] according to ``md``."""
         assert logits.shape == (md.num_rows, md.vocab_size), (logits.shape, md.num_rows, md.vocab_size)
         if md.greedy_only:
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), None)
+            # NOTE: argmax on bfloat16 CPU tensors is ~5x slower than a float32 copy + argmax.
+            return SamplerOutput(logits.float().argmax(dim=-1).tolist(), None)
         x = logits.to(torch.float32, copy=True)  # copy: the raw logits feed logprobs
         _apply_penalties(x, md)
         if md.random_rows is None:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Re-measure every number in benchmarks/README.md, one command per table.
+#   benchmarks/reproduce.sh [offline|serve|knee|all]   (default all; results under $OUT)
+# Embedded SmolLM2-135M, bfloat16, every request generating exactly max_tokens
+# (ignore_eos). On 2 CPU cores: offline ~25 min, serve ~15 min, knee ~8 min.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin/inflight}
+OUT=${OUT:-bench-out}
+WHAT=${1:-all}
+mkdir -p "$OUT"
+
+offline() {  # static vs continuous on the same engine, offline, at max_num_seqs 16 and 64
+  for mns in 16 64; do
+    $BIN bench throughput --workload decode --max-num-seqs "$mns" --compare \
+      --result-file "$OUT/offline-decode-mns$mns.json"
+    $BIN bench throughput --workload chat --max-num-seqs "$mns" --modes continuous,static \
+      --result-file "$OUT/offline-chat-mns$mns.json"
+  done
+  $BIN bench plot "$OUT/offline-decode-mns16.json" --out-dir "$OUT/offline-decode-mns16"
+}
+
+serve() {  # static vs continuous through the server, all requests at once
+  $BIN bench sweep --workload decode --max-num-seqs 16,64 --schedulings continuous,static \
+    --goodput ttft:10000 tpot:200 --out-dir "$OUT/serve-decode"
+}
+
+knee() {  # max_num_seqs sweep on a reduced decode-like workload (64 requests, short outputs)
+  $BIN bench sweep --workload random --num-requests 64 --input-len 16:256 --output-len 16:96 \
+    --length-dist lognormal --max-num-seqs 1,4,16,64 --goodput tpot:200 --out-dir "$OUT/knee"
+}
+
+case "$WHAT" in
+  offline) offline ;;
+  serve) serve ;;
+  knee) knee ;;
+  all) offline; serve; knee ;;
+  *) echo "usage: $0 [offline|serve|knee|all]" >&2; exit 2 ;;
+esac
