@@ -2,7 +2,7 @@
 # Re-measure every number in benchmarks/README.md, one command per table.
 #   benchmarks/reproduce.sh [offline|serve|knee|all]   (default all; results under $OUT)
 # Embedded SmolLM2-135M, bfloat16, every request generating exactly max_tokens
-# (ignore_eos). On 2 CPU cores: offline ~25 min, serve ~15 min, knee ~8 min.
+# (ignore_eos). On 2 busy CPU cores: knee ~10 min, serve ~15 min, offline ~40 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/inflight}
@@ -25,15 +25,15 @@ serve() {  # static vs continuous through the server, all requests at once
     --goodput ttft:10000 tpot:200 --out-dir "$OUT/serve-decode"
 }
 
-knee() {  # max_num_seqs sweep on a reduced decode-like workload (64 requests, short outputs)
-  $BIN bench sweep --workload random --num-requests 64 --input-len 16:256 --output-len 16:96 \
-    --length-dist lognormal --max-num-seqs 1,4,16,64 --goodput tpot:200 --out-dir "$OUT/knee"
+knee() {  # max_num_seqs sweep on a reduced workload (64 requests, short outputs: ~2 min at 1)
+  $BIN bench sweep --workload random --num-requests 64 --input-len 16:256 --output-len 8:48 \
+    --length-dist lognormal --max-num-seqs 1,4,8,16,32,64 --goodput tpot:200 --out-dir "$OUT/knee"
 }
 
 case "$WHAT" in
   offline) offline ;;
   serve) serve ;;
   knee) knee ;;
-  all) offline; serve; knee ;;
+  all) knee; serve; offline ;;
   *) echo "usage: $0 [offline|serve|knee|all]" >&2; exit 2 ;;
 esac

@@ -66,10 +66,13 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for the step's positions, gathered once and shared by every layer."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -86,13 +89,13 @@ class LlamaAttention(nn.Module):
         self.backend = backend
         self.scale = self.hd ** -0.5
 
-    def forward(self, x, positions, rope: RotaryEmbedding, kv_cache, md: AttentionMetadata):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, md: AttentionMetadata):
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         q = q.view(-1, self.nh, self.hd)
         k = k.view(-1, self.nkv, self.hd)
         v = v.view(-1, self.nkv, self.hd)
-        q, k = rope(positions, q, k)
+        q, k = apply_rope(q, k, *rope)
         o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], md, self.scale)
         return self.o_proj(o.reshape(-1, self.nh * self.hd))
 
@@ -118,8 +121,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rope, kv_cache, md):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, md)
+    def forward(self, x, rope, kv_cache, md):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, md)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -142,8 +145,9 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rope.lookup(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches):
-            x = layer(x, positions, self.rope, kv, md)
+            x = layer(x, rope, kv, md)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
