@@ -65,7 +65,8 @@ class EngineConfig:
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = "auto"
-    attention_backend: str = "auto"  # auto | torch | cpu
+    attention_backend: str = "auto"  # auto | torch | cpu | triton
+    enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode-only steps (as in vLLM)
     trace_file: Optional[str] = None
 
     @classmethod
@@ -76,7 +77,7 @@ class EngineConfig:
             "model": {f.name for f in fields(ModelConfig)},
             "cache": {f.name for f in fields(CacheConfig)},
             "sched": {f.name for f in fields(SchedulerConfig)},
-            "top": {"device", "trace_file", "attention_backend"},
+            "top": {"device", "trace_file", "attention_backend", "enforce_eager"},
         }
         for key, value in kwargs.items():
             for group, known in names.items():

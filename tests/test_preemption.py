@@ -228,3 +228,21 @@ def test_long_generations_leave_seats_for_interactive_requests():
     assert first_step() == {"long0", "long1", "long2", "long3"}
     assert first_step(long_generation_threshold=16, long_generation_seat_share=0.5) == \
         {"long0", "long1", "short0", "short1"}
+
+
+def test_seat_share_is_work_conserving_and_preempts_the_newest_long_for_a_short():
+    s = make_scheduler(num_blocks=64, block_size=4, max_num_batched_tokens=64, max_num_seqs=4,
+                       long_generation_threshold=16, long_generation_seat_share=0.5)
+    for i in range(6):
+        s.add_request(make_request(f"long{i}", prompt_len=4, max_tokens=100, base=10 * i, arrival_time=float(i)))
+    sched, _ = run_step(s)
+    assert set(split(sched)) == {"long0", "long1", "long2", "long3"}  # no interactive traffic: no idle seat
+    s.add_request(make_request("short", prompt_len=4, max_tokens=4, base=500, arrival_time=10.0))
+    sched, _ = run_step(s)
+    assert sched.preempted_req_ids == ["long3"]  # the newest long generation beyond the share yields
+    assert split(sched) == {"long0": 1, "long1": 1, "long2": 1, "short": 4}
+    for _ in range(3):
+        run_step(s)
+    sched, _ = run_step(s)  # short finished: long3 (front of the queue) takes its seat back
+    assert "long3" in split(sched)
+    drain(s, max_steps=2000)

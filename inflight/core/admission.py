@@ -12,22 +12,31 @@ running requests need room to grow, and admitting into the last free blocks
 only to preempt the newcomer a step later is thrashing. With nothing running
 the watermark is waived, so it can never block progress.
 
-Fairness for interactive traffic: a seat share for long generations.
-A request whose ``max_tokens`` exceeds ``long_generation_threshold`` is a
-*long generation*. Long generations together may hold at most
-``long_generation_seat_share`` of the ``max_num_seqs`` seats (at least one);
-admission skips a long request when that share is full and takes the next
-interactive one behind it, so a flood of long generations cannot occupy every
-seat and queue interactive requests behind thousands of decode steps: their
-wait is bounded by the other interactive requests, not by the flood. When
-blocks run out, long generations are also preempted before interactive ones.
-Why this policy: it needs no knowledge beyond what the client declares
-(``max_tokens``), costs nothing when there is no interactive traffic except
-the reserved seats, and its effect is easy to reason about; priority aging
-would only reorder a queue whose head is still stuck behind full seats. The
-price: the reserved seats stay empty when no interactive request is waiting.
-Off by default (``long_generation_threshold=0``); ``benchmarks/fairness.py``
-measures it.
+Fairness for interactive traffic: a work-conserving seat share for long
+generations. A request whose ``max_tokens`` exceeds
+``long_generation_threshold`` is a *long generation*; the others are
+*interactive*. Long generations are entitled to ``long_generation_seat_share``
+of the ``max_num_seqs`` seats (at least one):
+
+* while an interactive request is queued, admission skips long requests once
+  they hold their share, and takes the interactive one behind them;
+* with no interactive request queued, long requests may fill every seat
+  (no seat idles for traffic that is not there);
+* when an interactive request is queued, every seat is taken and long
+  generations hold more than their share, the newest such long generation is
+  preempted (swap or recompute; core/preemption.py) to give it a seat;
+* when KV blocks run out, long generations are preempted before interactive ones.
+
+So a flood of long generations cannot queue interactive requests behind
+thousands of decode steps: an interactive request waits for at most one step
+plus the other interactive requests. Why this policy: it needs nothing beyond
+what the client declares (``max_tokens``); the reserved seats cost nothing when
+there is no interactive traffic; the price is one preemption of a long
+generation per interactive request that arrives while the flood holds every
+seat, and the preemption cap (progress guarantee) bounds how often any one long
+generation pays it. Priority aging would not help here: it reorders a queue
+whose head still waits for a seat. Off by default
+(``long_generation_threshold=0``); ``benchmarks/fairness.py`` measures it.
 """
 from __future__ import annotations
 
@@ -61,11 +70,19 @@ class AdmissionMixin:
         swapped = sorted(self.swapped, key=lambda r: r.arrival_time)
         return itertools.chain(swapped, self._admissible())
 
+    def _interactive_queued(self: "Scheduler") -> int:
+        """Interactive (not long) requests waiting for a seat."""
+        return sum(1 for r in self._queued() if r.request_id not in self._preempted_now and not self._is_long(r))
+
+    def _long_over_share(self: "Scheduler") -> int:
+        """How many seats long generations hold beyond their share (negative: below it)."""
+        return sum(1 for r in self.running if self._is_long(r)) - self._long_seats()
+
     def _next_candidate(self: "Scheduler") -> Optional[Request]:
         """The request admission should try next, or None."""
         long_full = False
         if self.config.long_generation_threshold > 0 and self.config.scheduling == "continuous":
-            long_full = sum(1 for r in self.running if self._is_long(r)) >= self._long_seats()
+            long_full = self._long_over_share() >= 0 and self._interactive_queued() > 0
         by_priority = self.config.scheduling_policy == "priority"
         best: Optional[Request] = None
         for r in self._queued():

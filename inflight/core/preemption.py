@@ -6,14 +6,19 @@ Rules, in order of precedence:
   most preemptible running request, possibly itself: under ``fcfs`` the newest
   by arrival, under ``priority`` the lowest priority (largest number), newest
   among ties. With the fairness policy on, long generations yield before
-  interactive requests (see :mod:`inflight.core.admission`).
+  interactive requests (after priority, under ``priority``).
 * Progress guarantee: a request preempted ``max_preemptions_per_request``
   times is never preempted again in favour of newer work (a requester that
-  arrived after it). The oldest running request can therefore always take
-  blocks from every other one, so it always progresses.
+  arrived after it). After that only older requests can take its blocks, so
+  the oldest such request always progresses; under plain ``fcfs`` victims are
+  the newest anyway, so the oldest running request is never preempted at all.
 * Under ``priority``, before anything else is scheduled, a waiting (or
   swapped) request preempts running requests of strictly lower priority while
   it cannot get a seat or the blocks for its first chunk.
+* With the fairness policy on, an interactive request that finds every seat
+  taken while long generations hold more than their share preempts the
+  newest of them (under ``priority``, only one of no better priority; see
+  :mod:`inflight.core.admission`).
 * ``swap`` copies the request's computed blocks into the host pool and keeps
   its progress; when the host pool cannot hold them it falls back to
   recompute (free the blocks, ``num_computed_tokens = 0``).
@@ -46,9 +51,10 @@ class PreemptionMixin:
                 and r.arrival_time < requester.arrival_time)
 
     def _victim_key(self: "Scheduler", r: Request, index: int) -> tuple:
-        """Larger is preempted first; ``index`` (position in running) breaks arrival ties."""
+        """Larger is preempted first; ``index`` (position in running) breaks arrival ties.
+        Priority (under that policy) outranks the long-generation preference."""
         base = (r.priority,) if self.config.scheduling_policy == "priority" else ()
-        return (self._is_long(r), *base, r.arrival_time, index)
+        return (*base, self._is_long(r), r.arrival_time, index)
 
     def _pick_victim(self: "Scheduler") -> Request:
         req = self._requester
@@ -110,6 +116,24 @@ class PreemptionMixin:
             if not victims:
                 return
             self._preempt(max(victims, key=lambda c: c[0])[1], out)
+
+    def _preempt_for_fairness(self: "Scheduler", out: SchedulerOutput) -> None:
+        """Give queued interactive requests the seats long generations hold beyond their share."""
+        if self.config.long_generation_threshold <= 0 or self.config.scheduling != "continuous":
+            return
+        waiting = self._interactive_queued()
+        by_priority = self.config.scheduling_policy == "priority"
+        while waiting > self.config.max_num_seqs - len(self.running) and self._long_over_share() > 0:
+            newest = self._queued_interactive_newest()
+            victims = [(r.arrival_time, i, r) for i, r in enumerate(self.running)
+                       if self._is_long(r) and not self._protected(r, newest)
+                       and (not by_priority or r.priority >= newest.priority)]
+            if not victims:
+                return
+            self._preempt(max(victims, key=lambda v: v[:2])[2], out)
+
+    def _queued_interactive_newest(self: "Scheduler") -> Request:
+        return max((r for r in self._queued() if not self._is_long(r)), key=lambda r: r.arrival_time)
 
     def _fits_now(self: "Scheduler", cand: Request) -> bool:
         """Whether ``cand`` could start this step without preempting anyone (an estimate

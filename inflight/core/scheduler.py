@@ -24,7 +24,9 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
     recompute or swap.
 
     Each step: under the priority policy, a waiting request may first preempt
-    lower-priority running ones (core/preemption.py); then running requests
+    lower-priority running ones, and with the fairness policy a queued
+    interactive request may preempt a long generation beyond its seat share
+    (core/preemption.py, core/admission.py); then running requests
     (oldest first; a decode takes one token, a request mid-prefill its next
     chunk; one that cannot get a block preempts); then, unless that preempted,
     swapped requests resume and waiting ones are admitted (core/admission.py)
@@ -132,9 +134,10 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
         self._finished_ids = []
         self._preempted_now = set()
         self._preempt_for_priority(out)
-        num_priority_preemptions = len(out.preempted_req_ids)
+        self._preempt_for_fairness(out)
+        num_policy_preemptions = len(out.preempted_req_ids)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if len(out.preempted_req_ids) == num_priority_preemptions:
+        if len(out.preempted_req_ids) == num_policy_preemptions:
             # NOTE: no admissions in a step whose running requests had to preempt: memory is short.
             self._schedule_waiting(out, budget)
         out.total_num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)

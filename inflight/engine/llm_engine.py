@@ -161,5 +161,6 @@ class LLMEngine:
     def stats(self) -> dict[str, float]:
         kv = self.scheduler.kv
         return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "num_swapped": len(self.scheduler.swapped),
                 "kv_cache_usage": kv.usage, "num_preemptions": self.scheduler.num_preemptions,
                 "prefix_cache_queries": kv.prefix_cache_queries, "prefix_cache_hits": kv.prefix_cache_hits}

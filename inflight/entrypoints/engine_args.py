@@ -40,7 +40,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                 parser.add_argument(flag, type=typ, default=default, help=_HELP.get(f.name))
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--trace-file", default=None, help="write one JSON line per engine step here")
-    parser.add_argument("--attention-backend", default="auto", help="auto | torch | cpu (the C paged kernel)")
+    parser.add_argument("--attention-backend", default="auto",
+                        help="auto | torch | cpu (the C paged kernel) | triton (CUDA kernels)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="CUDA: run every step eagerly (no CUDA graphs for decode-only steps)")
 
 
 def _type_of(annotation: Any, default: Any):
@@ -62,4 +65,5 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     kw["device"] = args.device
     kw["trace_file"] = args.trace_file
     kw["attention_backend"] = args.attention_backend
+    kw["enforce_eager"] = getattr(args, "enforce_eager", False)
     return kw

@@ -9,7 +9,8 @@ import torch
 from inflight.attention import get_attention_backend
 from inflight.config import EngineConfig
 from inflight.models.registry import ModelArchConfig, get_model_class
-from inflight.worker.kv_cache import allocate_kv_cache, resolve_num_blocks, resolve_num_host_blocks
+from inflight.worker.kv_cache import (allocate_kv_cache, profile_forward_peak, resolve_num_blocks,
+                                      resolve_num_host_blocks)
 from inflight.worker.model_runner import ModelRunner
 from inflight.worker.swap import Swapper
 
@@ -61,15 +62,26 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
         logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
                        max_len, arch.max_position_embeddings)
     cls = get_model_class(arch.architecture)
+    backend = get_attention_backend(config.attention_backend, device)
     with torch.device("meta"):
-        model = cls(arch, get_attention_backend(config.attention_backend), max_len)
+        model = cls(arch, backend, max_len)
     model = model.to_empty(device=device)
     model.rope.build_cache(device)  # buffers are not in the checkpoint
     model.load_weights(weights.items())
     model = model.to(dtype).eval()
     cc = config.cache_config
+    sc = config.scheduler_config
+    # --- GPU: size the pool after profiling the worst-case step (issue 8) ---
+    peak = None
+    if device.type == "cuda" and cc.kv_cache_memory is None and not cc.num_gpu_blocks_override:
+        peak = profile_forward_peak(model, arch, cc.block_size, dtype, device, sc.max_num_batched_tokens,
+                                    max_len, sc.max_num_seqs)
+        logger.info("profiled step of %d tokens: peak %.2f GiB (weights + activations)",
+                    sc.max_num_batched_tokens, peak / 2**30)
+    # --- end profiling ---
     num_blocks = resolve_num_blocks(arch, cc.block_size, dtype, device, cc.kv_cache_memory,
-                                    cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.kv_cache_dtype)
+                                    cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.kv_cache_dtype,
+                                    profiled_peak_bytes=peak)
     kv = allocate_kv_cache(arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype)
     kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
     logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
@@ -80,4 +92,11 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
         logger.info("swap space: %d host blocks = %d tokens", num_host, num_host * cc.block_size)
     runner = ModelRunner(model, kv, cc.block_size, arch.vocab_size, device, config.model_config.seed,
                          swapper=Swapper(kv, num_host, device))
+    # --- CUDA graphs for decode-only steps (issue 8) ---
+    if device.type == "cuda" and not config.enforce_eager and hasattr(backend, "fixed_splits") \
+            and cc.kv_cache_dtype == "auto":
+        from inflight.worker.cuda_graphs import CudaGraphRunner
+        runner.graph_runner = CudaGraphRunner(model, kv, backend, cc.block_size, max_len, sc.max_num_seqs, device)
+        runner.graph_runner.capture()
+    # --- end CUDA graphs ---
     return BuiltRunner(runner, arch, num_blocks, max_len, dtype, device, num_host)

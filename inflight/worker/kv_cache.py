@@ -61,10 +61,17 @@ def resolve_num_host_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.
 
 def resolve_num_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, device: torch.device,
                        kv_cache_memory: Optional[int], gpu_memory_utilization: float,
-                       override: Optional[int], kv_cache_dtype: str = "auto") -> int:
-    """Number of blocks: explicit override, else the CPU byte budget, else a share of free GPU memory."""
+                       override: Optional[int], kv_cache_dtype: str = "auto",
+                       profiled_peak_bytes: Optional[int] = None) -> int:
+    """Number of blocks: explicit override, else the CPU byte budget, else a share of free GPU memory
+    (after the peak of a profiled forward pass, when ``profiled_peak_bytes`` is given)."""
     if override:
         return override
+    # --- GPU sizing after profiling (issue 8) ---
+    if device.type == "cuda" and kv_cache_memory is None and profiled_peak_bytes is not None:
+        budget = gpu_kv_budget(device, gpu_memory_utilization, profiled_peak_bytes)
+        return num_blocks_for_memory(cfg, block_size, dtype, max(budget, 0), kv_cache_dtype)
+    # --- end GPU sizing after profiling ---
     if device.type == "cuda" and kv_cache_memory is None:
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
@@ -72,3 +79,58 @@ def resolve_num_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype
         return num_blocks_for_memory(cfg, block_size, dtype, max(budget, 0), kv_cache_dtype)
     return num_blocks_for_memory(cfg, block_size, dtype, kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY,
                                  kv_cache_dtype)
+
+
+# --- GPU memory profiling (issue 8) ---
+def gpu_kv_budget(device: torch.device, gpu_memory_utilization: float, peak_bytes: int) -> int:
+    """Bytes left for the KV pool: ``utilization * total`` minus this process's profiled peak
+    (weights + activations) minus memory outside torch's allocator (CUDA context, other processes)."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    outside_torch = (total - free) - torch.cuda.memory_reserved(device)
+    return int(total * gpu_memory_utilization) - peak_bytes - max(outside_torch, 0)
+
+
+def dummy_prefill_batch(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, device: torch.device,
+                        num_tokens: int, max_model_len: int) -> tuple:
+    """(input_ids, positions, kv, md) of ``num_tokens`` prefill tokens in requests of at most
+    ``max_model_len``, over a pool of exactly their blocks: one (K, V) pair that every layer
+    shares (writes overwrite each other, harmless for profiling)."""
+    from inflight.attention.base import AttentionMetadata
+
+    lens = [min(max_model_len, num_tokens - s) for s in range(0, num_tokens, max_model_len)]
+    blocks_per = [-(-n // block_size) for n in lens]
+    shape = (sum(blocks_per), block_size, cfg.num_key_value_heads, cfg.head_dim)
+    kv = (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+    tables = torch.zeros((len(lens), max(blocks_per)), dtype=torch.int64)
+    first = 0
+    for i, nb in enumerate(blocks_per):
+        tables[i, :nb] = torch.arange(first, first + nb)
+        first += nb
+    positions = torch.cat([torch.arange(n) for n in lens])
+    req = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    slots = tables[req, positions // block_size] * block_size + positions % block_size
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    md = AttentionMetadata(slot_mapping=slots.to(device), block_tables=tables.to(device),
+                           seq_lens=torch.tensor(lens, device=device), query_start_loc_list=qsl,
+                           seq_lens_list=lens, num_decodes=0, block_size=block_size)
+    return torch.zeros(num_tokens, dtype=torch.int64, device=device), positions.to(device), kv, md
+
+
+@torch.inference_mode()
+def profile_forward_peak(model: torch.nn.Module, cfg: ModelArchConfig, block_size: int, dtype: torch.dtype,
+                         device: torch.device, num_tokens: int, max_model_len: int, num_seqs: int) -> int:
+    """Peak bytes allocated (weights included) by one worst-case step: ``num_tokens`` tokens of
+    prefill and logits for ``num_seqs`` rows; the dummy KV pool is not counted."""
+    ids, positions, kv, md = dummy_prefill_batch(cfg, block_size, dtype, device, num_tokens, max_model_len)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    hidden = model(ids, positions, [kv] * cfg.num_hidden_layers, md)
+    logits = model.compute_logits(hidden[-1:].expand(num_seqs, -1))
+    torch.sort(logits.float(), dim=-1, descending=True)  # the sampler's worst case: top-p sorts in float32
+    torch.cuda.synchronize(device)
+    # The dummy pool is freed before the real pool exists: not part of the steady state.
+    return torch.cuda.max_memory_allocated(device) - 2 * kv[0].numel() * kv[0].element_size()
+# --- end GPU memory profiling ---

@@ -37,6 +37,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
+        self.graph_runner = None  # CudaGraphRunner for decode-only steps; set by the builder on CUDA (issue 8)
 
     def prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
         """Flatten every scheduled token; decodes (one-token rows) first."""
@@ -100,7 +101,11 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput()
         inp = self.prepare_inputs(sched)
-        hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
+        # --- CUDA graphs for decode-only steps (issue 8; worker/cuda_graphs.py): replay when one fits ---
+        if self.graph_runner is not None and self.graph_runner.can_run(inp.input_ids, inp.md):
+            hidden = self.graph_runner.run(inp.input_ids, inp.positions, inp.md)
+        else:
+            hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
         if not inp.sampling:
             return ModelRunnerOutput()
         logits = self.model.compute_logits(hidden[inp.logits_indices])

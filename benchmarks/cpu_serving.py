@@ -1,0 +1,130 @@
+"""CPU serving benchmark (issue 7): every request of a workload sent at once to
+`inflight serve`, streaming, ignore_eos; output tok/s, TTFT/TPOT p99 and model
+FLOPs utilisation against the bf16 matmul peak measured in the same run.
+
+    python benchmarks/cpu_serving.py [--workloads chat decode longprompt prefix] [--out out/cpu_serving.json]
+
+Workloads are read from ../shared/workloads/NAME.jsonl when present, else built by
+the project's generator (same shapes). Extra server flags go after `--`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import torch
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workloads")
+DEFAULT_SERVER_FLAGS = ["--dtype", "bfloat16", "--max-num-seqs", "128", "--max-num-batched-tokens", "512"]
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Median bf16 GEMM rate of a large square matmul on this machine, now."""
+    a = torch.randn(n, n, dtype=torch.bfloat16)
+    b = torch.randn(n, n, dtype=torch.bfloat16)
+    a @ b
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        rates.append(2 * n ** 3 / (time.perf_counter() - t) / 1e9)
+    return statistics.median(rates)
+
+
+def flops_per_token(hf_config: dict) -> float:
+    """2 x the parameters each processed token passes through (projections, MLP, lm_head)."""
+    h, i, n = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
+    heads, kv = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+    d = hf_config.get("head_dim") or h // heads
+    per_layer = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * i
+    return 2.0 * (n * per_layer + hf_config["vocab_size"] * h)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError("server did not become healthy")
+
+
+def workload_file(name: str, tmp: str) -> str:
+    path = os.path.join(SHARED, f"{name}.jsonl")
+    if os.path.exists(path):
+        return path
+    from inflight.bench.workload import generate, save_jsonl
+    from inflight.loader import load_tokenizer
+    out = os.path.join(tmp, f"{name}.jsonl")
+    save_jsonl(generate(name, load_tokenizer()), out)
+    return out
+
+
+def run_workload(name: str, server_flags: list[str], tmp: str, inflight_bin: str) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([inflight_bin, "serve", "--port", str(port), *server_flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(url, proc)
+        result = os.path.join(tmp, f"{name}.json")
+        subprocess.run([inflight_bin, "bench", "serve", "--base-url", url, "--workload-file", workload_file(name, tmp),
+                        "--ignore-eos", "--disable-tqdm", "--result-file", result, "--label", name],
+                       check=True, stdout=sys.stderr)
+        with open(result) as f:
+            return json.load(f)["runs"][0]["summary"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=["chat", "decode", "longprompt", "prefix"])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("server_flags", nargs="*", help="flags for `inflight serve` (after --)")
+    args = ap.parse_args()
+    flags = args.server_flags or DEFAULT_SERVER_FLAGS
+    inflight_bin = os.path.join(os.path.dirname(sys.executable), "inflight")
+    from inflight.loader import load_model
+    fpt = flops_per_token(load_model(None).hf_config)
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "server_flags": flags,
+               "flops_per_token": fpt, "workloads": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.workloads:
+            peak = matmul_peak_gflops()
+            s = run_workload(name, flags, tmp, inflight_bin)
+            tokens = s["total_input_tokens"] + s["total_output_tokens"]
+            s["mfu"] = tokens * fpt / s["duration_s"] / (peak * 1e9)
+            s["matmul_peak_gflops"] = peak
+            results["workloads"][name] = s
+            print(f"{name:>10}: {s['output_throughput']:7.1f} out tok/s  TTFT p99 {s['ttft_p99_ms'] / 1e3:6.1f} s  "
+                  f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  MFU {s['mfu']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
