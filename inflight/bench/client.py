@@ -10,6 +10,7 @@ usage chunk, so token counts are the server's own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -100,6 +101,7 @@ async def _stream(client, cfg: ClientConfig, model: str, req: WorkloadRequest, r
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
                 continue
+            now = time.perf_counter()  # the chunk's arrival, before parsing it
             data = line[5:].strip()
             if data == "[DONE]":
                 done = True
@@ -107,7 +109,6 @@ async def _stream(client, cfg: ClientConfig, model: str, req: WorkloadRequest, r
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"error in stream: {chunk['error']}")
-            now = time.perf_counter()
             if _chunk_text(chunk):
                 if rec.ttft is None:
                     rec.ttft = now - t_send
@@ -130,7 +131,7 @@ async def _one(client, cfg: ClientConfig, model: str, req: WorkloadRequest, dela
                sem: Optional[asyncio.Semaphore], bar) -> RequestRecord:
     await asyncio.sleep(max(0.0, t0 + delay - time.perf_counter()))
     rec = RequestRecord(id=req.id, prompt_tokens=max(req.prompt_tokens, 0), max_tokens=req.max_tokens)
-    async with sem if sem is not None else _nullcontext():
+    async with sem if sem is not None else contextlib.nullcontext():
         t_send = time.perf_counter()
         rec.start = t_send - t0
         try:
@@ -141,14 +142,6 @@ async def _one(client, cfg: ClientConfig, model: str, req: WorkloadRequest, dela
     if bar is not None:
         bar.update(1)
     return rec
-
-
-class _nullcontext:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
 
 
 def make_client(cfg: ClientConfig, connections: int):
