@@ -23,7 +23,11 @@ def test_engine_trace_records_steps_and_renders(tmp_path):
         assert s["kv_blocks_used"] + s["kv_blocks_free"] == llm.llm_engine.num_blocks
     kinds = {(r["id"], r["kind"]) for s in steps for r in s["requests"]}
     assert {k for _, k in kinds} == {"prefill", "decode"}
-    # Every output token is one sampled step: prompts are chunked (budget 8), then 2 decodes each.
+    # Per request, the tokens computed over all steps are its prompt plus every output
+    # token but the last (sampled at the end, never fed back).
+    for o in outs:
+        computed = sum(r["num_tokens"] for s in steps for r in s["requests"] if r["id"] == o.request_id)
+        assert computed == len(o.prompt_token_ids) + len(o.outputs[0].token_ids) - 1
     decodes = sum(1 for s in steps for r in s["requests"] if r["kind"] == "decode")
     assert decodes == sum(len(o.outputs[0].token_ids) - 1 for o in outs)
     assert sorted(f for s in steps for f in s["finished"]) == ["0", "1"]
