@@ -66,9 +66,13 @@ def test_plots_are_valid_pngs(runs, tmp_path):
         with open(p, "rb") as f:
             data = f.read()
         assert data.startswith(PNG) and len(data) > 10_000
-    # Runs of an offline comparison (no max_num_seqs in their config): one side-by-side plot.
-    offline = [dict(r, config={"mode": r["label"]}) for r in runs[:3]]
-    assert [p.rsplit("/", 1)[1] for p in plot_all(offline, str(tmp_path / "o"))] == ["compare.png"]
+    # Runs without the settings: one side-by-side plot of them all.
+    plain = [dict(r, config={"mode": r["label"]}) for r in runs[:3]]
+    assert [p.rsplit("/", 1)[1] for p in plot_all(plain, str(tmp_path / "p"))] == ["compare.png"]
+    # An offline comparison (`bench throughput --compare`): no knee, one comparison.
+    offline = [dict(r, kind="throughput", config={"max_num_seqs": 16, "scheduling": s})
+               for r, s in zip(runs[:3], ("continuous", "static", "static"))]
+    assert [p.rsplit("/", 1)[1] for p in plot_all(offline, str(tmp_path / "o"))] == ["compare_mns16_rateall.png"]
 
 
 def test_pick_max_num_seqs_meets_the_tpot_slo(runs):

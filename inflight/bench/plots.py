@@ -43,10 +43,10 @@ def _rate_text(rate: Any) -> str:
 
 
 def knee_series(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    """Runs with a ``max_num_seqs`` grouped by (scheduling, rate), each sorted by max_num_seqs."""
+    """Serving runs grouped by (scheduling, rate), each sorted by max_num_seqs."""
     groups: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
-        if _setting(run, "max_num_seqs") is None:
+        if run.get("kind") != "serve" or _setting(run, "max_num_seqs") is None:
             continue
         name = f"{_setting(run, 'scheduling', 'continuous')}, {_rate_text(_setting(run, 'request_rate'))}"
         groups[name].append(run)
@@ -148,12 +148,15 @@ def plot_all(runs: Sequence[Run], out_dir: str, tpot_slo_ms: Optional[float] = N
     """Every plot that the runs support: the knee, and one comparison per group of runs
     that differ only in scheduling; with neither, one comparison of all (2-6) runs."""
     paths = []
-    if any(len(s) > 1 for s in knee_series(runs).values()):
+    if any(len({_setting(r, "max_num_seqs") for r in s}) > 1 for s in knee_series(runs).values()):
         paths.append(plot_knee(runs, os.path.join(out_dir, "knee.png"), tpot_slo_ms))
     groups = compare_groups(runs)
     for key, group in groups.items():
         name = key.replace(".", "_").replace("inf", "all")
-        title = f"max_num_seqs={_setting(group[0], 'max_num_seqs')}, {_rate_text(_setting(group[0], 'request_rate'))}"
+        first = group[0]
+        how = "offline" if first.get("kind") == "throughput" else _rate_text(_setting(first, "request_rate"))
+        workload = f", workload {first['config']['workload']}" if first["config"].get("workload") else ""
+        title = f"max_num_seqs={_setting(first, 'max_num_seqs')}, {how}{workload}"
         paths.append(plot_compare(group, os.path.join(out_dir, f"compare_{name}.png"), title=title))
     if not paths and 1 < len(runs) <= 6:
         paths.append(plot_compare(list(runs), os.path.join(out_dir, "compare.png")))

@@ -102,6 +102,7 @@ def bench_mode(engine_kwargs: dict[str, Any], mode: str, requests: list[Workload
     llm = LLM(**kw)
     try:
         _warmup(llm, requests, warmup)
+        started_at = time.time()
         records, wall = run_offline(llm, requests, show_progress)
     finally:
         del llm
@@ -109,7 +110,7 @@ def bench_mode(engine_kwargs: dict[str, Any], mode: str, requests: list[Workload
     summary = summarize(records, wall, None, percentiles)
     summary["exact_output_tokens"] = float(all(r.output_tokens == r.max_tokens for r in records))
     config = {k: v for k, v in kw.items() if v is not None}
-    config.update(mode=mode, num_requests=len(requests))
+    config.update(mode=mode, num_requests=len(requests), started_at=started_at)
     return make_run(mode, "throughput", config, summary, records)
 
 
