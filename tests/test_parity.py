@@ -81,8 +81,12 @@ def test_all_in_one_batch(llm, expected):
 
 def test_every_prompt_chunked(llm, expected):
     ids, want = expected
-    _engine_with(llm, sched={"max_num_batched_tokens": 7})
+    # Chunks of at most 4 tokens: every prompt (all are longer) is prefilled over several
+    # steps, interleaved with other requests' decodes and chunks.
+    s = _engine_with(llm, sched={"long_prefill_token_threshold": 4, "max_num_batched_tokens": 24})
+    assert min(len(i) for i in ids) > 4
     assert _run(llm, ids) == want
+    assert s.kv.num_free_blocks == s.kv.num_blocks
 
 
 def test_forced_preemption(llm, expected):
