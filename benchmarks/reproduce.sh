@@ -2,10 +2,11 @@
 # Re-measure every number in benchmarks/README.md, one command per table.
 #   benchmarks/reproduce.sh [offline|serve|knee|all]   (default all; results under $OUT)
 # Embedded SmolLM2-135M, bfloat16, every request generating exactly max_tokens
-# (ignore_eos). On 2 busy CPU cores: knee ~10 min, serve ~15 min, offline ~40 min.
+# (ignore_eos). On 2 quiet CPU cores: knee ~4 min, serve ~10 min, offline ~25 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/inflight}
+PY=${PY:-.venv/bin/python}
 OUT=${OUT:-bench-out}
 WHAT=${1:-all}
 mkdir -p "$OUT"
@@ -17,17 +18,22 @@ offline() {  # static vs continuous on the same engine, offline, at max_num_seqs
     $BIN bench throughput --workload chat --max-num-seqs "$mns" --modes continuous,static \
       --result-file "$OUT/offline-chat-mns$mns.json"
   done
-  $BIN bench plot "$OUT/offline-decode-mns16.json" --out-dir "$OUT/offline-decode-mns16"
+  for mns in 16 64; do
+    $BIN bench plot "$OUT/offline-decode-mns$mns.json" --out-dir "$OUT/offline-decode-mns$mns"
+  done
+  $PY benchmarks/results_table.py "$OUT"/offline-decode-mns{16,64}.json "$OUT"/offline-chat-mns{16,64}.json
 }
 
 serve() {  # static vs continuous through the server, all requests at once
   $BIN bench sweep --workload decode --max-num-seqs 16,64 --schedulings continuous,static \
     --goodput ttft:10000 tpot:200 --out-dir "$OUT/serve-decode"
+  $PY benchmarks/results_table.py "$OUT/serve-decode/sweep.json"
 }
 
 knee() {  # max_num_seqs sweep on a reduced workload (64 requests, short outputs: ~2 min at 1)
   $BIN bench sweep --workload random --num-requests 64 --input-len 16:256 --output-len 8:48 \
     --length-dist lognormal --max-num-seqs 1,4,8,16,32,64 --goodput tpot:200 --out-dir "$OUT/knee"
+  $PY benchmarks/results_table.py --knee "$OUT/knee/sweep.json"
 }
 
 case "$WHAT" in

@@ -144,10 +144,18 @@ async def _one(client, cfg: ClientConfig, model: str, req: WorkloadRequest, dela
     return rec
 
 
+def import_httpx():
+    """httpx, or a one-line error saying how to get it."""
+    try:
+        import httpx
+    except ImportError:  # ValueError: the CLI prints it as one line, not a traceback
+        raise ValueError("`inflight bench serve` and `bench sweep` need httpx: pip install httpx") from None
+    return httpx
+
+
 def make_client(cfg: ClientConfig, connections: int):
     """An httpx.AsyncClient with room for every concurrent stream (no pool queueing)."""
-    import httpx
-
+    httpx = import_httpx()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=max(connections, 1), max_keepalive_connections=max(connections, 1))

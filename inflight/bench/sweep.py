@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from inflight.bench.client import import_httpx
 from inflight.bench.common import (add_workload_args, load_requests, make_report, parse_percentiles,
                                    workload_name, write_report)
 from inflight.bench.metrics import parse_goodput
@@ -91,7 +92,7 @@ class ServerProcess:
 
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log_path: str = "") -> None:
     """Poll GET /health until 200; raise if the process exits or time runs out."""
-    import httpx
+    httpx = import_httpx()
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     deadline = time.monotonic() + timeout
