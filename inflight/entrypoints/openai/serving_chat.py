@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
-from inflight.entrypoints.openai.errors import bad_request, param_of
+from inflight.entrypoints.openai.errors import bad_request
 from inflight.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChunk, ChatCompletionResponse,
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
@@ -52,12 +52,7 @@ class ChatHandler:
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         state = self.state
-        state.check_model(req.model)
-        state.check_capacity()
-        try:
-            params = req.to_sampling_params()
-        except ValueError as e:
-            raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
+        params = state.admit(req)
         prompt = render_chat(state.tokenizer, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority)

@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from inflight.engine.async_engine import AsyncLLMEngine, RequestStream
-from inflight.entrypoints.openai.errors import OpenAIError, engine_error
+from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, param_of
 from inflight.entrypoints.openai.responses import UsageInfo
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
@@ -41,6 +41,16 @@ class ServerState:
         if name is not None and name != self.model_name:
             raise OpenAIError(404, f"The model `{name}` does not exist. This server serves `{self.model_name}`.",
                               param="model", code="model_not_found")
+
+    def admit(self, req: Any):
+        """Checks every request shares (model name, capacity) and returns its SamplingParams;
+        invalid sampling values become a 400 naming the field."""
+        self.check_model(req.model)
+        self.check_capacity()
+        try:
+            return req.to_sampling_params()
+        except ValueError as e:
+            raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
 
     def check_capacity(self) -> None:
         """503 + Retry-After while the waiting queue is full or the engine is down."""

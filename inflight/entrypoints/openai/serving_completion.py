@@ -9,7 +9,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
-from inflight.entrypoints.openai.errors import bad_request, param_of
 from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                                    CompletionStreamResponse, dump, random_id)
@@ -42,12 +41,7 @@ class CompletionHandler:
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         """Validate, add every prompt to the engine, then answer (SSE or JSON)."""
         state = self.state
-        state.check_model(req.model)
-        state.check_capacity()
-        try:
-            params = req.to_sampling_params()
-        except ValueError as e:
-            raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
+        params = state.admit(req)
         prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in req.prompts()]
         request_id, created = random_id("cmpl"), int(time.time())
         streams = await add_requests(state, request_id, prompts, params, req.priority)
