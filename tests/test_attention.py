@@ -62,6 +62,16 @@ def test_paged_decode_matches_dense(backend_cls, heads, kv_heads, block_size, dt
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.skipif(CpuPagedAttentionBackend not in BACKENDS, reason="no C compiler")
+@pytest.mark.parametrize("dim", [32, 48, 128])  # 48: not a multiple of 32, the generic C path
+@pytest.mark.parametrize("num_seqs", [1, 3, 12])  # few sequences split by kv head, many run whole
+def test_cpu_decode_bf16_head_dims_and_long_contexts(dim, num_seqs):
+    """Contexts up to 1,200 tokens cross many 16-token chunks of the online softmax."""
+    q, kc, vc, md = make_case(dim * 7 + num_seqs, num_seqs, 8, 2, dim, 16, torch.bfloat16, max_len=1200)
+    got = CpuPagedAttentionBackend()._decode(q, kc, vc, md, dim ** -0.5)
+    torch.testing.assert_close(got.double(), expected_decode(q, kc, vc, md, dim ** -0.5), atol=3e-2, rtol=3e-2)
+
+
 def test_prefill_with_cached_prefix_is_causal_over_the_prefix():
     torch.manual_seed(0)
     heads, kv_heads, dim, bs = 4, 2, 32, 4

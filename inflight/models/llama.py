@@ -151,8 +151,14 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        return F.linear(hidden, self.embed_tokens.weight)
+
+    def pack_lm_head(self, factory) -> None:
+        """Give a tied model its own (packed) logits projection; see cpu_packing.py."""
+        if self.lm_head is None:
+            self.lm_head = factory(self.embed_tokens.weight, None)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

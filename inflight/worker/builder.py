@@ -8,6 +8,7 @@ import torch
 
 from inflight.attention import get_attention_backend
 from inflight.config import EngineConfig
+from inflight.models.cpu_packing import can_pack, pack_linears
 from inflight.models.registry import ModelArchConfig, get_model_class
 from inflight.worker.kv_cache import (allocate_kv_cache, profile_forward_peak, resolve_num_blocks,
                                       resolve_num_host_blocks)
@@ -69,6 +70,8 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
     model.rope.build_cache(device)  # buffers are not in the checkpoint
     model.load_weights(weights.items())
     model = model.to(dtype).eval()
+    if can_pack(device, dtype):
+        pack_linears(model)
     cc = config.cache_config
     sc = config.scheduler_config
     # --- GPU: size the pool after profiling the worst-case step (issue 8) ---

@@ -98,7 +98,142 @@ void NAME(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_t
 #define LOAD_F32(x) (x)
 #define STORE_F32(x) (x)
 DEFINE_DECODE(paged_decode_f32, float, LOAD_F32, STORE_F32)
-DEFINE_DECODE(paged_decode_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+DEFINE_DECODE(paged_decode_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define CHUNK 16
+
+/* e^x for 16 floats: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 Taylor
+ * (relative error ~1e-7). Inputs below -100 give 0 (scalef underflows), -inf included. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 load_bf16x16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+/* One sequence, kv heads [kh0, kh1): online softmax over chunks of CHUNK tokens,
+ * every head of a chunk before the next chunk so each cached row is read while it
+ * is hot. Scores use the bf16 dot-product instruction on the cached rows in place;
+ * V is accumulated in float32. head_dim must be a multiple of 32. */
+#define MAX_QH 64
+static void decode_seq_avx512(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                              const int64_t* bt, int64_t len, uint16_t* out, int G, int kh0, int kh1,
+                              int head_dim, int block_size, int64_t tok_stride, float scale) {
+    const int nv = head_dim / 32, nf = head_dim / 16;
+    const int h0 = kh0 * G, nh = (kh1 - kh0) * G;
+    __m512bh qv[MAX_QH][MAX_D / 32];
+    __m512 acc[MAX_QH][MAX_D / 16];
+    float m[MAX_QH], l[MAX_QH];
+    float sc[MAX_QH][CHUNK] __attribute__((aligned(64)));
+    int64_t rows[CHUNK];
+    for (int h = 0; h < nh; h++) {
+        for (int i = 0; i < nv; i++)
+            qv[h][i] = (__m512bh)_mm512_loadu_si512(q + (int64_t)(h0 + h) * head_dim + 32 * i);
+        for (int i = 0; i < nf; i++) acc[h][i] = _mm512_setzero_ps();
+        m[h] = -INFINITY;
+        l[h] = 0.f;
+    }
+    const int64_t span = (int64_t)(kh1 - kh0) * head_dim * 2;  /* bytes of a row this item reads */
+    for (int64_t t0 = 0; t0 < len; t0 += CHUNK) {
+        const int n = (int)(len - t0 < CHUNK ? len - t0 : CHUNK);
+        for (int j = 0; j < n; j++) {
+            const int64_t t = t0 + j;
+            rows[j] = (bt[t / block_size] * block_size + t % block_size) * tok_stride;
+        }
+        /* Blocks sit at random places in the pool, out of the hardware prefetcher's
+         * reach: fetch the next chunk's rows while this one computes. */
+        for (int64_t t = t0 + CHUNK; t < t0 + 2 * CHUNK && t < len; t++) {
+            const int64_t r = (bt[t / block_size] * block_size + t % block_size) * tok_stride + (int64_t)kh0 * head_dim;
+            for (int64_t b = 0; b < span; b += 64) {
+                _mm_prefetch((const char*)(k_cache + r) + b, _MM_HINT_T0);
+                _mm_prefetch((const char*)(v_cache + r) + b, _MM_HINT_T0);
+            }
+        }
+        for (int j = 0; j < n; j++) {
+            for (int h = 0; h < nh; h++) {
+                const uint16_t* kp = k_cache + rows[j] + (int64_t)((h0 + h) / G) * head_dim;
+                __m512 a = _mm512_setzero_ps();
+                for (int i = 0; i < nv; i++)
+                    a = _mm512_dpbf16_ps(a, qv[h][i], (__m512bh)_mm512_loadu_si512(kp + 32 * i));
+                sc[h][j] = _mm512_reduce_add_ps(a) * scale;
+            }
+        }
+        const __mmask16 mask = (__mmask16)((1u << n) - 1);
+        for (int h = 0; h < nh; h++) {
+            const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mask, sc[h]);
+            const float new_m = fmaxf(m[h], _mm512_mask_reduce_max_ps(mask, s));
+            const float corr = expf(m[h] - new_m);
+            const __m512 p = exp512(_mm512_sub_ps(s, _mm512_set1_ps(new_m)));
+            l[h] = l[h] * corr + _mm512_mask_reduce_add_ps(mask, p);
+            m[h] = new_m;
+            _mm512_store_ps(sc[h], p);
+            const __m512 c = _mm512_set1_ps(corr);
+            for (int i = 0; i < nf; i++) acc[h][i] = _mm512_mul_ps(acc[h][i], c);
+        }
+        for (int j = 0; j < n; j++) {
+            for (int kh = kh0; kh < kh1; kh++) {
+                const uint16_t* vp = v_cache + rows[j] + (int64_t)kh * head_dim;
+                __m512 vf[MAX_D / 16];
+                for (int i = 0; i < nf; i++) vf[i] = load_bf16x16(vp + 16 * i);
+                for (int g = 0; g < G; g++) {
+                    const int h = (kh - kh0) * G + g;
+                    const __m512 p = _mm512_set1_ps(sc[h][j]);
+                    for (int i = 0; i < nf; i++) acc[h][i] = _mm512_fmadd_ps(p, vf[i], acc[h][i]);
+                }
+            }
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        const __m512 inv = _mm512_set1_ps(1.f / l[h]);
+        for (int i = 0; i < nf; i++)
+            _mm256_storeu_si256((__m256i*)(out + (int64_t)(h0 + h) * head_dim + 16 * i),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[h][i], inv)));
+    }
+}
+#endif
+
+void paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                       const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
+                       int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                       int max_len) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (head_dim % 32 == 0 && num_heads <= MAX_QH && head_dim <= MAX_D) {
+        const int G = num_heads / num_kv_heads;
+        const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
+        /* Whole sequences per work item when there are enough of them (contiguous
+         * block reads); (sequence, kv head) items otherwise, so a lone long
+         * sequence still spreads over the cores. */
+        const int split = num_seqs < 8 ? num_kv_heads : 1;
+        const int per = num_kv_heads / split;
+        _Pragma("omp parallel for schedule(dynamic, 1)")
+        for (int item = 0; item < num_seqs * split; item++) {
+            const int s = item / split, kh0 = (item % split) * per;
+            decode_seq_avx512(q + (int64_t)s * num_heads * head_dim, k_cache, v_cache,
+                              block_tables + (int64_t)s * bt_stride, seq_lens[s],
+                              out + (int64_t)s * num_heads * head_dim, G, kh0, kh0 + per, head_dim,
+                              block_size, tok_stride, scale);
+        }
+        return;
+    }
+#endif
+    paged_decode_bf16_generic(q, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
+                              num_kv_heads, head_dim, block_size, scale, max_len);
+}
 
 int paged_decode_limits(int* max_g, int* max_d) {
     *max_g = MAX_G;
