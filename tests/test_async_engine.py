@@ -239,3 +239,47 @@ def test_idle_step_thread_uses_no_cpu():
         assert used < 0.05, f"idle step thread used {used:.3f} s of CPU in 1 s"
         await a.shutdown()
     run(main())
+
+
+def test_from_factory_builds_and_steps_on_one_thread():
+    """torch's OpenMP pool belongs to the thread that loaded the model: stepping must happen there."""
+    seen = []
+
+    class RecordingRunner(FakeRunner):
+        def execute(self, sched):
+            seen.append(threading.current_thread())
+            return super().execute(sched)
+
+    def factory():
+        eng = make_fake_engine()
+        eng.runner = RecordingRunner()
+        seen.append(threading.current_thread())
+        return eng
+
+    async def main():
+        a = AsyncLLMEngine.from_factory(factory)
+        assert a.engine is not None and seen == [a.thread] and a.thread is not threading.current_thread()
+        a.start()
+        outs = await _collect(a, "r1", max_tokens=3)
+        assert outs[-1].outputs[0].text == SCRIPT[:3]
+        assert set(seen) == {a.thread}
+        await a.shutdown()
+        assert not a.thread.is_alive()
+        assert_blocks_all_free(a.engine)
+
+    run(main())
+
+
+def test_from_factory_reraises_a_failed_build_and_a_never_started_engine_shuts_down():
+    def broken():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncLLMEngine.from_factory(broken)
+
+    async def main():
+        a = AsyncLLMEngine.from_factory(make_fake_engine)
+        await a.shutdown()  # never started: the waiting thread must still exit
+        assert not a.thread.is_alive()
+
+    run(main())

@@ -40,11 +40,14 @@ def default_model_name(model: Optional[str]) -> str:
 def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                 max_waiting_requests: Optional[int] = None, log_stats: bool = True,
                 log_interval_s: float = 5.0) -> ServerState:
-    """Wrap a loaded LLMEngine for serving: metrics observer, async engine, settings.
+    """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one) for serving:
+    metrics observer, async engine, settings.
 
     The step thread is started by the app's lifespan (or by the caller)."""
     metrics = EngineMetrics(model_name, log_interval_s=log_interval_s if log_stats else float("inf"))
-    async_engine = AsyncLLMEngine(engine, observer=metrics)
+    async_engine = engine if isinstance(engine, AsyncLLMEngine) else AsyncLLMEngine(engine)
+    async_engine.observer = metrics
+    engine = async_engine.engine
     return ServerState(engine=async_engine, tokenizer=engine.tokenizer, model_name=model_name,
                        max_model_len=engine.max_model_len, metrics=metrics,
                        model_root=getattr(engine, "model_source", None), api_key=api_key,

@@ -35,6 +35,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Load the engine, then serve until SIGTERM/SIGINT; returns the exit status."""
+    from inflight.engine.async_engine import AsyncLLMEngine
     from inflight.engine.llm_engine import LLMEngine
     from inflight.entrypoints.engine_args import engine_kwargs_from_args
     from inflight.entrypoints.openai.api_server import (build_app, build_state, default_model_name,
@@ -44,8 +45,9 @@ def run_serve(args: argparse.Namespace) -> int:
     kwargs["model"] = args.model
     model_name = args.served_model_name or default_model_name(args.model)
     kwargs["served_model_name"] = model_name
-    engine = LLMEngine.from_kwargs(**kwargs)
-    state = build_state(engine, model_name, api_key=args.api_key,
+    async_engine = AsyncLLMEngine.from_factory(lambda: LLMEngine.from_kwargs(**kwargs))
+    engine = async_engine.engine
+    state = build_state(async_engine, model_name, api_key=args.api_key,
                         max_waiting_requests=args.max_waiting_requests,
                         log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval)
     app = build_app(state, shutdown_grace_s=args.shutdown_timeout)
