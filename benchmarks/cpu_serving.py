@@ -26,17 +26,28 @@ SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workload
 DEFAULT_SERVER_FLAGS = ["--dtype", "bfloat16", "--max-num-seqs", "128", "--max-num-batched-tokens", "512"]
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """Median bf16 GEMM rate of a large square matmul on this machine, now."""
+def matmul_peak_gflops(n: int = 2048, repeats: int = 20, warmup_s: float = 1.0) -> float:
+    """Median bf16 GEMM rate of a large square matmul on this machine, now (after a
+    warm-up: the first calls run at a fraction of the steady rate)."""
     a = torch.randn(n, n, dtype=torch.bfloat16)
     b = torch.randn(n, n, dtype=torch.bfloat16)
-    a @ b
+    end = time.perf_counter() + warmup_s
+    while time.perf_counter() < end:
+        a @ b
     rates = []
     for _ in range(repeats):
         t = time.perf_counter()
         a @ b
         rates.append(2 * n ** 3 / (time.perf_counter() - t) / 1e9)
     return statistics.median(rates)
+
+
+def prefix_cache_hits(url: str) -> float:
+    """Prompt tokens the server served from its prefix cache (they cost no FLOPs)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("inflight:prefix_cache_hits_total", "prefix_cache_hits_total")))
 
 
 def flops_per_token(hf_config: dict) -> float:
@@ -91,7 +102,9 @@ def run_workload(name: str, server_flags: list[str], tmp: str, inflight_bin: str
                         "--ignore-eos", "--disable-tqdm", "--result-file", result, "--label", name],
                        check=True, stdout=sys.stderr)
         with open(result) as f:
-            return json.load(f)["runs"][0]["summary"]
+            summary = json.load(f)["runs"][0]["summary"]
+        summary["prefix_cache_hit_tokens"] = prefix_cache_hits(url)
+        return summary
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -113,12 +126,14 @@ def main() -> int:
         for name in args.workloads:
             peak = matmul_peak_gflops()
             s = run_workload(name, flags, tmp, inflight_bin)
-            tokens = s["total_input_tokens"] + s["total_output_tokens"]
+            # Tokens processed: prompt + output, less prompt tokens read from the prefix cache.
+            tokens = s["total_input_tokens"] + s["total_output_tokens"] - s["prefix_cache_hit_tokens"]
+            s["tokens_processed"] = tokens
             s["mfu"] = tokens * fpt / s["duration_s"] / (peak * 1e9)
             s["matmul_peak_gflops"] = peak
             results["workloads"][name] = s
             print(f"{name:>10}: {s['output_throughput']:7.1f} out tok/s  TTFT p99 {s['ttft_p99_ms'] / 1e3:6.1f} s  "
-                  f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  MFU {s['mfu']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
+                  f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  {tokens / s['duration_s']:6.0f} proc tok/s  MFU {s['mfu']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

@@ -122,14 +122,28 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-static inline __m512 load_bf16x16(const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+/* Sixteen dot-product accumulators -> one vector of their sums, lane j = sum(a[j]):
+ * a transpose-and-add tree, 45 ops instead of 16 horizontal reductions. */
+static inline __m512 reduce16(__m512 a[16]) {
+    __m512 b[8], c[4], e[2];
+    for (int p = 0; p < 8; p++)
+        b[p] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm512_unpackhi_ps(a[2 * p], a[2 * p + 1]));
+    for (int p = 0; p < 4; p++) {
+        const __m512d x = _mm512_castps_pd(b[2 * p]), y = _mm512_castps_pd(b[2 * p + 1]);
+        c[p] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int p = 0; p < 2; p++)
+        e[p] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 /* One sequence, kv heads [kh0, kh1): online softmax over chunks of CHUNK tokens,
  * every head of a chunk before the next chunk so each cached row is read while it
- * is hot. Scores use the bf16 dot-product instruction on the cached rows in place;
- * V is accumulated in float32. head_dim must be a multiple of 32. */
+ * is hot. Both products use the bf16 dot-product instruction on the cached rows in
+ * place: Q.K per token, and P.V over token pairs (probabilities rounded to bf16, as
+ * flash attention does), with float32 accumulation. head_dim must be a multiple of 32. */
 #define MAX_QH 64
 static void decode_seq_avx512(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                               const int64_t* bt, int64_t len, uint16_t* out, int G, int kh0, int kh1,
@@ -137,9 +151,10 @@ static void decode_seq_avx512(const uint16_t* q, const uint16_t* k_cache, const 
     const int nv = head_dim / 32, nf = head_dim / 16;
     const int h0 = kh0 * G, nh = (kh1 - kh0) * G;
     __m512bh qv[MAX_QH][MAX_D / 32];
+    /* acc[h][2i], acc[h][2i+1]: dims 32i.. of head h, pair-interleaved (see the end) */
     __m512 acc[MAX_QH][MAX_D / 16];
     float m[MAX_QH], l[MAX_QH];
-    float sc[MAX_QH][CHUNK] __attribute__((aligned(64)));
+    uint32_t pp[MAX_QH][CHUNK / 2];  /* probabilities of a chunk as bf16 pairs */
     int64_t rows[CHUNK];
     for (int h = 0; h < nh; h++) {
         for (int i = 0; i < nv; i++)
@@ -164,45 +179,65 @@ static void decode_seq_avx512(const uint16_t* q, const uint16_t* k_cache, const 
                 _mm_prefetch((const char*)(v_cache + r) + b, _MM_HINT_T0);
             }
         }
-        for (int j = 0; j < n; j++) {
-            for (int h = 0; h < nh; h++) {
-                const uint16_t* kp = k_cache + rows[j] + (int64_t)((h0 + h) / G) * head_dim;
-                __m512 a = _mm512_setzero_ps();
-                for (int i = 0; i < nv; i++)
-                    a = _mm512_dpbf16_ps(a, qv[h][i], (__m512bh)_mm512_loadu_si512(kp + 32 * i));
-                sc[h][j] = _mm512_reduce_add_ps(a) * scale;
-            }
-        }
         const __mmask16 mask = (__mmask16)((1u << n) - 1);
         for (int h = 0; h < nh; h++) {
-            const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mask, sc[h]);
-            const float new_m = fmaxf(m[h], _mm512_mask_reduce_max_ps(mask, s));
+            const uint16_t* kbase = k_cache + (int64_t)((h0 + h) / G) * head_dim;
+            __m512 a[CHUNK];
+            for (int j = 0; j < CHUNK; j++) {
+                a[j] = _mm512_setzero_ps();
+                if (j < n)
+                    for (int i = 0; i < nv; i++)
+                        a[j] = _mm512_dpbf16_ps(a[j], qv[h][i], (__m512bh)_mm512_loadu_si512(kbase + rows[j] + 32 * i));
+            }
+            const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), mask,
+                                                _mm512_mul_ps(reduce16(a), _mm512_set1_ps(scale)));
+            const float new_m = fmaxf(m[h], _mm512_reduce_max_ps(s));
             const float corr = expf(m[h] - new_m);
             const __m512 p = exp512(_mm512_sub_ps(s, _mm512_set1_ps(new_m)));
-            l[h] = l[h] * corr + _mm512_mask_reduce_add_ps(mask, p);
+            l[h] = l[h] * corr + _mm512_reduce_add_ps(p);
             m[h] = new_m;
-            _mm512_store_ps(sc[h], p);
+            _mm256_storeu_si256((__m256i*)pp[h], (__m256i)_mm512_cvtneps_pbh(p));
             const __m512 c = _mm512_set1_ps(corr);
             for (int i = 0; i < nf; i++) acc[h][i] = _mm512_mul_ps(acc[h][i], c);
         }
-        for (int j = 0; j < n; j++) {
+        for (int j = 0; j < n; j += 2) {
             for (int kh = kh0; kh < kh1; kh++) {
-                const uint16_t* vp = v_cache + rows[j] + (int64_t)kh * head_dim;
-                __m512 vf[MAX_D / 16];
-                for (int i = 0; i < nf; i++) vf[i] = load_bf16x16(vp + 16 * i);
+                const uint16_t* v0 = v_cache + rows[j] + (int64_t)kh * head_dim;
+                const uint16_t* v1 = v_cache + rows[j + 1 < n ? j + 1 : j] + (int64_t)kh * head_dim;
+                __m512i lo[MAX_D / 32], hi[MAX_D / 32];
+                for (int i = 0; i < nv; i++) {
+                    const __m512i x = _mm512_loadu_si512(v0 + 32 * i);
+                    /* a lone last token pairs with zeros (its partner's p is 0 too) */
+                    const __m512i y = j + 1 < n ? _mm512_loadu_si512(v1 + 32 * i) : _mm512_setzero_si512();
+                    lo[i] = _mm512_unpacklo_epi16(x, y);
+                    hi[i] = _mm512_unpackhi_epi16(x, y);
+                }
                 for (int g = 0; g < G; g++) {
                     const int h = (kh - kh0) * G + g;
-                    const __m512 p = _mm512_set1_ps(sc[h][j]);
-                    for (int i = 0; i < nf; i++) acc[h][i] = _mm512_fmadd_ps(p, vf[i], acc[h][i]);
+                    const __m512bh pb = (__m512bh)_mm512_set1_epi32((int)pp[h][j / 2]);
+                    for (int i = 0; i < nv; i++) {
+                        acc[h][2 * i] = _mm512_dpbf16_ps(acc[h][2 * i], pb, (__m512bh)lo[i]);
+                        acc[h][2 * i + 1] = _mm512_dpbf16_ps(acc[h][2 * i + 1], pb, (__m512bh)hi[i]);
+                    }
                 }
             }
         }
     }
+    /* unpacklo/hi interleave within 128-bit lanes: lane 4k+r of acc[2i] holds dim
+     * 32i+8k+r, of acc[2i+1] dim 32i+8k+4+r. */
     for (int h = 0; h < nh; h++) {
-        const __m512 inv = _mm512_set1_ps(1.f / l[h]);
-        for (int i = 0; i < nf; i++)
-            _mm256_storeu_si256((__m256i*)(out + (int64_t)(h0 + h) * head_dim + 16 * i),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[h][i], inv)));
+        const float inv = 1.f / l[h];
+        uint16_t* op = out + (int64_t)(h0 + h) * head_dim;
+        for (int i = 0; i < nv; i++) {
+            float lo_f[16], hi_f[16];
+            _mm512_storeu_ps(lo_f, acc[h][2 * i]);
+            _mm512_storeu_ps(hi_f, acc[h][2 * i + 1]);
+            for (int k = 0; k < 4; k++)
+                for (int r = 0; r < 4; r++) {
+                    op[32 * i + 8 * k + r] = f32_to_bf16(lo_f[4 * k + r] * inv);
+                    op[32 * i + 8 * k + 4 + r] = f32_to_bf16(hi_f[4 * k + r] * inv);
+                }
+        }
     }
 }
 #endif
