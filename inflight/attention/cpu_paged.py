@@ -1,5 +1,6 @@
-"""CPU attention: decode rows through the C paged-decode kernel (no gather copy),
-prefill chunks through the torch reference path."""
+"""CPU attention: decode rows through the C paged-decode kernel, prefill chunks
+through the C paged-prefill kernel (bf16 on AVX-512-BF16), both reading K/V from
+the block pool in place; anything else through the torch reference path."""
 from __future__ import annotations
 
 import ctypes
@@ -21,10 +22,14 @@ def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
 class CpuPagedAttentionBackend(TorchAttentionBackend):
     """Falls back to the torch reference for anything the kernel does not cover."""
 
-    def __init__(self, lib: Optional[ctypes.CDLL] = None) -> None:
+    def __init__(self, lib: Optional[ctypes.CDLL] = None, prefill_lib: Optional[ctypes.CDLL] = None) -> None:
         self.lib = lib or load_library("paged_decode")
         if self.lib is None:
             raise RuntimeError("the C paged-decode kernel is not available")
+        self.prefill_lib = prefill_lib or load_library("paged_prefill")
+        if self.prefill_lib is not None:
+            self.prefill_lib.paged_prefill_workspace.restype = ctypes.c_int64
+        self._workspace = torch.empty(0, dtype=torch.uint8)
         g, d = ctypes.c_int(), ctypes.c_int()
         self.lib.paged_decode_limits(ctypes.byref(g), ctypes.byref(d))
         self.max_g, self.max_d = g.value, d.value
@@ -48,3 +53,26 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
            ctypes.c_int(q.shape[2]), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale),
            ctypes.c_int(md.max_decode_seq_len))
         return out
+
+    def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        lib = self.prefill_lib
+        if (lib is None or q.dtype != torch.bfloat16 or not self.supports(q, k_cache) or not out.is_contiguous()
+                or not lib.paged_prefill_supported(ctypes.c_int(q.shape[2]))):
+            return super()._prefills(q, k, v, k_cache, v_cache, md, scale, out)
+        nd, qsl = md.num_decodes, md.query_start_loc_list
+        n = md.num_reqs - nd
+        q_start = torch.tensor(qsl[nd:-1], dtype=torch.int64)
+        q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
+        seq_len = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
+        kvh, d = k_cache.shape[2], q.shape[2]
+        need = lib.paged_prefill_workspace(_ptr(seq_len), ctypes.c_int(n), ctypes.c_int(kvh), ctypes.c_int(d))
+        if self._workspace.numel() < need:
+            self._workspace = torch.empty(need, dtype=torch.uint8)
+        q = q.contiguous()
+        bt = md.block_tables[nd:]
+        rc = lib.paged_prefill_bf16(
+            _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(bt), ctypes.c_int64(bt.stride(0)), _ptr(q_start),
+            _ptr(q_len), _ptr(seq_len), _ptr(out), ctypes.c_int(n), ctypes.c_int(q.shape[1]), ctypes.c_int(kvh),
+            ctypes.c_int(d), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale), _ptr(self._workspace))
+        if rc != 0:
+            raise RuntimeError(f"paged_prefill_bf16 failed ({rc})")

@@ -36,12 +36,17 @@ class TorchAttentionBackend(AttentionBackend):
         nd = md.num_decodes
         if nd:
             out[:nd] = self._decode(q[:nd], k_cache, v_cache, md, scale)
+        if md.num_reqs > nd:
+            self._prefills(q, k, v, k_cache, v_cache, md, scale, out)
+        return out
+
+    def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        """Every prefill chunk of the step (requests ``num_decodes..``) into ``out``."""
         qsl = md.query_start_loc_list
-        for i in range(nd, md.num_reqs):
+        for i in range(md.num_decodes, md.num_reqs):
             s, e = qsl[i], qsl[i + 1]
             out[s:e] = self._prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache,
                                      md.block_tables[i], md.seq_lens_list[i], scale)
-        return out
 
     @staticmethod
     def _decode(q, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:

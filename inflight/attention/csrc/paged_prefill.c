@@ -1,0 +1,238 @@
+/*
+ * Paged prefill attention for the CPU (bf16, AVX-512-BF16): the queries of prompt
+ * chunks attend causally over everything their request has cached, the chunk
+ * itself included (its K/V are written to the pool first).
+ *
+ * Flash-attention shape: per (request, kv head, tile of query tokens) the G query
+ * heads of that kv head are folded into the rows; keys go by in tiles of KT with an
+ * online softmax. Both products run on the bf16 dot-product instruction with float32
+ * accumulation, so K and V are first repacked (phase 1) into the pair-interleaved
+ * ("VNNI") layout it reads: K tile [D/2][KT] and V tile [KT/2][D] of bf16 pairs.
+ * Probabilities are rounded to bf16 before P.V, as GPU flash attention does.
+ *
+ * Layouts: q, out [num_tokens, num_heads, D]; caches [num_blocks, block_size,
+ * num_kv_heads, D]; per request r: block table row r, rows q_start[r] ..
+ * q_start[r] + q_len[r] of q, and seq_len[r] tokens of context after this step.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KT 32        /* keys per tile */
+#define MAX_ROWS 192 /* query rows (tokens x heads of a kv head) per work item */
+#define MAX_D 256
+#define RB 4         /* query rows per register block */
+
+int paged_prefill_supported(int head_dim) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    return head_dim % 32 == 0 && head_dim <= MAX_D;
+#else
+    (void)head_dim;
+    return 0;
+#endif
+}
+
+/* Bytes of workspace the repacked K/V of these requests need. */
+int64_t paged_prefill_workspace(const int64_t* seq_len, int num_reqs, int num_kv_heads, int head_dim) {
+    int64_t tiles = 0;
+    for (int r = 0; r < num_reqs; r++) tiles += (seq_len[r] + KT - 1) / KT;
+    return tiles * num_kv_heads * 2 * (int64_t)KT * head_dim * 2;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
+}
+
+/* Phase 1: one kv head's tile of KT keys into pair-interleaved K and V; keys past
+ * the end are zero (a zero V row keeps 0 * garbage from making NaNs). */
+static void repack_tile(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt, int64_t len,
+                        int64_t t0, int kh, int D, int block_size, int64_t tok_stride,
+                        uint32_t* kp, uint32_t* vp) {
+    const int half = D / 2;
+    memset(kp, 0, sizeof(uint32_t) * half * KT);
+    memset(vp, 0, sizeof(uint32_t) * (KT / 2) * D);
+    for (int j = 0; j < KT && t0 + j < len; j++) {
+        const int64_t t = t0 + j;
+        const int64_t row = (bt[t / block_size] * block_size + t % block_size) * tok_stride + (int64_t)kh * D;
+        const uint32_t* kr = (const uint32_t*)(k_cache + row);
+        for (int dp = 0; dp < half; dp++) kp[dp * KT + j] = kr[dp];
+        const uint16_t* vr = v_cache + row;
+        uint16_t* vdst = (uint16_t*)(vp + (j / 2) * D) + (j & 1);
+        for (int d = 0; d < D; d++) vdst[2 * d] = vr[d];
+    }
+}
+
+/* Request r's repacked tiles for kv head kh: workspace is [request][kv head][tile][K, V]. */
+static inline uint32_t* head_tiles(uint32_t* ws, const int64_t* tile_base, int r, int kh, int num_kv_heads,
+                                   int64_t tile_words) {
+    const int64_t ntiles = tile_base[r + 1] - tile_base[r];
+    return ws + (tile_base[r] * num_kv_heads + (int64_t)kh * ntiles) * 2 * tile_words;
+}
+
+/* Phase 2: rows [0, nrows) = (token i, head g) pairs of one kv head. pos[row] is
+ * the row's position: it sees keys 0..pos. */
+static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, const uint32_t* ktiles, int64_t kmax, int D, float scale, float* o, float* m, float* l) {
+    const int half = D / 2, nf = D / 16;
+    const int64_t tile_words = (int64_t)KT * half;  /* == (KT / 2) * D */
+    uint32_t pp[RB][KT / 2];
+    for (int i = 0; i < nrows; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+    }
+    memset(o, 0, sizeof(float) * nrows * D);
+    for (int64_t t0 = 0; t0 < kmax; t0 += KT) {
+        const uint32_t* kp = ktiles + (t0 / KT) * 2 * tile_words;
+        const uint32_t* vp = kp + tile_words;
+        for (int r0 = 0; r0 < nrows; r0 += RB) {
+            const int nr = nrows - r0 < RB ? nrows - r0 : RB;
+            __m512 s[RB][2];
+            for (int r = 0; r < RB; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
+            for (int dp = 0; dp < half; dp++) {
+                const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + dp * KT);
+                const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + dp * KT + 16);
+                for (int r = 0; r < RB; r++) {
+                    const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qrows[(int64_t)(r0 + (r < nr ? r : 0)) * half + dp]);
+                    s[r][0] = _mm512_dpbf16_ps(s[r][0], qb, k0);
+                    s[r][1] = _mm512_dpbf16_ps(s[r][1], qb, k1);
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                const int row = r0 + r;
+                const int64_t lim = pos[row] - t0 + 1;  /* keys t0 .. pos visible */
+                const __mmask16 m0 = lim >= 16 ? 0xFFFF : (lim <= 0 ? 0 : (__mmask16)((1u << lim) - 1));
+                const __mmask16 m1 = lim >= 32 ? 0xFFFF : (lim <= 16 ? 0 : (__mmask16)((1u << (lim - 16)) - 1));
+                const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+                const __m512 a = _mm512_mask_mul_ps(ninf, m0, s[r][0], sc);
+                const __m512 b = _mm512_mask_mul_ps(ninf, m1, s[r][1], sc);
+                const float new_m = fmaxf(m[row], _mm512_reduce_max_ps(_mm512_max_ps(a, b)));
+                const float corr = expf(m[row] - new_m);
+                const __m512 pa = exp512(_mm512_sub_ps(a, _mm512_set1_ps(new_m)));
+                const __m512 pb = exp512(_mm512_sub_ps(b, _mm512_set1_ps(new_m)));
+                l[row] = l[row] * corr + _mm512_reduce_add_ps(_mm512_add_ps(pa, pb));
+                m[row] = new_m;
+                _mm256_storeu_si256((__m256i*)pp[r], (__m256i)_mm512_cvtneps_pbh(pa));
+                _mm256_storeu_si256((__m256i*)(pp[r] + 8), (__m256i)_mm512_cvtneps_pbh(pb));
+                float* orow = o + (int64_t)row * D;
+                const __m512 c = _mm512_set1_ps(corr);
+                for (int i = 0; i < nf; i++) _mm512_storeu_ps(orow + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * i), c));
+            }
+            for (int i0 = 0; i0 < nf; i0 += 4) {  /* 4 x 16 output dims at a time: RB x 4 accumulators */
+                const int ni = nf - i0 < 4 ? nf - i0 : 4;
+                __m512 acc[RB][4];
+                for (int r = 0; r < nr; r++)
+                    for (int i = 0; i < ni; i++) acc[r][i] = _mm512_loadu_ps(o + (int64_t)(r0 + r) * D + 16 * (i0 + i));
+                for (int jp = 0; jp < KT / 2; jp++) {
+                    __m512bh v[4];
+                    for (int i = 0; i < ni; i++) v[i] = (__m512bh)_mm512_loadu_si512(vp + jp * D + 16 * (i0 + i));
+                    for (int r = 0; r < nr; r++) {
+                        const __m512bh p = (__m512bh)_mm512_set1_epi32((int)pp[r][jp]);
+                        for (int i = 0; i < ni; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], p, v[i]);
+                    }
+                }
+                for (int r = 0; r < nr; r++)
+                    for (int i = 0; i < ni; i++) _mm512_storeu_ps(o + (int64_t)(r0 + r) * D + 16 * (i0 + i), acc[r][i]);
+            }
+        }
+    }
+}
+#endif
+
+int paged_prefill_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                       const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
+                       const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads, int num_kv_heads,
+                       int head_dim, int block_size, float scale, void* workspace) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (!paged_prefill_supported(head_dim)) return -1;
+    const int D = head_dim, G = num_heads / num_kv_heads, half = D / 2;
+    const int64_t tok_stride = (int64_t)num_kv_heads * D, tile_words = (int64_t)KT * half;
+    const int tq = MAX_ROWS / G > 0 ? MAX_ROWS / G : 1;  /* query tokens per work item */
+    if (G > MAX_ROWS) return -1;
+    /* Work lists: phase 1 over (request, kv head, key tile), phase 2 over (request, kv head, query tile). */
+    int64_t n1 = 0, n2 = 0;
+    int64_t* tile_base = (int64_t*)malloc(sizeof(int64_t) * (num_reqs + 1));
+    tile_base[0] = 0;
+    for (int r = 0; r < num_reqs; r++) {
+        tile_base[r + 1] = tile_base[r] + (seq_len[r] + KT - 1) / KT;
+        n2 += (q_len[r] + tq - 1) / tq;
+    }
+    n1 = tile_base[num_reqs];
+    int64_t* items = (int64_t*)malloc(sizeof(int64_t) * 2 * (n1 + n2 + 1));
+    int64_t* it1 = items;
+    int64_t* it2 = items + 2 * n1;
+    for (int r = 0, k1 = 0, k2 = 0; r < num_reqs; r++) {
+        for (int64_t t = 0; t < tile_base[r + 1] - tile_base[r]; t++, k1++) { it1[2 * k1] = r; it1[2 * k1 + 1] = t; }
+        for (int64_t t = 0; t < (q_len[r] + tq - 1) / tq; t++, k2++) { it2[2 * k2] = r; it2[2 * k2 + 1] = t; }
+    }
+    uint32_t* ws = (uint32_t*)workspace;
+    #pragma omp parallel
+    {
+        #pragma omp for collapse(2) schedule(static)
+        for (int64_t w = 0; w < n1; w++)
+            for (int kh = 0; kh < num_kv_heads; kh++) {
+                const int r = (int)it1[2 * w];
+                uint32_t* kp = head_tiles(ws, tile_base, r, kh, num_kv_heads, tile_words) + it1[2 * w + 1] * 2 * tile_words;
+                repack_tile(k_cache, v_cache, block_tables + (int64_t)r * bt_stride, seq_len[r], it1[2 * w + 1] * KT,
+                            kh, D, block_size, tok_stride, kp, kp + tile_words);
+            }
+        uint32_t* qrows = (uint32_t*)malloc(sizeof(uint32_t) * MAX_ROWS * half);
+        int64_t* pos = (int64_t*)malloc(sizeof(int64_t) * MAX_ROWS);
+        float* o = (float*)malloc(sizeof(float) * MAX_ROWS * D);
+        float m[MAX_ROWS], l[MAX_ROWS];
+        #pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int64_t w = 0; w < n2; w++)
+            for (int kh = 0; kh < num_kv_heads; kh++) {
+                const int r = (int)it2[2 * w];
+                const int64_t i0 = it2[2 * w + 1] * tq;
+                const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
+                const int64_t first_pos = seq_len[r] - q_len[r];
+                int nrows = 0;
+                for (int64_t i = i0; i < i1; i++)
+                    for (int g = 0; g < G; g++, nrows++) {
+                        memcpy(qrows + (int64_t)nrows * half,
+                               q + ((q_start[r] + i) * num_heads + (int64_t)kh * G + g) * D, sizeof(uint16_t) * D);
+                        pos[nrows] = first_pos + i;
+                    }
+                const int64_t kmax = first_pos + i1;
+                attend_item(qrows, pos, nrows, head_tiles(ws, tile_base, r, kh, num_kv_heads, tile_words), kmax, D,
+                            scale, o, m, l);
+                nrows = 0;
+                for (int64_t i = i0; i < i1; i++)
+                    for (int g = 0; g < G; g++, nrows++) {
+                        uint16_t* dst = out + ((q_start[r] + i) * num_heads + (int64_t)kh * G + g) * D;
+                        const float inv = 1.f / l[nrows];
+                        for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(o[(int64_t)nrows * D + d] * inv);
+                    }
+            }
+        free(qrows);
+        free(pos);
+        free(o);
+    }
+    free(items);
+    free(tile_base);
+    return 0;
+#else
+    return -1;
+#endif
+}
