@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -13,18 +13,25 @@ from inflight.models.registry import ModelArchConfig
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, as transformers does, then cast back."""
+    """RMSNorm computed in float32, as transformers does, then cast back; adds the
+    residual first when given one (vLLM's fused add + norm)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = None  # CpuFusedOps on bf16 CPU models (cpu_fused.py)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (norm(x + residual), x + residual); NOTE: may update ``residual`` in place."""
+        if self.fused is not None and x.dtype == torch.bfloat16:
+            return self.fused.add_rmsnorm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = x + residual
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return self.weight * xf.to(dtype), x
 
 
 def rope_inv_freq(cfg: ModelArchConfig, device: torch.device) -> torch.Tensor:
@@ -88,14 +95,19 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         self.backend = backend
         self.scale = self.hd ** -0.5
+        self.fused = None  # CpuFusedOps on bf16 CPU models (cpu_fused.py)
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, md: AttentionMetadata):
         qkv = self.qkv_proj(x)
+        fused = self.fused is not None and qkv.dtype == torch.bfloat16
+        if fused:
+            self.fused.rope_(qkv, self.nh, self.nkv, self.hd, *rope)
         q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         q = q.view(-1, self.nh, self.hd)
         k = k.view(-1, self.nkv, self.hd)
         v = v.view(-1, self.nkv, self.hd)
-        q, k = apply_rope(q, k, *rope)
+        if not fused:
+            q, k = apply_rope(q, k, *rope)
         o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], md, self.scale)
         return self.o_proj(o.reshape(-1, self.nh * self.hd))
 
@@ -105,9 +117,13 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.fused = None  # CpuFusedOps on bf16 CPU models (cpu_fused.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused is not None and gate_up.dtype == torch.bfloat16:
+            return self.down_proj(self.fused.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         # NOTE: SiLU on bfloat16 CPU tensors runs ~100x slower than on float32 in
         # torch 2.13; compute it in float32 (exact for float32 models).
         return self.down_proj(F.silu(gate.float()).to(x.dtype) * up)
@@ -121,9 +137,12 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, kv_cache, md):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, md)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, kv_cache, md):
+        """Returns (this layer's MLP output, the residual stream before it is added)."""
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, kv_cache, md)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -146,9 +165,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rope.lookup(positions, x.dtype)
+        residual = None
         for layer, kv in zip(self.layers, kv_caches):
-            x = layer(x, rope, kv, md)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv, md)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:

@@ -5,9 +5,11 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from inflight.attention import get_attention_backend
 from inflight.config import EngineConfig
+from inflight.models.cpu_fused import enable_fused_ops, load_fused_ops
 from inflight.models.cpu_packing import can_pack, pack_linears
 from inflight.models.registry import ModelArchConfig, get_model_class
 from inflight.worker.kv_cache import (allocate_kv_cache, profile_forward_peak, resolve_num_blocks,
@@ -42,6 +44,23 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+class _SkipParamInit(TorchFunctionMode):
+    """Turns the ``torch.nn.init`` fills that module constructors run into no-ops.
+
+    Used while the model is built on the meta device: those values are never kept
+    (``to_empty`` + ``load_weights`` replace every parameter), yet initializing a meta
+    tensor goes through torch's Python decompositions, whose first use imports
+    torch._dynamo (about 1 s of start-up). Torch function modes are per-thread, so
+    modules built by other threads at the same time are unaffected.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 @dataclass
 class BuiltRunner:
     runner: ModelRunner
@@ -64,14 +83,22 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
                        max_len, arch.max_position_embeddings)
     cls = get_model_class(arch.architecture)
     backend = get_attention_backend(config.attention_backend, device)
-    with torch.device("meta"):
+    with torch.device("meta"), _SkipParamInit():
         model = cls(arch, backend, max_len)
-    model = model.to_empty(device=device)
+    # Allocate the parameters in their final dtype, so load_weights casts while it copies
+    # (no float32 copy of the model, no second pass). Like Module.to_empty, but its
+    # empty_like on meta tensors would run through Python decompositions (importing sympy
+    # and symbolic_shapes); plain torch.empty does not. Meta parameters are contiguous.
+    model = model._apply(lambda t: torch.empty(t.shape, device=device,
+                                               dtype=dtype if t.is_floating_point() else t.dtype))
     model.rope.build_cache(device)  # buffers are not in the checkpoint
     model.load_weights(weights.items())
-    model = model.to(dtype).eval()
+    model = model.to(dtype).eval()  # casts the rope tables, as before
     if can_pack(device, dtype):
         pack_linears(model)
+        fused = load_fused_ops()
+        if fused is not None:
+            enable_fused_ops(model, fused)
     cc = config.cache_config
     sc = config.scheduler_config
     # --- GPU: size the pool after profiling the worst-case step (issue 8) ---

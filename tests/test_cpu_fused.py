@@ -1,0 +1,59 @@
+"""The fused bf16 CPU element-wise ops against the torch ops they replace."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inflight.models.cpu_fused import load_fused_ops
+from inflight.models.llama import RMSNorm, apply_rope
+
+OPS = load_fused_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason="no C compiler")
+BF16 = torch.bfloat16
+
+
+def close(a: torch.Tensor, b: torch.Tensor, max_mismatch: float) -> None:
+    """Equal to bf16 rounding: at most ``max_mismatch`` of elements differ, by one bf16 ulp-ish."""
+    torch.testing.assert_close(a.float(), b.float(), atol=1e-2, rtol=1.6e-2)
+    assert (a != b).float().mean() <= max_mismatch
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rmsnorm_matches_torch(rows, with_residual):
+    torch.manual_seed(rows)
+    norm = RMSNorm(576, 1e-5).to(BF16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(rows, 576, dtype=BF16) * 3
+    res = torch.randn(rows, 576, dtype=BF16) if with_residual else None
+    want_out, want_res = norm(x, None if res is None else res.clone())
+    norm.fused = OPS
+    got_out, got_res = norm(x.clone(), None if res is None else res.clone())
+    close(got_out, want_out, 0.01)
+    assert torch.equal(got_res, want_res)  # the bf16 sum is exact either way
+
+
+@pytest.mark.parametrize("rows", [1, 7, 100])
+def test_rope_in_place_matches_torch(rows):
+    torch.manual_seed(rows)
+    nh, nkv, d = 9, 3, 64
+    qkv = torch.randn(rows, (nh + 2 * nkv) * d, dtype=BF16)
+    ang = torch.rand(rows, 1, d, dtype=torch.float32) * 6
+    cos, sin = ang.cos().to(BF16), ang.sin().to(BF16)
+    q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+    want_q, want_k = apply_rope(q.reshape(rows, nh, d), k.reshape(rows, nkv, d), cos, sin)
+    got = qkv.clone()
+    OPS.rope_(got, nh, nkv, d, cos, sin)
+    gq, gk, gv = got.split([nh * d, nkv * d, nkv * d], dim=-1)
+    close(gq.reshape(rows, nh, d), want_q, 0.01)
+    close(gk.reshape(rows, nkv, d), want_k, 0.01)
+    assert torch.equal(gv, v)  # values are not rotated
+
+
+@pytest.mark.parametrize("rows", [1, 33])
+def test_silu_mul_matches_torch(rows):
+    torch.manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * 1536, dtype=BF16) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = F.silu(gate.float()).to(BF16) * up
+    close(OPS.silu_mul(gate_up), want, 0.01)
