@@ -90,11 +90,15 @@ def workload_file(name: str, tmp: str) -> str:
     return out
 
 
-def run_workload(name: str, server_flags: list[str], tmp: str, inflight_bin: str) -> dict:
+def run_workload(name: str, server_flags: list[str], tmp: str, inflight_bin: str,
+                 server_pythonpath: str | None = None) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([inflight_bin, "serve", "--port", str(port), *server_flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if server_pythonpath:  # serve another checkout's code (a before/after comparison)
+        env["PYTHONPATH"] = server_pythonpath
+    proc = subprocess.Popen([sys.executable, "-m", "inflight.entrypoints.cli", "serve", "--port", str(port),
+                             *server_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         wait_healthy(url, proc)
         result = os.path.join(tmp, f"{name}.json")
@@ -114,6 +118,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=["chat", "decode", "longprompt", "prefix"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--server-pythonpath", default=None,
+                    help="run the server from this checkout (e.g. a `git worktree` of an older commit)")
     ap.add_argument("server_flags", nargs="*", help="flags for `inflight serve` (after --)")
     args = ap.parse_args()
     flags = args.server_flags or DEFAULT_SERVER_FLAGS
@@ -125,7 +131,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
             peak = matmul_peak_gflops()
-            s = run_workload(name, flags, tmp, inflight_bin)
+            s = run_workload(name, flags, tmp, inflight_bin, args.server_pythonpath)
             # Tokens processed: prompt + output, less prompt tokens read from the prefix cache.
             tokens = s["total_input_tokens"] + s["total_output_tokens"] - s["prefix_cache_hit_tokens"]
             s["tokens_processed"] = tokens

@@ -59,23 +59,47 @@ def hf_model_bf16():
     return model.to(torch.bfloat16).eval()
 
 
+class _StepClock:
+    """A logits processor that only records when each generation step happens."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.time())
+        return scores
+
+
 def run_hf_static(reqs, tokenizer, batch_size: int) -> dict:
+    """transformers' ``generate`` on static batches, every request arriving at t0.
+
+    A request's first token comes with its batch's first step and its last with
+    step ``max_tokens``; the batch runs on to its longest member regardless."""
+    from transformers import LogitsProcessorList
+
     model = hf_model_bf16()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     useful, t0 = 0, time.time()
+    ttft, tpot = [], []
     for i in range(0, len(reqs), batch_size):
         batch = reqs[i:i + batch_size]
         enc = tokenizer([r.prompt for r in batch], return_tensors="pt", padding=True)
         longest = max(r.max_tokens for r in batch)
+        clock = _StepClock()
         with torch.no_grad():
             model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
-                           pad_token_id=tokenizer.pad_token_id)
+                           pad_token_id=tokenizer.pad_token_id, logits_processor=LogitsProcessorList([clock]))
+        for r in batch:
+            ttft.append(clock.times[0] - t0)
+            tpot.append((clock.times[r.max_tokens - 1] - clock.times[0]) / max(r.max_tokens - 1, 1))
         useful += sum(r.max_tokens for r in batch)
         print(f"transformers batch {i // batch_size + 1}: {longest} steps, {time.time() - t0:.1f}s", file=sys.stderr)
     wall = time.time() - t0
-    return {"requests": len(reqs), "useful_output_tokens": useful, "wall_s": wall, "output_tok_s": useful / wall}
+    return {"requests": len(reqs), "useful_output_tokens": useful, "wall_s": wall, "output_tok_s": useful / wall,
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+            "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99)}
 
 
 def main() -> int:
@@ -85,6 +109,7 @@ def main() -> int:
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--hf-requests", type=int, default=32, help="requests for the transformers baseline (0: skip)")
     ap.add_argument("--hf-batch-size", type=int, default=16)
+    ap.add_argument("--hf-only", action="store_true", help="only the transformers baseline on --hf-requests")
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--dtype", default="bfloat16")
@@ -98,8 +123,11 @@ def main() -> int:
     reqs = reqs[:args.num_requests] if args.num_requests else reqs
     res = {"machine": f"{os.cpu_count()} cpus, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
            "workload": args.workload_file or args.workload}
-    res["inflight_all"] = run_inflight(llm, reqs)
-    if args.hf_requests:
+    if not args.hf_only:
+        res["inflight_all"] = run_inflight(llm, reqs)
+    if args.hf_only:
+        res["hf_static"] = run_hf_static(reqs[:args.hf_requests], tok, args.hf_batch_size)
+    elif args.hf_requests:
         sub = reqs[:args.hf_requests]
         res["inflight_subset"] = run_inflight(llm, sub)
         res["hf_static"] = run_hf_static(sub, tok, args.hf_batch_size)
