@@ -21,6 +21,42 @@ static inline uint16_t to_bf(float f) {
     return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define VEC 1
+
+static inline __mmask16 tail(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+
+static inline __m512 load16(const uint16_t* p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+static inline void store16(uint16_t* p, __m512 x, __mmask16 m) {
+    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(x));
+}
+
+/* bf16(x) as float: round to nearest even, as a store and reload would */
+static inline __m512 round_bf16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
 /* residual += x (when add), then out = weight * bf16(residual * rsqrt(mean(residual^2) + eps)).
  * x and out may alias. */
 void add_rmsnorm_bf16(uint16_t* x, uint16_t* residual, const uint16_t* weight, uint16_t* out,
@@ -29,6 +65,27 @@ void add_rmsnorm_bf16(uint16_t* x, uint16_t* residual, const uint16_t* weight, u
     for (int64_t r = 0; r < rows; r++) {
         uint16_t* xr = x + r * dim;
         uint16_t* hr = add ? residual + r * dim : xr;
+#ifdef VEC
+        {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = 0; i < dim; i += 16) {
+                const __mmask16 m = tail(dim - i);
+                __m512 h = load16(xr + i, m);
+                if (add) {
+                    h = round_bf16(_mm512_add_ps(h, load16(hr + i, m)));
+                    store16(hr + i, h, m);
+                }
+                acc = _mm512_fmadd_ps(h, h, acc);
+            }
+            const __m512 inv = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
+            uint16_t* orow = out + r * dim;
+            for (int64_t i = 0; i < dim; i += 16) {
+                const __mmask16 m = tail(dim - i);
+                store16(orow + i, _mm512_mul_ps(load16(weight + i, m), round_bf16(_mm512_mul_ps(load16(hr + i, m), inv))), m);
+            }
+            continue;
+        }
+#endif
         float ss = 0.f;
         for (int64_t i = 0; i < dim; i++) {
             float h = add ? bf(to_bf(bf(xr[i]) + bf(hr[i]))) : bf(xr[i]);
@@ -70,6 +127,15 @@ void silu_mul_bf16(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t
         const uint16_t* g = gate_up + r * 2 * inter;
         const uint16_t* u = g + inter;
         uint16_t* o = out + r * inter;
+#ifdef VEC
+        for (int64_t i = 0; i < inter; i += 16) {
+            const __mmask16 m = tail(inter - i);
+            const __m512 x = load16(g + i, m);
+            const __m512 sx = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+            store16(o + i, _mm512_mul_ps(round_bf16(sx), load16(u + i, m)), m);
+        }
+        continue;
+#endif
         for (int64_t i = 0; i < inter; i++) {
             const float x = bf(g[i]);
             o[i] = to_bf(bf(to_bf(x / (1.f + expf(-x)))) * bf(u[i]));
