@@ -37,8 +37,10 @@ def load_library(name: str = "paged_decode") -> Optional[ctypes.CDLL]:
     if os.environ.get("INFLIGHT_DISABLE_C_KERNELS"):
         return None
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    source = resources.files("inflight.attention").joinpath(f"csrc/{name}.c").read_text()
-    digest = hashlib.sha256((source + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    csrc = resources.files("inflight.attention").joinpath("csrc")
+    source = csrc.joinpath(f"{name}.c").read_text()
+    headers = {f.name: f.read_text() for f in sorted(csrc.iterdir(), key=lambda f: f.name) if f.name.endswith(".h")}
+    digest = hashlib.sha256((source + "".join(headers.values()) + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     path = os.path.join(_cache_dir(), f"{name}-{digest}.so")
     if not os.path.exists(path):
         if cc is None:
@@ -47,8 +49,9 @@ def load_library(name: str = "paged_decode") -> Optional[ctypes.CDLL]:
         os.makedirs(_cache_dir(), exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, f"{name}.c")
-            with open(src, "w") as f:
-                f.write(source)
+            for fname, text in {f"{name}.c": source, **headers}.items():
+                with open(os.path.join(tmp, fname), "w") as f:
+                    f.write(text)
             out = os.path.join(tmp, "lib.so")
             res = subprocess.run([cc, *_FLAGS, src, "-o", out, "-lm"], capture_output=True, text=True)
             if res.returncode != 0:

@@ -13,18 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float bf16_to_f32(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)x) << 16;
-    return v.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    uint32_t rounding = 0x7FFF + ((v.u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)((v.u + rounding) >> 16);
-}
+#include "bf16_simd.h"
 
 #define MAX_G 16
 #define MAX_D 256
@@ -101,26 +90,7 @@ DEFINE_DECODE(paged_decode_f32, float, LOAD_F32, STORE_F32)
 DEFINE_DECODE(paged_decode_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-#include <immintrin.h>
 #define CHUNK 16
-
-/* e^x for 16 floats: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 Taylor
- * (relative error ~1e-7). Inputs below -100 give 0 (scalef underflows), -inf included. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
 
 /* Sixteen dot-product accumulators -> one vector of their sums, lane j = sum(a[j]):
  * a transpose-and-add tree, 45 ops instead of 16 horizontal reductions. */

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_simd.h"
+
 #define KT 32        /* keys per tile */
 #define MAX_ROWS 192 /* query rows (tokens x heads of a kv head) per work item */
 #define MAX_D 256
@@ -41,30 +43,6 @@ int64_t paged_prefill_workspace(const int64_t* seq_len, int num_reqs, int num_kv
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
-}
-
 /* Phase 1: one kv head's tile of KT keys into pair-interleaved K and V; keys past
  * the end are zero (a zero V row keeps 0 * garbage from making NaNs). */
 static void repack_tile(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt, int64_t len,
