@@ -98,7 +98,8 @@ def run_workload(name: str, server_flags: list[str], tmp: str, inflight_bin: str
     if server_pythonpath:  # serve another checkout's code (a before/after comparison)
         env["PYTHONPATH"] = server_pythonpath
     proc = subprocess.Popen([sys.executable, "-m", "inflight.entrypoints.cli", "serve", "--port", str(port),
-                             *server_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                             *server_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            cwd=server_pythonpath)  # `-m` puts the working directory first on sys.path
     try:
         wait_healthy(url, proc)
         result = os.path.join(tmp, f"{name}.json")
