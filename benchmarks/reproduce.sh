@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-measure every number in benchmarks/README.md, one command per table.
-#   benchmarks/reproduce.sh [offline|serve|knee|all]   (default all; results under $OUT)
+#   benchmarks/reproduce.sh [offline|serve|knee|cpu|all]   (default all; results under $OUT)
 # Embedded SmolLM2-135M, bfloat16, every request generating exactly max_tokens
 # (ignore_eos). On 2 quiet CPU cores: knee ~4 min, serve ~10 min, offline ~25 min.
 set -euo pipefail
@@ -36,10 +36,25 @@ knee() {  # max_num_seqs sweep on a reduced workload (64 requests, short outputs
   $PY benchmarks/results_table.py --knee "$OUT/knee/sweep.json"
 }
 
+cpu() {  # issue 7: the four CPU serving workloads, this tree against BEFORE_REF, plus transformers
+  local ref=${BEFORE_REF:-f611355} wl=../shared/workloads
+  git worktree add -f "$OUT/before-src" "$ref" >/dev/null
+  $PY benchmarks/cpu_serving.py --out "$OUT/cpu_serving_after.json"
+  $PY benchmarks/cpu_serving.py --server-pythonpath "$OUT/before-src" --out "$OUT/cpu_serving_before.json"
+  git worktree remove --force "$OUT/before-src"
+  for w in decode chat prefix longprompt; do  # transformers' static generate, first 32 requests
+    $PY benchmarks/offline_throughput.py --workload-file "$wl/$w.jsonl" --hf-only --hf-requests 32 \
+      --out "$OUT/hf_static_$w.json"
+    $PY benchmarks/offline_throughput.py --workload-file "$wl/$w.jsonl" --num-requests 32 --hf-requests 0 \
+      --out "$OUT/inflight_first32_$w.json"
+  done
+}
+
 case "$WHAT" in
   offline) offline ;;
   serve) serve ;;
   knee) knee ;;
-  all) knee; serve; offline ;;
-  *) echo "usage: $0 [offline|serve|knee|all]" >&2; exit 2 ;;
+  cpu) cpu ;;
+  all) knee; serve; offline; cpu ;;
+  *) echo "usage: $0 [offline|serve|knee|cpu|all]" >&2; exit 2 ;;
 esac

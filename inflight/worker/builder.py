@@ -94,7 +94,9 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
     model.rope.build_cache(device)  # buffers are not in the checkpoint
     model.load_weights(weights.items())
     model = model.to(dtype).eval()  # casts the rope tables, as before
-    if can_pack(device, dtype):
+    # NOTE: attention_backend="torch" is the plain-torch reference path everywhere
+    # (tests compare the fast path against it), so it skips the CPU fast path too.
+    if config.attention_backend != "torch" and can_pack(device, dtype):
         pack_linears(model)
         fused = load_fused_ops()
         if fused is not None:
