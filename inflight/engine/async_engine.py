@@ -15,95 +15,18 @@ import concurrent.futures
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional, Protocol, TypeVar
+from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
+from inflight.engine.async_stream import (Command, EngineDeadError, RequestStream, StepObserver, log_abort_failure,
+                                          put_all)
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
+
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "RequestStream", "StepObserver"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class EngineDeadError(RuntimeError):
-    """The step loop crashed (or was shut down); no request can make progress."""
-
-
-class StepObserver(Protocol):
-    """Receives every step's results on the step thread (metrics, logging)."""
-
-    def on_step(self, engine: Any, outputs: list[RequestOutput], step_time: float) -> None: ...
-
-    def on_abort(self, engine: Any, request_id: str, outputs: list[RequestOutput]) -> None: ...
-
-
-_CLOSED = object()  # queue marker: the consumer closed the stream
-
-
-@dataclass
-class _Command:
-    """A call queued for the step thread, with the future its caller awaits."""
-
-    fn: Callable[[], Any]
-    future: concurrent.futures.Future
-    is_add: bool = False
-
-    def run(self) -> None:
-        if not self.future.set_running_or_notify_cancel():
-            return  # the caller gave up before the step thread got here
-        try:
-            self.future.set_result(self.fn())
-        except BaseException as e:  # handed to the caller, never kills the loop
-            self.future.set_exception(e)
-
-    def fail(self, error: BaseException) -> None:
-        if self.future.set_running_or_notify_cancel():
-            self.future.set_exception(error)
-
-
-class RequestStream:
-    """Async iterator over one request's RequestOutputs, ending after the finished one.
-
-    ``close()`` (or cancelling a pending ``__anext__``) aborts the request if it
-    has not finished; consumers must close streams they stop reading.
-    """
-
-    def __init__(self, engine: "AsyncLLMEngine", request_id: str) -> None:
-        self.request_id = request_id
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.finished = False
-        self._engine = engine
-
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        try:
-            item = await self.queue.get()
-        except BaseException:  # cancelled: whoever waited for this request is gone
-            self.close()
-            raise
-        if item is _CLOSED:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        self.finished = item.finished
-        return item
-
-    def close(self) -> None:
-        """Stop reading; an unfinished request is aborted at the next step boundary."""
-        if not self.finished:
-            self.finished = True
-            self._engine.abort(self.request_id)
-            self.queue.put_nowait(_CLOSED)  # wakes a reader still waiting on this stream
-
-    async def aclose(self) -> None:
-        self.close()
 
 
 class AsyncLLMEngine:
@@ -118,7 +41,7 @@ class AsyncLLMEngine:
         self.engine = engine
         self.observer = observer
         self._cond = threading.Condition()
-        self._commands: list[_Command] = []  # guarded by _cond
+        self._commands: list[Command] = []  # guarded by _cond
         self._pending_adds = 0  # guarded by _cond
         self._stopping = False  # guarded by _cond
         self._dead: Optional[BaseException] = None  # set once, under _cond
@@ -220,7 +143,7 @@ class AsyncLLMEngine:
     # ------------------------------------------------------------- commands
     def _submit(self, fn: Callable[[], T], is_add: bool = False) -> "concurrent.futures.Future[T]":
         """Queue ``fn`` for the step thread; its result or exception lands in the future."""
-        command = _Command(fn, concurrent.futures.Future(), is_add)
+        command = Command(fn, concurrent.futures.Future(), is_add)
         with self._cond:
             if self._dead is not None or self._stopping:
                 command.fail(EngineDeadError("the engine loop is not running"))
@@ -240,7 +163,7 @@ class AsyncLLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next step boundary (thread-safe, non-blocking)."""
-        self._submit(lambda: self._do_abort(request_id)).add_done_callback(_log_abort_failure)
+        self._submit(lambda: self._do_abort(request_id)).add_done_callback(log_abort_failure)
 
     # ------------------------------------------------------------- requests
     async def add_request(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
@@ -301,7 +224,7 @@ class AsyncLLMEngine:
             except Exception:
                 logger.exception("step observer %s failed", event)
 
-    def _next_commands(self) -> Optional[list[_Command]]:
+    def _next_commands(self) -> Optional[list[Command]]:
         """Block until there is a command or work; None means stop."""
         with self._cond:
             while not (self._commands or self._stopping or self.engine.has_unfinished_requests()):
@@ -344,9 +267,11 @@ class AsyncLLMEngine:
             batch.append((stream, out))
             if out.finished:
                 del self._streams[out.request_id]
-        self._deliver(batch)
+        # NOTE: gauges first, outputs second: a client that sees its request finish
+        # and then reads /metrics must find this step's KV usage, not the last one's.
         self.num_waiting = len(self.engine.scheduler.waiting)
         self._observe("on_step", outputs, step_time)
+        self._deliver(batch)
 
     def _deliver(self, batch: list[tuple[RequestStream, Any]]) -> None:
         """Hand items to their consumers' loops: one wake-up per loop per step."""
@@ -355,7 +280,7 @@ class AsyncLLMEngine:
             by_loop.setdefault(stream.loop, []).append((stream, item))
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(put_all, items)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
@@ -370,15 +295,3 @@ class AsyncLLMEngine:
             command.fail(EngineDeadError(str(error)))
         streams, self._streams = list(self._streams.values()), {}
         self._deliver([(s, error) for s in streams])
-
-
-def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
-    for stream, item in items:
-        stream.queue.put_nowait(item)
-
-
-def _log_abort_failure(future: concurrent.futures.Future) -> None:
-    # Nobody awaits an abort: a failure (other than a dead engine) would otherwise vanish.
-    if not future.cancelled() and future.exception() is not None \
-            and not isinstance(future.exception(), EngineDeadError):
-        logger.error("abort failed", exc_info=future.exception())

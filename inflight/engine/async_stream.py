@@ -1,0 +1,108 @@
+"""The pieces the async engine hands out: per-request output streams, the
+commands queued for the step thread, and the errors and observer hooks around them."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from inflight.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from inflight.engine.async_engine import AsyncLLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop crashed (or was shut down); no request can make progress."""
+
+
+class StepObserver(Protocol):
+    """Receives every step's results on the step thread (metrics, logging)."""
+
+    def on_step(self, engine: Any, outputs: list[RequestOutput], step_time: float) -> None: ...
+
+    def on_abort(self, engine: Any, request_id: str, outputs: list[RequestOutput]) -> None: ...
+
+
+_CLOSED = object()  # queue marker: the consumer closed the stream
+
+
+@dataclass
+class Command:
+    """A call queued for the step thread, with the future its caller awaits."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
+    is_add: bool = False
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return  # the caller gave up before the step thread got here
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as e:  # handed to the caller, never kills the loop
+            self.future.set_exception(e)
+
+    def fail(self, error: BaseException) -> None:
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_exception(error)
+
+
+class RequestStream:
+    """Async iterator over one request's RequestOutputs, ending after the finished one.
+
+    ``close()`` (or cancelling a pending ``__anext__``) aborts the request if it
+    has not finished; consumers must close streams they stop reading.
+    """
+
+    def __init__(self, engine: "AsyncLLMEngine", request_id: str) -> None:
+        self.request_id = request_id
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.finished = False
+        self._engine = engine
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            item = await self.queue.get()
+        except BaseException:  # cancelled: whoever waited for this request is gone
+            self.close()
+            raise
+        if item is _CLOSED:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def close(self) -> None:
+        """Stop reading; an unfinished request is aborted at the next step boundary."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+            self.queue.put_nowait(_CLOSED)  # wakes a reader still waiting on this stream
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def put_all(items: list[tuple[RequestStream, Any]]) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
+
+
+def log_abort_failure(future: concurrent.futures.Future) -> None:
+    # Nobody awaits an abort: a failure (other than a dead engine) would otherwise vanish.
+    if not future.cancelled() and future.exception() is not None \
+            and not isinstance(future.exception(), EngineDeadError):
+        logger.error("abort failed", exc_info=future.exception())
