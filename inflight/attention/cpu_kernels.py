@@ -11,6 +11,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +25,18 @@ logger = logging.getLogger(__name__)
 # is what lets the compiler vectorise the dot products.
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
           "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_key() -> str:
+    """What -march=native compiles for: a library built on one CPU may crash
+    (SIGILL) on another that shares the cache directory, so the CPU is in the key."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + " " + flags
 
 
 def _cache_dir() -> str:
@@ -40,7 +53,8 @@ def load_library(name: str = "paged_decode") -> Optional[ctypes.CDLL]:
     csrc = resources.files("inflight.attention").joinpath("csrc")
     source = csrc.joinpath(f"{name}.c").read_text()
     headers = {f.name: f.read_text() for f in sorted(csrc.iterdir(), key=lambda f: f.name) if f.name.endswith(".h")}
-    digest = hashlib.sha256((source + "".join(headers.values()) + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    key = source + "".join(headers.values()) + " ".join(_FLAGS) + _machine_key()
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = os.path.join(_cache_dir(), f"{name}-{digest}.so")
     if not os.path.exists(path):
         if cc is None:
