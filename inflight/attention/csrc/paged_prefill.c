@@ -135,6 +135,27 @@ static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, co
         }
     }
 }
+
+/* Phase 2 for one work item: query tokens [i0, i1) of a request (starting at
+ * position first_pos) x the G heads of kv head kh; scratch: qrows, pos, o. */
+static void prefill_item(const uint16_t* q, uint16_t* out, int64_t q_start, int64_t first_pos, int64_t i0,
+                         int64_t i1, int kh, int G, int num_heads, int D, const uint32_t* tiles, float scale,
+                         uint32_t* qrows, int64_t* pos, float* o) {
+    float m[MAX_ROWS], l[MAX_ROWS];
+    int nrows = 0;
+    for (int64_t i = i0; i < i1; i++)
+        for (int g = 0; g < G; g++, nrows++) {
+            memcpy(qrows + (int64_t)nrows * (D / 2), q + ((q_start + i) * num_heads + (int64_t)kh * G + g) * D,
+                   sizeof(uint16_t) * D);
+            pos[nrows] = first_pos + i;
+        }
+    attend_item(qrows, pos, nrows, tiles, first_pos + i1, D, scale, o, m, l);
+    for (int row = 0; row < nrows; row++) {
+        uint16_t* dst = out + ((q_start + i0 + row / G) * num_heads + (int64_t)kh * G + row % G) * D;
+        const float inv = 1.f / l[row];
+        for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(o[(int64_t)row * D + d] * inv);
+    }
+}
 #endif
 
 int paged_prefill_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -177,31 +198,14 @@ int paged_prefill_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
         uint32_t* qrows = (uint32_t*)malloc(sizeof(uint32_t) * MAX_ROWS * half);
         int64_t* pos = (int64_t*)malloc(sizeof(int64_t) * MAX_ROWS);
         float* o = (float*)malloc(sizeof(float) * MAX_ROWS * D);
-        float m[MAX_ROWS], l[MAX_ROWS];
         #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t w = 0; w < n2; w++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
                 const int r = (int)it2[2 * w];
                 const int64_t i0 = it2[2 * w + 1] * tq;
                 const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
-                const int64_t first_pos = seq_len[r] - q_len[r];
-                int nrows = 0;
-                for (int64_t i = i0; i < i1; i++)
-                    for (int g = 0; g < G; g++, nrows++) {
-                        memcpy(qrows + (int64_t)nrows * half,
-                               q + ((q_start[r] + i) * num_heads + (int64_t)kh * G + g) * D, sizeof(uint16_t) * D);
-                        pos[nrows] = first_pos + i;
-                    }
-                const int64_t kmax = first_pos + i1;
-                attend_item(qrows, pos, nrows, head_tiles(ws, tile_base, r, kh, num_kv_heads, tile_words), kmax, D,
-                            scale, o, m, l);
-                nrows = 0;
-                for (int64_t i = i0; i < i1; i++)
-                    for (int g = 0; g < G; g++, nrows++) {
-                        uint16_t* dst = out + ((q_start[r] + i) * num_heads + (int64_t)kh * G + g) * D;
-                        const float inv = 1.f / l[nrows];
-                        for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(o[(int64_t)nrows * D + d] * inv);
-                    }
+                prefill_item(q, out, q_start[r], seq_len[r] - q_len[r], i0, i1, kh, G, num_heads, D,
+                             head_tiles(ws, tile_base, r, kh, num_kv_heads, tile_words), scale, qrows, pos, o);
             }
         free(qrows);
         free(pos);
