@@ -20,6 +20,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from inflight.bench.metrics import nearest_rank
 from inflight.config import CacheConfig, SchedulerConfig
 from inflight.core.outputs import ModelRunnerOutput
 from inflight.core.request import Request
@@ -45,18 +46,14 @@ def workload(args) -> list[Arrival]:
     return out
 
 
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
-
 
 def summarize(arrivals: list[Arrival], ttft: dict, done: dict, steps: int, wall: float, tokens: int,
               preemptions: int) -> dict:
     short = [ttft[a.rid] for a in arrivals if a.short]
     long = [ttft[a.rid] for a in arrivals if not a.short]
     long_done = [done[a.rid] for a in arrivals if not a.short]
-    return {"short_ttft_p50": pct(short, 50), "short_ttft_p99": pct(short, 99), "short_ttft_max": max(short),
-            "long_ttft_p50": pct(long, 50), "long_done_p50": pct(long_done, 50), "long_done_max": max(long_done),
+    return {"short_ttft_p50": nearest_rank(short, 50), "short_ttft_p99": nearest_rank(short, 99), "short_ttft_max": max(short),
+            "long_ttft_p50": nearest_rank(long, 50), "long_done_p50": nearest_rank(long_done, 50), "long_done_max": max(long_done),
             "steps": steps, "wall_s": round(wall, 2), "output_tokens": tokens,
             "tokens_per_step": round(tokens / steps, 2), "preemptions": preemptions}
 

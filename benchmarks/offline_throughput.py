@@ -19,12 +19,15 @@ import time
 import torch
 
 from inflight import LLM, SamplingParams
+from inflight.bench.metrics import nearest_rank
 from inflight.bench.workload import generate, load_jsonl
 
 
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+def latency_percentiles(ttft: list[float], tpot: list[float]) -> dict[str, float]:
+    """Nearest-rank p50/p99 of TTFT and TPOT, in seconds."""
+    return {"ttft_p50_s": nearest_rank(ttft, 50), "ttft_p99_s": nearest_rank(ttft, 99),
+            "tpot_p50_s": nearest_rank(tpot, 50), "tpot_p99_s": nearest_rank(tpot, 99)}
 
 
 def run_inflight(llm: LLM, reqs) -> dict:
@@ -37,8 +40,7 @@ def run_inflight(llm: LLM, reqs) -> dict:
     tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / max(len(o.outputs[0].token_ids) - 1, 1)
             for o in outs]
     return {"requests": len(reqs), "output_tokens": n_out, "wall_s": wall, "output_tok_s": n_out / wall,
-            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
-            "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99)}
+            **latency_percentiles(ttft, tpot)}
 
 
 def hf_model_bf16():
@@ -97,8 +99,7 @@ def run_hf_static(reqs, tokenizer, batch_size: int) -> dict:
         print(f"transformers batch {i // batch_size + 1}: {longest} steps, {time.time() - t0:.1f}s", file=sys.stderr)
     wall = time.time() - t0
     return {"requests": len(reqs), "useful_output_tokens": useful, "wall_s": wall, "output_tok_s": useful / wall,
-            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
-            "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99)}
+            **latency_percentiles(ttft, tpot)}
 
 
 def main() -> int:

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from inflight.bench.metrics import (RequestRecord, format_table, meets_slo, parse_goodput, percentile,
-                                    summarize)
+from inflight.bench.metrics import (RequestRecord, format_table, meets_slo, nearest_rank, parse_goodput,
+                                    percentile, summarize)
 
 
 def rec(id, ttft, e2e, n, itl=(), start=0.0, prompt=10, success=True):
@@ -20,6 +20,13 @@ def test_percentile_interpolates_linearly_like_numpy():
     assert percentile(xs, 90) == pytest.approx(3.7)  # h = 2.7 -> 3 + 0.7 * 1
     assert percentile(xs, 99) == pytest.approx(3.97)
     assert percentile([7.0], 99) == 7.0
+
+
+def test_nearest_rank_returns_an_observed_value():
+    xs = [4.0, 1.0, 3.0, 2.0]  # sorted: 1 2 3 4; rank round(p/100 * 3)
+    assert [nearest_rank(xs, p) for p in (0, 50, 90, 99, 100)] == [1.0, 3.0, 4.0, 4.0, 4.0]
+    assert nearest_rank([7.0], 50) == 7.0
+    assert math.isnan(nearest_rank([], 50))
     assert math.isnan(percentile([], 50))
 
 

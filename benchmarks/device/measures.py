@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 import torch
 
-from inflight.bench.metrics import RequestRecord, summarize
+from inflight.bench.metrics import RequestRecord, nearest_rank, summarize
+from inflight.bench.throughput import record_step_outputs
 from inflight.bench.workload import WorkloadRequest
 from inflight.sampling_params import SamplingParams
 
@@ -98,7 +99,7 @@ def decode_sweep(llm, hf: dict[str, Any], weight_bytes: int, batches: list[int],
             engine.step()
         step_s = statistics.median(times)
         nbytes = decode_bytes_per_step(hf, weight_bytes, b, prompt_len + 1 + steps / 2)  # mean context
-        row = {"batch": b, "step_ms_p50": 1000 * step_s, "step_ms_p90": 1000 * _pct(times, 90),
+        row = {"batch": b, "step_ms_p50": 1000 * step_s, "step_ms_p90": 1000 * nearest_rank(times, 90),
                "tokens_per_s": b / step_s, "hbm_bytes_per_s": nbytes / step_s,
                "hbm_fraction_of_peak": nbytes / step_s / peak_bw if peak_bw else None,
                "graph_replays": (graphs.num_replays - replays0) if graphs else 0}
@@ -131,24 +132,6 @@ def replay_seconds(graphs, batch: int, iters: int = 20) -> Optional[float]:
     return start.elapsed_time(end) / 1000 / iters
 
 
-def _pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
-
-
-def _record_outputs(outs, recs: dict[str, RequestRecord], last: dict[str, float], now: float) -> None:
-    for out in outs:
-        rec = recs[out.request_id]
-        if out.outputs[0].delta_token_ids or out.finished:
-            if rec.ttft is None:
-                rec.ttft = now - rec.start
-            else:
-                rec.itl.append(now - last[out.request_id])
-            last[out.request_id] = now
-        if out.finished:
-            rec.e2e, rec.success = now - rec.start, True
-            rec.output_tokens = len(out.outputs[0].token_ids)
-
 
 def serve_poisson(llm, requests: list[WorkloadRequest], rate: float, seed: int = 0) -> dict[str, Any]:
     """In-process serving: requests arrive as a Poisson process of ``rate``/s (``inf``: all at
@@ -175,7 +158,7 @@ def serve_poisson(llm, requests: list[WorkloadRequest], rate: float, seed: int =
             time.sleep(max(0.0, min(arrivals[nxt] - now, 0.01)))
             continue
         outs = engine.step()
-        _record_outputs(outs, recs, last, time.perf_counter() - t0)
+        record_step_outputs(outs, recs, last, time.perf_counter() - t0)
     wall = time.perf_counter() - t0
     summary = summarize(list(recs.values()), wall)
     summary["request_rate"] = rate if math.isfinite(rate) else "inf"

@@ -73,6 +73,17 @@ def percentile(values: Sequence[float], p: float) -> float:
     return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
 
 
+def nearest_rank(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile (0..100) as the nearest observed value; nan when empty.
+
+    For small samples of step times or batch latencies, where an interpolated
+    value would be one that never happened."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
 def parse_goodput(items: Optional[Iterable[str]]) -> dict[str, float]:
     """``["ttft:500", "tpot:50"]`` -> ``{"ttft": 500.0, "tpot": 50.0}`` (milliseconds)."""
     slo: dict[str, float] = {}

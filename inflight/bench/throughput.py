@@ -48,6 +48,26 @@ def add_throughput_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def record_step_outputs(outs, recs: dict[str, RequestRecord], last: dict[str, float], now: float) -> int:
+    """Fold one step's RequestOutputs into their records (TTFT, inter-token gaps,
+    end) at time ``now``; ``last`` holds each request's previous token time.
+    Returns how many requests finished."""
+    finished = 0
+    for out in outs:
+        rec = recs[out.request_id]
+        if out.outputs[0].delta_token_ids or out.finished:
+            if rec.ttft is None:
+                rec.ttft = now - rec.start
+            else:
+                rec.itl.append(now - last[out.request_id])
+            last[out.request_id] = now
+        if out.finished:
+            rec.e2e, rec.success = now - rec.start, True
+            rec.output_tokens, rec.prompt_tokens = len(out.outputs[0].token_ids), len(out.prompt_token_ids)
+            finished += 1
+    return finished
+
+
 def run_offline(llm, requests: list[WorkloadRequest], show_progress: bool = True) -> tuple[list[RequestRecord], float]:
     """Queue every request at once, step the engine to the end; records in input order."""
     from tqdm.auto import tqdm
@@ -67,18 +87,7 @@ def run_offline(llm, requests: list[WorkloadRequest], show_progress: bool = True
         while engine.has_unfinished_requests():
             outs = engine.step()
             now = time.perf_counter() - t0
-            for out in outs:
-                rec = recs[out.request_id]
-                if out.outputs[0].delta_token_ids or out.finished:
-                    if rec.ttft is None:
-                        rec.ttft = now - rec.start
-                    else:
-                        rec.itl.append(now - last[out.request_id])
-                    last[out.request_id] = now
-                if out.finished:
-                    rec.e2e, rec.success = now - rec.start, True
-                    rec.output_tokens, rec.prompt_tokens = len(out.outputs[0].token_ids), len(out.prompt_token_ids)
-                    bar.update(1)
+            bar.update(record_step_outputs(outs, recs, last, now))
     finally:
         bar.close()
         pending = [rid for rid, rec in recs.items() if not rec.success]
