@@ -39,6 +39,11 @@ def _machine_key() -> str:
     return platform.machine() + " " + flags
 
 
+def ptr(t) -> ctypes.c_void_p:
+    """A tensor's data pointer for a kernel argument."""
+    return ctypes.c_void_p(t.data_ptr())
+
+
 def _cache_dir() -> str:
     base = os.environ.get("INFLIGHT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "inflight")
     return os.path.join(base, "kernels")

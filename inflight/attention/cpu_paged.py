@@ -9,14 +9,10 @@ from typing import Optional
 import torch
 
 from inflight.attention.base import AttentionMetadata
-from inflight.attention.cpu_kernels import load_library
+from inflight.attention.cpu_kernels import load_library, ptr
 from inflight.attention.torch_ref import TorchAttentionBackend
 
 _FNS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
-
-
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
 
 
 class CpuPagedAttentionBackend(TorchAttentionBackend):
@@ -48,8 +44,8 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         out = torch.empty_like(q)
         bt = md.block_tables
         fn = getattr(self.lib, _FNS[q.dtype])
-        fn(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(bt), ctypes.c_int64(bt.stride(0)), _ptr(md.seq_lens),
-           _ptr(out), ctypes.c_int(nd), ctypes.c_int(q.shape[1]), ctypes.c_int(k_cache.shape[2]),
+        fn(ptr(q), ptr(k_cache), ptr(v_cache), ptr(bt), ctypes.c_int64(bt.stride(0)), ptr(md.seq_lens),
+           ptr(out), ctypes.c_int(nd), ctypes.c_int(q.shape[1]), ctypes.c_int(k_cache.shape[2]),
            ctypes.c_int(q.shape[2]), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale),
            ctypes.c_int(md.max_decode_seq_len))
         return out
@@ -65,14 +61,14 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
         seq_len = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
         kvh, d = k_cache.shape[2], q.shape[2]
-        need = lib.paged_prefill_workspace(_ptr(seq_len), ctypes.c_int(n), ctypes.c_int(kvh), ctypes.c_int(d))
+        need = lib.paged_prefill_workspace(ptr(seq_len), ctypes.c_int(n), ctypes.c_int(kvh), ctypes.c_int(d))
         if self._workspace.numel() < need:
             self._workspace = torch.empty(need, dtype=torch.uint8)
         q = q.contiguous()
         bt = md.block_tables[nd:]
         rc = lib.paged_prefill_bf16(
-            _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(bt), ctypes.c_int64(bt.stride(0)), _ptr(q_start),
-            _ptr(q_len), _ptr(seq_len), _ptr(out), ctypes.c_int(n), ctypes.c_int(q.shape[1]), ctypes.c_int(kvh),
-            ctypes.c_int(d), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale), _ptr(self._workspace))
+            ptr(q), ptr(k_cache), ptr(v_cache), ptr(bt), ctypes.c_int64(bt.stride(0)), ptr(q_start),
+            ptr(q_len), ptr(seq_len), ptr(out), ctypes.c_int(n), ctypes.c_int(q.shape[1]), ctypes.c_int(kvh),
+            ctypes.c_int(d), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale), ptr(self._workspace))
         if rc != 0:
             raise RuntimeError(f"paged_prefill_bf16 failed ({rc})")

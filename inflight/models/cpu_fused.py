@@ -14,13 +14,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from inflight.attention.cpu_kernels import load_library
+from inflight.attention.cpu_kernels import load_library, ptr
 
 logger = logging.getLogger(__name__)
-
-
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
 
 
 class CpuFusedOps:
@@ -35,22 +31,22 @@ class CpuFusedOps:
         x = x.contiguous()
         out = torch.empty_like(x)
         rows, dim = x.numel() // x.shape[-1], x.shape[-1]
-        self.lib.add_rmsnorm_bf16(_ptr(x), _ptr(residual if residual is not None else x), _ptr(weight), _ptr(out),
+        self.lib.add_rmsnorm_bf16(ptr(x), ptr(residual if residual is not None else x), ptr(weight), ptr(out),
                                   ctypes.c_int64(rows), ctypes.c_int64(dim), ctypes.c_float(eps),
                                   ctypes.c_int(residual is not None))
         return out, (residual if residual is not None else x)
 
     def rope_(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotate the q and k heads of the fused qkv rows in place; cos/sin: [T, 1, d] bf16."""
-        self.lib.rope_bf16(_ptr(qkv), ctypes.c_int64(qkv.shape[0]), ctypes.c_int64(qkv.stride(0)), ctypes.c_int(nh),
-                           ctypes.c_int(nkv), ctypes.c_int(d), _ptr(cos.contiguous()), _ptr(sin.contiguous()))
+        self.lib.rope_bf16(ptr(qkv), ctypes.c_int64(qkv.shape[0]), ctypes.c_int64(qkv.stride(0)), ctypes.c_int(nh),
+                           ctypes.c_int(nkv), ctypes.c_int(d), ptr(cos.contiguous()), ptr(sin.contiguous()))
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for rows [gate | up]."""
         gate_up = gate_up.contiguous()
         inter = gate_up.shape[-1] // 2
         out = gate_up.new_empty(*gate_up.shape[:-1], inter)
-        self.lib.silu_mul_bf16(_ptr(gate_up), _ptr(out), ctypes.c_int64(gate_up.numel() // gate_up.shape[-1]),
+        self.lib.silu_mul_bf16(ptr(gate_up), ptr(out), ctypes.c_int64(gate_up.numel() // gate_up.shape[-1]),
                                ctypes.c_int64(inter))
         return out
 
