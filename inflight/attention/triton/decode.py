@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from inflight.attention.triton.runtime import dot_precision, next_pow2, upcast_for
+from inflight.attention.triton.tiles import load_kv_tile
 
 MAX_SPLITS = 16
 MIN_TOKENS_PER_SPLIT = 256  # below this a split costs more in stage 2 than it saves
@@ -60,14 +61,8 @@ def _decode_stage1(Q, K_CACHE, V_CACHE, BLOCK_TABLES, SEQ_LENS, OUT, MID_O, MID_
     for n0 in range(start, end, BLOCK_N):
         toks = n0 + tl.arange(0, BLOCK_N)
         tmask = toks < end
-        blk = tl.load(BLOCK_TABLES + req64 * stride_bt + toks // PAGE, mask=tmask, other=0).to(tl.int64)
-        off = blk * stride_cb + (toks % PAGE).to(tl.int64) * stride_cs + kvh * stride_ch
-        kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(K_CACHE + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V_CACHE + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(K_CACHE, V_CACHE, BLOCK_TABLES + req64 * stride_bt, toks, tmask, kvh, d, dmask,
+                            stride_cb, stride_cs, stride_ch, PAGE, UPCAST)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PREC) * scale
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from inflight.attention.triton.runtime import dot_precision, next_pow2, upcast_for
+from inflight.attention.triton.tiles import load_kv_tile
 
 
 # first_req and the block table's width change from step to step: no value specialisation.
@@ -52,14 +53,8 @@ def _prefill_kernel(Q, K_CACHE, V_CACHE, BLOCK_TABLES, SEQ_LENS, QUERY_START, OU
     for n0 in range(0, kv_end, BLOCK_N):
         toks = n0 + tl.arange(0, BLOCK_N)
         tmask = toks < kv_end
-        blk = tl.load(BLOCK_TABLES + req * stride_bt + toks // PAGE, mask=tmask, other=0).to(tl.int64)
-        off = blk * stride_cb + (toks % PAGE).to(tl.int64) * stride_cs + kvh * stride_ch
-        kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(K_CACHE + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V_CACHE + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(K_CACHE, V_CACHE, BLOCK_TABLES + req * stride_bt, toks, tmask, kvh, d, dmask,
+                            stride_cb, stride_cs, stride_ch, PAGE, UPCAST)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PREC) * scale
         visible = tmask[None, :] & (toks[None, :] <= pos_q[:, None])
         s = tl.where(visible, s, float("-inf"))
