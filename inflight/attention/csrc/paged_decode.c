@@ -109,106 +109,136 @@ static inline __m512 reduce16(__m512 a[16]) {
                          _mm512_shuffle_f32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* One sequence, kv heads [kh0, kh1): online softmax over chunks of CHUNK tokens,
- * every head of a chunk before the next chunk so each cached row is read while it
- * is hot. Both products use the bf16 dot-product instruction on the cached rows in
- * place: Q.K per token, and P.V over token pairs (probabilities rounded to bf16, as
- * flash attention does), with float32 accumulation. head_dim must be a multiple of 32. */
-#define MAX_QH 64
+
+
+/* Q.K of one query head against CHUNK cached rows: s[j] = q . k[rows[j]] * scale.
+ * K rows are read in place; the sixteen dot products are summed by reduce16. */
+static inline __attribute__((always_inline)) __m512 qk_chunk(const int nv, const __m512bh* qv,
+                                                           const uint16_t* kbase, const int64_t* rows) {
+    __m512 a[CHUNK];
+    for (int j = 0; j < CHUNK; j++) {
+        a[j] = _mm512_setzero_ps();
+        for (int i = 0; i < nv; i++)
+            a[j] = _mm512_dpbf16_ps(a[j], qv[i], (__m512bh)_mm512_loadu_si512(kbase + rows[j] + 32 * i));
+    }
+    return reduce16(a);
+}
+
+/* out[g] = sum_t p[g][t] v[t] for GB query heads sharing one kv head, over token
+ * pairs: the bf16 dot-product instruction multiplies a pair of probabilities by
+ * a pair of V rows interleaved (unpacklo/hi), accumulating in float32. */
+static inline __attribute__((always_inline)) void pv_group(const int nv, const int GB, const uint16_t* vbase,
+                                                         const int64_t* rows, int64_t len,
+                                                         const uint16_t* const* p, __m512* acc) {
+    for (int x = 0; x < GB * 2 * nv; x++) acc[x] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; t += 2) {
+        const int pair = t + 1 < len;
+        __m512i lo[MAX_D / 32], hi[MAX_D / 32];
+        for (int i = 0; i < nv; i++) {
+            const __m512i x = _mm512_loadu_si512(vbase + rows[t] + 32 * i);
+            const __m512i y = pair ? _mm512_loadu_si512(vbase + rows[t + 1] + 32 * i) : _mm512_setzero_si512();
+            lo[i] = _mm512_unpacklo_epi16(x, y);
+            hi[i] = _mm512_unpackhi_epi16(x, y);
+        }
+        for (int g = 0; g < GB; g++) {
+            /* p rows are padded with zeros, so the pair load never mixes in garbage */
+            int32_t pair_p;
+            memcpy(&pair_p, p[g] + t, sizeof pair_p);
+            const __m512bh pb = (__m512bh)_mm512_set1_epi32(pair_p);
+            for (int i = 0; i < nv; i++) {
+                acc[(g * nv + i) * 2] = _mm512_dpbf16_ps(acc[(g * nv + i) * 2], pb, (__m512bh)lo[i]);
+                acc[(g * nv + i) * 2 + 1] = _mm512_dpbf16_ps(acc[(g * nv + i) * 2 + 1], pb, (__m512bh)hi[i]);
+            }
+        }
+    }
+}
+
+/* unpacklo/hi interleave within 128-bit lanes: lane 4k+r of the lo accumulator of
+ * dims 32i.. holds dim 32i+8k+r, of the hi one dim 32i+8k+4+r. */
+static inline void store_head(const __m512* acc, int nv, float inv, uint16_t* op) {
+    for (int i = 0; i < nv; i++) {
+        float lo_f[16], hi_f[16];
+        _mm512_storeu_ps(lo_f, acc[2 * i]);
+        _mm512_storeu_ps(hi_f, acc[2 * i + 1]);
+        for (int k = 0; k < 4; k++)
+            for (int r = 0; r < 4; r++) {
+                op[32 * i + 8 * k + r] = f32_to_bf16(lo_f[4 * k + r] * inv);
+                op[32 * i + 8 * k + 4 + r] = f32_to_bf16(hi_f[4 * k + r] * inv);
+            }
+    }
+}
+
+#define PV_REGS 16  /* accumulators a P.V group keeps in registers */
+
+/* One sequence, kv heads [kh0, kh1), in three passes per kv head: the scores of
+ * its G query heads into a per-thread buffer, then exp (one max per head, no
+ * online rescaling) to bf16 probabilities, then P.V. Each kv head's K and V rows
+ * are distinct cache lines, so the passes read each cached byte once from DRAM. */
+static inline __attribute__((always_inline)) void decode_seq_nv(
+        const int nv, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt,
+        int64_t len, uint16_t* out, int G, int kh0, int kh1, int head_dim, int block_size, int64_t tok_stride,
+        float scale, float* sbuf, int64_t* rows) {
+    const int64_t lp = (len + 31) & ~(int64_t)31;  /* padded score row */
+    for (int64_t t = 0; t < lp; t++)
+        rows[t] = t < len ? (bt[t / block_size] * block_size + t % block_size) * tok_stride : 0;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int kh = kh0; kh < kh1; kh++) {
+        const uint16_t* kbase = k_cache + (int64_t)kh * head_dim;
+        const uint16_t* vbase = v_cache + (int64_t)kh * head_dim;
+        float l[MAX_G];
+        for (int g = 0; g < G; g++) {
+            const uint16_t* qp = q + (int64_t)(kh * G + g) * head_dim;
+            __m512bh qv[MAX_D / 32];
+            for (int i = 0; i < nv; i++) qv[i] = (__m512bh)_mm512_loadu_si512(qp + 32 * i);
+            float* sc = sbuf + (int64_t)g * lp;
+            __m512 vmax = _mm512_set1_ps(-INFINITY);
+            for (int64_t t0 = 0; t0 < len; t0 += CHUNK) {
+                const __mmask16 m = tail_mask(len - t0);
+                const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m,
+                                                    _mm512_mul_ps(qk_chunk(nv, qv, kbase, rows + t0), vscale));
+                vmax = _mm512_max_ps(vmax, s);
+                _mm512_storeu_ps(sc + t0, s);
+            }
+            /* probabilities as bf16 (rounded, as flash attention does), written over
+             * the front of the same row; zero up to the padded length */
+            const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+            __m512 sum = _mm512_setzero_ps();
+            uint16_t* pb = (uint16_t*)sc;
+            for (int64_t t0 = 0; t0 < lp; t0 += 16) {
+                const __mmask16 m = t0 < len ? tail_mask(len - t0) : 0;
+                const __m512 p = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t0), mx)));
+                sum = _mm512_add_ps(sum, p);
+                _mm256_storeu_si256((__m256i*)(pb + t0), (__m256i)_mm512_cvtneps_pbh(p));
+            }
+            l[g] = _mm512_reduce_add_ps(sum);
+        }
+        const int gb = PV_REGS / (2 * nv) > 0 ? PV_REGS / (2 * nv) : 1;
+        for (int g0 = 0; g0 < G; g0 += gb) {
+            const uint16_t* p[MAX_G];
+            const int n = G - g0 < gb ? G - g0 : gb;
+            for (int g = 0; g < n; g++) p[g] = (const uint16_t*)(sbuf + (int64_t)(g0 + g) * lp);
+            __m512 acc[PV_REGS];
+            /* constant group sizes keep the accumulators in registers */
+            if (n == gb && gb == 4) pv_group(nv, 4, vbase, rows, len, p, acc);
+            else if (n == gb && gb == 2) pv_group(nv, 2, vbase, rows, len, p, acc);
+            else for (int g = 0; g < n; g++) pv_group(nv, 1, vbase, rows, len, p + g, acc + g * 2 * nv);
+            for (int g = 0; g < n; g++)
+                store_head(acc + g * 2 * nv, nv, 1.f / l[g0 + g], out + (int64_t)(kh * G + g0 + g) * head_dim);
+        }
+    }
+}
+
 static void decode_seq_avx512(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                               const int64_t* bt, int64_t len, uint16_t* out, int G, int kh0, int kh1,
-                              int head_dim, int block_size, int64_t tok_stride, float scale) {
-    const int nv = head_dim / 32, nf = head_dim / 16;
-    const int h0 = kh0 * G, nh = (kh1 - kh0) * G;
-    __m512bh qv[MAX_QH][MAX_D / 32];
-    /* acc[h][2i], acc[h][2i+1]: dims 32i.. of head h, pair-interleaved (see the end) */
-    __m512 acc[MAX_QH][MAX_D / 16];
-    float m[MAX_QH], l[MAX_QH];
-    uint32_t pp[MAX_QH][CHUNK / 2];  /* probabilities of a chunk as bf16 pairs */
-    int64_t rows[CHUNK];
-    for (int h = 0; h < nh; h++) {
-        for (int i = 0; i < nv; i++)
-            qv[h][i] = (__m512bh)_mm512_loadu_si512(q + (int64_t)(h0 + h) * head_dim + 32 * i);
-        for (int i = 0; i < nf; i++) acc[h][i] = _mm512_setzero_ps();
-        m[h] = -INFINITY;
-        l[h] = 0.f;
-    }
-    const int64_t span = (int64_t)(kh1 - kh0) * head_dim * 2;  /* bytes of a row this item reads */
-    for (int64_t t0 = 0; t0 < len; t0 += CHUNK) {
-        const int n = (int)(len - t0 < CHUNK ? len - t0 : CHUNK);
-        for (int j = 0; j < n; j++) {
-            const int64_t t = t0 + j;
-            rows[j] = (bt[t / block_size] * block_size + t % block_size) * tok_stride;
-        }
-        /* Blocks sit at random places in the pool, out of the hardware prefetcher's
-         * reach: fetch the next chunk's rows while this one computes. */
-        for (int64_t t = t0 + CHUNK; t < t0 + 2 * CHUNK && t < len; t++) {
-            const int64_t r = (bt[t / block_size] * block_size + t % block_size) * tok_stride + (int64_t)kh0 * head_dim;
-            for (int64_t b = 0; b < span; b += 64) {
-                _mm_prefetch((const char*)(k_cache + r) + b, _MM_HINT_T0);
-                _mm_prefetch((const char*)(v_cache + r) + b, _MM_HINT_T0);
-            }
-        }
-        const __mmask16 mask = (__mmask16)((1u << n) - 1);
-        for (int h = 0; h < nh; h++) {
-            const uint16_t* kbase = k_cache + (int64_t)((h0 + h) / G) * head_dim;
-            __m512 a[CHUNK];
-            for (int j = 0; j < CHUNK; j++) {
-                a[j] = _mm512_setzero_ps();
-                if (j < n)
-                    for (int i = 0; i < nv; i++)
-                        a[j] = _mm512_dpbf16_ps(a[j], qv[h][i], (__m512bh)_mm512_loadu_si512(kbase + rows[j] + 32 * i));
-            }
-            const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), mask,
-                                                _mm512_mul_ps(reduce16(a), _mm512_set1_ps(scale)));
-            const float new_m = fmaxf(m[h], _mm512_reduce_max_ps(s));
-            const float corr = expf(m[h] - new_m);
-            const __m512 p = exp512(_mm512_sub_ps(s, _mm512_set1_ps(new_m)));
-            l[h] = l[h] * corr + _mm512_reduce_add_ps(p);
-            m[h] = new_m;
-            _mm256_storeu_si256((__m256i*)pp[h], (__m256i)_mm512_cvtneps_pbh(p));
-            const __m512 c = _mm512_set1_ps(corr);
-            for (int i = 0; i < nf; i++) acc[h][i] = _mm512_mul_ps(acc[h][i], c);
-        }
-        for (int j = 0; j < n; j += 2) {
-            for (int kh = kh0; kh < kh1; kh++) {
-                const uint16_t* v0 = v_cache + rows[j] + (int64_t)kh * head_dim;
-                const uint16_t* v1 = v_cache + rows[j + 1 < n ? j + 1 : j] + (int64_t)kh * head_dim;
-                __m512i lo[MAX_D / 32], hi[MAX_D / 32];
-                for (int i = 0; i < nv; i++) {
-                    const __m512i x = _mm512_loadu_si512(v0 + 32 * i);
-                    /* a lone last token pairs with zeros (its partner's p is 0 too) */
-                    const __m512i y = j + 1 < n ? _mm512_loadu_si512(v1 + 32 * i) : _mm512_setzero_si512();
-                    lo[i] = _mm512_unpacklo_epi16(x, y);
-                    hi[i] = _mm512_unpackhi_epi16(x, y);
-                }
-                for (int g = 0; g < G; g++) {
-                    const int h = (kh - kh0) * G + g;
-                    const __m512bh pb = (__m512bh)_mm512_set1_epi32((int)pp[h][j / 2]);
-                    for (int i = 0; i < nv; i++) {
-                        acc[h][2 * i] = _mm512_dpbf16_ps(acc[h][2 * i], pb, (__m512bh)lo[i]);
-                        acc[h][2 * i + 1] = _mm512_dpbf16_ps(acc[h][2 * i + 1], pb, (__m512bh)hi[i]);
-                    }
-                }
-            }
-        }
-    }
-    /* unpacklo/hi interleave within 128-bit lanes: lane 4k+r of acc[2i] holds dim
-     * 32i+8k+r, of acc[2i+1] dim 32i+8k+4+r. */
-    for (int h = 0; h < nh; h++) {
-        const float inv = 1.f / l[h];
-        uint16_t* op = out + (int64_t)(h0 + h) * head_dim;
-        for (int i = 0; i < nv; i++) {
-            float lo_f[16], hi_f[16];
-            _mm512_storeu_ps(lo_f, acc[h][2 * i]);
-            _mm512_storeu_ps(hi_f, acc[h][2 * i + 1]);
-            for (int k = 0; k < 4; k++)
-                for (int r = 0; r < 4; r++) {
-                    op[32 * i + 8 * k + r] = f32_to_bf16(lo_f[4 * k + r] * inv);
-                    op[32 * i + 8 * k + 4 + r] = f32_to_bf16(hi_f[4 * k + r] * inv);
-                }
-        }
-    }
+                              int head_dim, int block_size, int64_t tok_stride, float scale, float* sbuf,
+                              int64_t* rows) {
+    /* head_dim as a constant lets the compiler unroll and keep accumulators in registers */
+    if (head_dim == 64)
+        decode_seq_nv(2, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, head_dim, block_size, tok_stride, scale, sbuf, rows);
+    else if (head_dim == 128)
+        decode_seq_nv(4, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, head_dim, block_size, tok_stride, scale, sbuf, rows);
+    else
+        decode_seq_nv(head_dim / 32, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, head_dim, block_size, tok_stride, scale, sbuf, rows);
 }
 #endif
 
@@ -217,7 +247,7 @@ void paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
                        int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                        int max_len) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-    if (head_dim % 32 == 0 && num_heads <= MAX_QH && head_dim <= MAX_D) {
+    if (head_dim % 32 == 0 && num_heads / num_kv_heads <= MAX_G && head_dim <= MAX_D) {
         const int G = num_heads / num_kv_heads;
         const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
         /* Whole sequences per work item when there are enough of them (contiguous
@@ -225,14 +255,25 @@ void paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
          * sequence still spreads over the cores. */
         const int split = num_seqs < 8 ? num_kv_heads : 1;
         const int per = num_kv_heads / split;
-        _Pragma("omp parallel for schedule(dynamic, 1)")
+        int64_t longest = 0;  /* sizes the per-thread buffers (max_len is only a hint) */
+        for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
+        const int64_t lp = (longest + 31) & ~(int64_t)31;
+        _Pragma("omp parallel")
+        {
+        /* per thread: G score rows and the sequence's cache row offsets */
+        float* sbuf = (float*)malloc(sizeof(float) * (size_t)G * (size_t)lp);
+        int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
+        _Pragma("omp for schedule(dynamic, 1)")
         for (int item = 0; item < num_seqs * split; item++) {
             const int s = item / split, kh0 = (item % split) * per;
             decode_seq_avx512(q + (int64_t)s * num_heads * head_dim, k_cache, v_cache,
                               block_tables + (int64_t)s * bt_stride, seq_lens[s],
                               out + (int64_t)s * num_heads * head_dim, G, kh0, kh0 + per, head_dim,
-                              block_size, tok_stride, scale);
+                              block_size, tok_stride, scale, sbuf, rows);
         }
+        free(sbuf);
+        free(rows);
+        }  /* omp parallel */
         return;
     }
 #endif
