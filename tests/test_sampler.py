@@ -138,7 +138,7 @@ def test_seeded_row_advances_generator_one_draw_per_token():
     g, ref = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     rows = [SamplingRow(SamplingParams(seed=5), [], [], [], g)]
     sample(torch.randn(1, 30), rows)
-    torch.empty(30).exponential_(generator=ref)
+    torch.rand(1, generator=ref, dtype=torch.float64)
     assert torch.equal(g.get_state(), ref.get_state())
 
 
@@ -150,6 +150,29 @@ def test_unseeded_sampling_follows_distribution():
     counts = [out.sampled_token_ids.count(i) for i in range(4)]
     chi2 = sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
     assert chi2 < 16.27  # 3 degrees of freedom, p = 0.001
+
+
+class _FixedDraws(Sampler):
+    """A sampler whose uniform draws are given, to probe the ends of [0, 1)."""
+
+    def __init__(self, draws: list[float]) -> None:
+        super().__init__()
+        self.draws = draws
+
+    def _draws(self, md, R, device):
+        return torch.tensor(self.draws, dtype=torch.float64)
+
+
+def test_extreme_draws_never_pick_a_filtered_token():
+    # tokens 0, 1 and 5, 6 are filtered out (top-k 2 keeps 3 and 4); a draw of 0
+    # must land on the first kept token, the largest draw below 1 on the last one
+    logits = torch.tensor([[-9.0, -8.0, -1.0, 5.0, 5.0 - 1e-3, -7.0, -30.0]]).repeat(2, 1)
+    top = 1.0 - 2.0 ** -53
+    out = sample(logits, [row(top_k=2), row(top_k=2)], _FixedDraws([0.0, top]))
+    assert out.sampled_token_ids == [3, 4]
+    # min-p zeroes the tail after the largest token: the top draw still stays inside
+    logits = torch.tensor([[0.0, 3.0, -20.0, -25.0]])
+    assert sample(logits, [row(min_p=0.5)], _FixedDraws([top])).sampled_token_ids == [1]
 
 
 def test_logprobs_from_raw_logits_with_ranks():

@@ -2,7 +2,8 @@
 
 Per step: logits -> float32 -> min_tokens suppression -> repetition penalty ->
 frequency/presence penalties -> greedy argmax, or temperature -> top-k ->
-top-p -> min-p -> exponential-race sampling. Logprobs come from the raw logits.
+top-p -> min-p -> inverse-CDF sampling (one uniform draw per row). Logprobs come
+from the raw logits.
 """
 from __future__ import annotations
 
@@ -177,11 +178,10 @@ def _apply_top_k_top_p(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return x.scatter_(1, idx, s)
 
 
-def _exponential(shape: tuple[int, ...], gen: Optional[torch.Generator],
-                 device: torch.device) -> torch.Tensor:
+def _uniform(n: int, gen: Optional[torch.Generator], device: torch.device) -> torch.Tensor:
     # Draw on the generator's own device so a CPU generator also serves CUDA logits.
     where = gen.device if gen is not None else device
-    return torch.empty(shape, device=where).exponential_(generator=gen).to(device)
+    return torch.rand(n, generator=gen, device=where, dtype=torch.float64).to(device)
 
 
 class Sampler:
@@ -217,25 +217,32 @@ class Sampler:
         if md.min_p is not None:
             top = probs.amax(dim=-1, keepdim=True)
             probs.masked_fill_(probs < md.min_p.unsqueeze(1) * top, 0.0)
-        # Exponential race: argmax(p / q), q ~ Exp(1), picks i with chance p_i / sum(p),
-        # so no renormalisation is needed and each row uses only its own noise.
-        q = self._noise(md, probs.shape, probs.device)
-        return probs.div_(q).argmax(dim=-1)
+        # NOTE: inverse-CDF sampling: one uniform per row picks the first token whose
+        # cumulative probability exceeds it. An exponential race (argmax p / Exp(1))
+        # needs a random draw per vocabulary entry: 20x slower on the CPU (98 ms
+        # against 5 ms for 128 rows of 49k). Filtered tokens have p = 0, so the
+        # cumulative sum is flat there and they are never picked.
+        cdf = probs.cumsum(dim=-1)
+        total = cdf[:, -1]
+        # strictly below the total (in the cdf's own precision), so the search always
+        # lands on a token with p > 0
+        target = (self._draws(md, probs.shape[0], probs.device) * total.double()).to(cdf.dtype)
+        target = torch.minimum(target, total.nextafter(torch.zeros_like(total)))
+        idx = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
+        return idx.clamp_(max=probs.shape[1] - 1)
 
-    def _noise(self, md: SamplingMetadata, shape: torch.Size,
-               device: torch.device) -> torch.Tensor:
-        R, V = shape
+    def _draws(self, md: SamplingMetadata, R: int, device: torch.device) -> torch.Tensor:
+        """One uniform in [0, 1) per random row: seeded rows from their own generator
+        (one draw per token, so a row's tokens do not depend on its batch)."""
         if md.unseeded is not None and len(md.unseeded) == R:
-            q = _exponential((R, V), self.generator, device)
-        else:
-            q = torch.empty((R, V), device=device)
-            if md.unseeded is not None:
-                q[md.unseeded] = _exponential((len(md.unseeded), V), self.generator, device)
-            for j, gen in enumerate(md.generators):
-                if gen is not None:  # one draw of V per token keeps seeded rows batch-independent
-                    q[j] = _exponential((V,), gen, device)
-        # A zero draw would turn a filtered-out 0/0 into NaN, which argmax prefers.
-        return q.clamp_min_(torch.finfo(q.dtype).tiny)
+            return _uniform(R, self.generator, device)
+        u = torch.empty(R, dtype=torch.float64, device=device)
+        if md.unseeded is not None:
+            u[md.unseeded] = _uniform(len(md.unseeded), self.generator, device)
+        for j, gen in enumerate(md.generators):
+            if gen is not None:
+                u[j] = _uniform(1, gen, device)[0]
+        return u
 
 
 def _logprobs(logits: torch.Tensor, tokens: torch.Tensor,
