@@ -12,6 +12,7 @@ from inflight.config import EngineConfig
 from inflight.models.cpu_fused import enable_fused_ops, load_fused_ops
 from inflight.models.cpu_packing import can_pack, pack_linears
 from inflight.models.registry import ModelArchConfig, get_model_class
+from inflight.worker.cpu_malloc import keep_freed_memory
 from inflight.worker.kv_cache import (allocate_kv_cache, profile_forward_peak, resolve_num_blocks,
                                       resolve_num_host_blocks)
 from inflight.worker.model_runner import ModelRunner
@@ -82,6 +83,8 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
         logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
                        max_len, arch.max_position_embeddings)
     cls = get_model_class(arch.architecture)
+    if device.type == "cpu":
+        keep_freed_memory()
     backend = get_attention_backend(config.attention_backend, device)
     with torch.device("meta"), _SkipParamInit():
         model = cls(arch, backend, max_len)
