@@ -128,7 +128,7 @@ def make_mixed_step(seed, heads, kv_heads, dim, block_size, dtype, chunks):
 
 
 @pytest.mark.skipif(CpuPagedAttentionBackend not in BACKENDS, reason="no C compiler")
-@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 8, 64), (8, 1, 128), (4, 2, 32)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 8, 64), (8, 1, 128), (4, 2, 32), (6, 2, 96)])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_cpu_mixed_step_prefill_chunks_match_dense(heads, kv_heads, dim, block_size):
     """Decodes plus prefill chunks with and without a cached prefix, ragged lengths

@@ -24,7 +24,6 @@
 #define KT 32        /* keys per tile */
 #define MAX_ROWS 192 /* query rows (tokens x heads of a kv head) per work item */
 #define MAX_D 256
-#define RB 4         /* query rows per register block */
 
 int paged_prefill_supported(int head_dim) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -69,92 +68,112 @@ static inline uint32_t* head_tiles(uint32_t* ws, const int64_t* tile_base, int r
     return ws + (tile_base[r] * num_kv_heads + (int64_t)kh * ntiles) * 2 * tile_words;
 }
 
-/* Phase 2: rows [0, nrows) = (token i, head g) pairs of one kv head. pos[row] is
- * the row's position: it sees keys 0..pos. */
-static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, const uint32_t* ktiles, int64_t kmax, int D, float scale, float* o, float* m, float* l) {
-    const int half = D / 2, nf = D / 16;
+/* Phase 2, one register block: rows [0, nr) (nr <= RB) of (token, head) pairs
+ * against every key tile up to the last row's position, with the output rows held
+ * in registers (RB x NF accumulators) across the tiles and an online softmax per
+ * row. pos[r] is row r's position (it sees keys 0..pos[r]); rows come in position
+ * order. Writes the normalized rows to dst[r]. */
+static inline __attribute__((always_inline)) void attend_block(
+        const int NF, const int RB, const uint32_t* qrows, const int64_t* pos, int nr,
+        const uint32_t* ktiles, float scale, uint16_t* const* dst) {
+    const int half = NF * 8;                        /* D / 2 */
     const int64_t tile_words = (int64_t)KT * half;  /* == (KT / 2) * D */
+    __m512 acc[RB][NF];
+    float m[RB], l[RB];
     uint32_t pp[RB][KT / 2];
-    for (int i = 0; i < nrows; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.f;
+    for (int r = 0; r < RB; r++) {
+        for (int i = 0; i < NF; i++) acc[r][i] = _mm512_setzero_ps();
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+        for (int j = 0; j < KT / 2; j++) pp[r][j] = 0;
     }
-    memset(o, 0, sizeof(float) * nrows * D);
-    for (int64_t t0 = 0; t0 < kmax; t0 += KT) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+    const int64_t kend = pos[nr - 1] + 1;
+    for (int64_t t0 = 0; t0 < kend; t0 += KT) {
         const uint32_t* kp = ktiles + (t0 / KT) * 2 * tile_words;
         const uint32_t* vp = kp + tile_words;
-        for (int r0 = 0; r0 < nrows; r0 += RB) {
-            const int nr = nrows - r0 < RB ? nrows - r0 : RB;
-            __m512 s[RB][2];
-            for (int r = 0; r < RB; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
-            for (int dp = 0; dp < half; dp++) {
-                const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + dp * KT);
-                const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + dp * KT + 16);
-                for (int r = 0; r < RB; r++) {
-                    const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qrows[(int64_t)(r0 + (r < nr ? r : 0)) * half + dp]);
-                    s[r][0] = _mm512_dpbf16_ps(s[r][0], qb, k0);
-                    s[r][1] = _mm512_dpbf16_ps(s[r][1], qb, k1);
-                }
-            }
-            for (int r = 0; r < nr; r++) {
-                const int row = r0 + r;
-                const int64_t lim = pos[row] - t0 + 1;  /* keys t0 .. pos visible */
-                const __mmask16 m0 = lim >= 16 ? 0xFFFF : (lim <= 0 ? 0 : (__mmask16)((1u << lim) - 1));
-                const __mmask16 m1 = lim >= 32 ? 0xFFFF : (lim <= 16 ? 0 : (__mmask16)((1u << (lim - 16)) - 1));
-                const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
-                const __m512 a = _mm512_mask_mul_ps(ninf, m0, s[r][0], sc);
-                const __m512 b = _mm512_mask_mul_ps(ninf, m1, s[r][1], sc);
-                const float new_m = fmaxf(m[row], _mm512_reduce_max_ps(_mm512_max_ps(a, b)));
-                const float corr = expf(m[row] - new_m);
-                const __m512 pa = exp512(_mm512_sub_ps(a, _mm512_set1_ps(new_m)));
-                const __m512 pb = exp512(_mm512_sub_ps(b, _mm512_set1_ps(new_m)));
-                l[row] = l[row] * corr + _mm512_reduce_add_ps(_mm512_add_ps(pa, pb));
-                m[row] = new_m;
-                _mm256_storeu_si256((__m256i*)pp[r], (__m256i)_mm512_cvtneps_pbh(pa));
-                _mm256_storeu_si256((__m256i*)(pp[r] + 8), (__m256i)_mm512_cvtneps_pbh(pb));
-                float* orow = o + (int64_t)row * D;
-                const __m512 c = _mm512_set1_ps(corr);
-                for (int i = 0; i < nf; i++) _mm512_storeu_ps(orow + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * i), c));
-            }
-            for (int i0 = 0; i0 < nf; i0 += 4) {  /* 4 x 16 output dims at a time: RB x 4 accumulators */
-                const int ni = nf - i0 < 4 ? nf - i0 : 4;
-                __m512 acc[RB][4];
-                for (int r = 0; r < nr; r++)
-                    for (int i = 0; i < ni; i++) acc[r][i] = _mm512_loadu_ps(o + (int64_t)(r0 + r) * D + 16 * (i0 + i));
-                for (int jp = 0; jp < KT / 2; jp++) {
-                    __m512bh v[4];
-                    for (int i = 0; i < ni; i++) v[i] = (__m512bh)_mm512_loadu_si512(vp + jp * D + 16 * (i0 + i));
-                    for (int r = 0; r < nr; r++) {
-                        const __m512bh p = (__m512bh)_mm512_set1_epi32((int)pp[r][jp]);
-                        for (int i = 0; i < ni; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], p, v[i]);
-                    }
-                }
-                for (int r = 0; r < nr; r++)
-                    for (int i = 0; i < ni; i++) _mm512_storeu_ps(o + (int64_t)(r0 + r) * D + 16 * (i0 + i), acc[r][i]);
+        __m512 s[RB][2];
+        for (int r = 0; r < RB; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
+        for (int dp = 0; dp < half; dp++) {
+            const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + dp * KT);
+            const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + dp * KT + 16);
+            for (int r = 0; r < RB; r++) {
+                const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qrows[(int64_t)(r < nr ? r : 0) * half + dp]);
+                s[r][0] = _mm512_dpbf16_ps(s[r][0], qb, k0);
+                s[r][1] = _mm512_dpbf16_ps(s[r][1], qb, k1);
             }
         }
+        for (int r = 0; r < RB; r++) {
+            if (r >= nr) break;
+            const int64_t lim = pos[r] - t0 + 1;  /* keys t0 .. pos visible */
+            const __mmask16 m0 = lim >= 16 ? 0xFFFF : (lim <= 0 ? 0 : (__mmask16)((1u << lim) - 1));
+            const __mmask16 m1 = lim >= 32 ? 0xFFFF : (lim <= 16 ? 0 : (__mmask16)((1u << (lim - 16)) - 1));
+            const __m512 a = _mm512_mask_mul_ps(ninf, m0, s[r][0], sc);
+            const __m512 b = _mm512_mask_mul_ps(ninf, m1, s[r][1], sc);
+            const float tile_m = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+            if (tile_m > m[r]) {  /* rescale only when the running max moves */
+                const float corr = expf(m[r] - tile_m);
+                const __m512 c = _mm512_set1_ps(corr);
+                for (int i = 0; i < NF; i++) acc[r][i] = _mm512_mul_ps(acc[r][i], c);
+                l[r] *= corr;
+                m[r] = tile_m;
+            }
+            const __m512 mm = _mm512_set1_ps(m[r]);
+            const __m512 pa = exp512(_mm512_sub_ps(a, mm)), pb = exp512(_mm512_sub_ps(b, mm));
+            l[r] += _mm512_reduce_add_ps(_mm512_add_ps(pa, pb));
+            _mm256_storeu_si256((__m256i*)pp[r], (__m256i)_mm512_cvtneps_pbh(pa));
+            _mm256_storeu_si256((__m256i*)(pp[r] + 8), (__m256i)_mm512_cvtneps_pbh(pb));
+        }
+        for (int jp = 0; jp < KT / 2; jp++) {
+            __m512bh v[NF];
+            for (int i = 0; i < NF; i++) v[i] = (__m512bh)_mm512_loadu_si512(vp + jp * 2 * half + 16 * i);
+            for (int r = 0; r < RB; r++) {
+                const __m512bh p = (__m512bh)_mm512_set1_epi32((int)pp[r][jp]);
+                for (int i = 0; i < NF; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], p, v[i]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+        for (int i = 0; i < NF; i++)
+            _mm256_storeu_si256((__m256i*)(dst[r] + 16 * i), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[r][i], inv)));
     }
 }
 
+/* Phase 2 over an item's rows, a register block at a time; head dims with a
+ * specialized block keep its accumulators in registers. */
+static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, const uint32_t* ktiles, int D,
+                        float scale, uint16_t* const* dst) {
+    const int half = D / 2;
+#define BLOCKS(NF, RB)                                                                                 \
+    for (int r0 = 0; r0 < nrows; r0 += RB)                                                           \
+        attend_block(NF, RB, qrows + (int64_t)r0 * half, pos + r0, nrows - r0 < RB ? nrows - r0 : RB, \
+                     ktiles, scale, dst + r0);
+    switch (D) {
+    case 32: BLOCKS(2, 4) break;
+    case 64: BLOCKS(4, 4) break;
+    case 128: BLOCKS(8, 2) break;
+    default:
+        if (D <= 96) { BLOCKS(6, 2) } else if (D <= 160) { BLOCKS(10, 1) } else if (D <= 192) { BLOCKS(12, 1) }
+        else if (D <= 224) { BLOCKS(14, 1) } else { BLOCKS(16, 1) }
+    }
+#undef BLOCKS
+}
+
 /* Phase 2 for one work item: query tokens [i0, i1) of a request (starting at
- * position first_pos) x the G heads of kv head kh; scratch: qrows, pos, o. */
+ * position first_pos) x the G heads of kv head kh; scratch: qrows, pos, dst. */
 static void prefill_item(const uint16_t* q, uint16_t* out, int64_t q_start, int64_t first_pos, int64_t i0,
                          int64_t i1, int kh, int G, int num_heads, int D, const uint32_t* tiles, float scale,
-                         uint32_t* qrows, int64_t* pos, float* o) {
-    float m[MAX_ROWS], l[MAX_ROWS];
+                         uint32_t* qrows, int64_t* pos, uint16_t** dst) {
     int nrows = 0;
     for (int64_t i = i0; i < i1; i++)
         for (int g = 0; g < G; g++, nrows++) {
-            memcpy(qrows + (int64_t)nrows * (D / 2), q + ((q_start + i) * num_heads + (int64_t)kh * G + g) * D,
-                   sizeof(uint16_t) * D);
+            const int64_t at = ((q_start + i) * num_heads + (int64_t)kh * G + g) * D;
+            memcpy(qrows + (int64_t)nrows * (D / 2), q + at, sizeof(uint16_t) * D);
             pos[nrows] = first_pos + i;
+            dst[nrows] = out + at;
         }
-    attend_item(qrows, pos, nrows, tiles, first_pos + i1, D, scale, o, m, l);
-    for (int row = 0; row < nrows; row++) {
-        uint16_t* dst = out + ((q_start + i0 + row / G) * num_heads + (int64_t)kh * G + row % G) * D;
-        const float inv = 1.f / l[row];
-        for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(o[(int64_t)row * D + d] * inv);
-    }
+    attend_item(qrows, pos, nrows, tiles, D, scale, dst);
 }
 #endif
 
@@ -197,7 +216,7 @@ int paged_prefill_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
             }
         uint32_t* qrows = (uint32_t*)malloc(sizeof(uint32_t) * MAX_ROWS * half);
         int64_t* pos = (int64_t*)malloc(sizeof(int64_t) * MAX_ROWS);
-        float* o = (float*)malloc(sizeof(float) * MAX_ROWS * D);
+        uint16_t** dst = (uint16_t**)malloc(sizeof(uint16_t*) * MAX_ROWS);
         #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t w = 0; w < n2; w++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
@@ -205,11 +224,11 @@ int paged_prefill_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
                 const int64_t i0 = it2[2 * w + 1] * tq;
                 const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
                 prefill_item(q, out, q_start[r], seq_len[r] - q_len[r], i0, i1, kh, G, num_heads, D,
-                             head_tiles(ws, tile_base, r, kh, num_kv_heads, tile_words), scale, qrows, pos, o);
+                             head_tiles(ws, tile_base, r, kh, num_kv_heads, tile_words), scale, qrows, pos, dst);
             }
         free(qrows);
         free(pos);
-        free(o);
+        free(dst);
     }
     free(items);
     free(tile_base);
