@@ -34,9 +34,10 @@ def test_add_rmsnorm_matches_torch(rows, with_residual):
 
 
 @pytest.mark.parametrize("rows", [1, 7, 100])
-def test_rope_in_place_matches_torch(rows):
+@pytest.mark.parametrize("d", [64, 48])  # 48: a 16-wide vector then a scalar tail per half
+def test_rope_in_place_matches_torch(rows, d):
     torch.manual_seed(rows)
-    nh, nkv, d = 9, 3, 64
+    nh, nkv = 9, 3
     qkv = torch.randn(rows, (nh + 2 * nkv) * d, dtype=BF16)
     ang = torch.rand(rows, 1, d, dtype=torch.float32) * 6
     cos, sin = ang.cos().to(BF16), ang.sin().to(BF16)

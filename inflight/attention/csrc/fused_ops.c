@@ -64,7 +64,20 @@ void rope_bf16(uint16_t* qkv, int64_t rows, int64_t stride, int nh, int nkv, int
         const uint16_t* s = sin_rows + r * d;
         for (int h = 0; h < nh + nkv; h++) {
             uint16_t* x = row + (int64_t)h * d;
-            for (int i = 0; i < half; i++) {
+            int i = 0;
+#ifdef HAVE_AVX512_BF16
+            for (; i + 16 <= half; i += 16) {
+                const __m512 a = load_bf16x16(x + i, 0xFFFF), b = load_bf16x16(x + i + half, 0xFFFF);
+                const __m512 lo = _mm512_add_ps(round_bf16(_mm512_mul_ps(a, load_bf16x16(c + i, 0xFFFF))),
+                                                round_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), b),
+                                                                         load_bf16x16(s + i, 0xFFFF))));
+                const __m512 hi = _mm512_add_ps(round_bf16(_mm512_mul_ps(b, load_bf16x16(c + i + half, 0xFFFF))),
+                                                round_bf16(_mm512_mul_ps(a, load_bf16x16(s + i + half, 0xFFFF))));
+                store_bf16x16(x + i, lo, 0xFFFF);
+                store_bf16x16(x + i + half, hi, 0xFFFF);
+            }
+#endif
+            for (; i < half; i++) {
                 const float a = bf16_to_f32(x[i]), b = bf16_to_f32(x[i + half]);  /* rotate_half(x) = (-x2, x1) */
                 x[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(a * bf16_to_f32(c[i]))) + bf16_to_f32(f32_to_bf16(-b * bf16_to_f32(s[i]))));
                 x[i + half] = f32_to_bf16(bf16_to_f32(f32_to_bf16(b * bf16_to_f32(c[i + half]))) + bf16_to_f32(f32_to_bf16(a * bf16_to_f32(s[i + half]))));
