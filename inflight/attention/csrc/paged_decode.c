@@ -109,9 +109,7 @@ static inline __m512 reduce16(__m512 a[16]) {
                          _mm512_shuffle_f32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-
-
-/* Q.K of one query head against CHUNK cached rows: s[j] = q . k[rows[j]] * scale.
+/* Q.K of one query head against CHUNK cached rows, unscaled: lane j = q . k[rows[j]].
  * K rows are read in place; the sixteen dot products are summed by reduce16. */
 static inline __attribute__((always_inline)) __m512 qk_chunk(const int nv, const __m512bh* qv,
                                                            const uint16_t* kbase, const int64_t* rows) {
@@ -176,8 +174,9 @@ static inline void store_head(const __m512* acc, int nv, float inv, uint16_t* op
  * are distinct cache lines, so the passes read each cached byte once from DRAM. */
 static inline __attribute__((always_inline)) void decode_seq_nv(
         const int nv, const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt,
-        int64_t len, uint16_t* out, int G, int kh0, int kh1, int head_dim, int block_size, int64_t tok_stride,
+        int64_t len, uint16_t* out, int G, int kh0, int kh1, int block_size, int64_t tok_stride,
         float scale, float* sbuf, int64_t* rows) {
+    const int head_dim = 32 * nv;
     const int64_t lp = (len + 31) & ~(int64_t)31;  /* padded score row */
     for (int64_t t = 0; t < lp; t++)
         rows[t] = t < len ? (bt[t / block_size] * block_size + t % block_size) * tok_stride : 0;
@@ -208,7 +207,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
                 const __mmask16 m = t0 < len ? tail_mask(len - t0) : 0;
                 const __m512 p = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t0), mx)));
                 sum = _mm512_add_ps(sum, p);
-                _mm256_storeu_si256((__m256i*)(pb + t0), (__m256i)_mm512_cvtneps_pbh(p));
+                store_bf16x16(pb + t0, p, 0xFFFF);
             }
             l[g] = _mm512_reduce_add_ps(sum);
         }
@@ -233,12 +232,13 @@ static void decode_seq_avx512(const uint16_t* q, const uint16_t* k_cache, const 
                               int head_dim, int block_size, int64_t tok_stride, float scale, float* sbuf,
                               int64_t* rows) {
     /* head_dim as a constant lets the compiler unroll and keep accumulators in registers */
-    if (head_dim == 64)
-        decode_seq_nv(2, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, head_dim, block_size, tok_stride, scale, sbuf, rows);
-    else if (head_dim == 128)
-        decode_seq_nv(4, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, head_dim, block_size, tok_stride, scale, sbuf, rows);
+    const int nv = head_dim / 32;
+    if (nv == 2)
+        decode_seq_nv(2, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, block_size, tok_stride, scale, sbuf, rows);
+    else if (nv == 4)
+        decode_seq_nv(4, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, block_size, tok_stride, scale, sbuf, rows);
     else
-        decode_seq_nv(head_dim / 32, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, head_dim, block_size, tok_stride, scale, sbuf, rows);
+        decode_seq_nv(nv, q, k_cache, v_cache, bt, len, out, G, kh0, kh1, block_size, tok_stride, scale, sbuf, rows);
 }
 #endif
 

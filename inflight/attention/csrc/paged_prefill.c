@@ -136,7 +136,7 @@ static inline __attribute__((always_inline)) void attend_block(
     for (int r = 0; r < nr; r++) {
         const __m512 inv = _mm512_set1_ps(1.f / l[r]);
         for (int i = 0; i < NF; i++)
-            _mm256_storeu_si256((__m256i*)(dst[r] + 16 * i), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[r][i], inv)));
+            store_bf16x16(dst[r] + 16 * i, _mm512_mul_ps(acc[r][i], inv), 0xFFFF);
     }
 }
 
@@ -149,13 +149,15 @@ static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, co
     for (int r0 = 0; r0 < nrows; r0 += RB)                                                           \
         attend_block(NF, RB, qrows + (int64_t)r0 * half, pos + r0, nrows - r0 < RB ? nrows - r0 : RB, \
                      ktiles, scale, dst + r0);
-    switch (D) {
+    switch (D) {  /* every multiple of 32 up to MAX_D (paged_prefill_supported) */
     case 32: BLOCKS(2, 4) break;
     case 64: BLOCKS(4, 4) break;
+    case 96: BLOCKS(6, 2) break;
     case 128: BLOCKS(8, 2) break;
-    default:
-        if (D <= 96) { BLOCKS(6, 2) } else if (D <= 160) { BLOCKS(10, 1) } else if (D <= 192) { BLOCKS(12, 1) }
-        else if (D <= 224) { BLOCKS(14, 1) } else { BLOCKS(16, 1) }
+    case 160: BLOCKS(10, 1) break;
+    case 192: BLOCKS(12, 1) break;
+    case 224: BLOCKS(14, 1) break;
+    default: BLOCKS(16, 1) break;
     }
 #undef BLOCKS
 }
