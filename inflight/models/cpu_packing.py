@@ -1,4 +1,5 @@
-"""oneDNN-prepacked bfloat16 linears for the CPU.
+"""Prepacked bfloat16 linears for the CPU: our panel GEMM (cpu_gemm.py) where the
+CPU has AVX-512-BF16, oneDNN's prepacked linear otherwise.
 
 ``F.linear`` on a bf16 CPU tensor reorders the weight into oneDNN's blocked
 layout on every call; for the small row counts of a decode step that reorder
@@ -13,13 +14,17 @@ from typing import Optional
 import torch
 from torch import nn
 
+from inflight.models.cpu_gemm import PanelLinear, load_gemm
+
 logger = logging.getLogger(__name__)
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Prepacking pays only for bf16 on a CPU whose oneDNN has bf16 support."""
+    """Prepacking pays only for bf16 on a CPU with bf16 support (ours or oneDNN's)."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return False
+    if load_gemm() is not None:
+        return True
     ops = torch.ops.mkldnn
     try:
         return bool(ops._is_mkldnn_bf16_supported()) and hasattr(ops, "_reorder_linear_weight") \
@@ -29,7 +34,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """Drop-in for ``nn.Linear`` holding the weight in oneDNN's blocked layout."""
+    """Drop-in for ``nn.Linear`` holding the weight in oneDNN's blocked layout
+    (the fallback where the panel GEMM cannot run)."""
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
         super().__init__()
@@ -50,21 +56,27 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
+def packed_linear_class() -> type[nn.Module]:
+    """``PanelLinear`` where our kernel runs, else oneDNN's ``PackedLinear``."""
+    return PanelLinear if load_gemm() is not None else PackedLinear
+
+
 def pack_linears(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` in ``model`` by a ``PackedLinear``; returns how many.
+    """Replace every ``nn.Linear`` in ``model`` by a packed one; returns how many.
 
     A model with ``pack_lm_head`` also gets a packed projection for its logits
     (a copy of the tied embedding when the weights are tied).
     """
+    cls = packed_linear_class()
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child.weight, child.bias))
+                setattr(module, name, cls(child.weight, child.bias))
                 count += 1
     pack_head = getattr(model, "pack_lm_head", None)
     if pack_head is not None:
-        pack_head(PackedLinear)
+        pack_head(cls)
         count += 1
-    logger.info("packed %d linear weights for oneDNN bf16", count)
+    logger.info("packed %d linear weights as %s", count, cls.__name__)
     return count

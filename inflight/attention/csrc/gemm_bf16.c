@@ -1,0 +1,134 @@
+/*
+ * bf16 linear layer for the CPU: out[M, N] = x[M, K] . W[N, K]^T (+ bias), float32
+ * accumulation, rounded to bf16 once at the end (as oneDNN does).
+ *
+ * W is packed once at load time (cpu_gemm.py) into panels of 32 output columns:
+ * packed[N/32][K/2][32][2], each K pair of 32 columns is one 64-byte vector, the
+ * operand layout of the AVX-512-BF16 dot-product instruction. A decode step
+ * streams every panel from DRAM exactly once whatever M is; a prefill step keeps
+ * one panel in L2 while every row block of x passes over it.
+ *
+ * Build: gcc -O3 -march=native -fopenmp -shared -fPIC.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "bf16_simd.h"
+
+#define PANEL 32  /* output columns per packed panel */
+#define MR 6      /* rows per register block: 6 x 4 accumulators + 4 weights + 1 broadcast < 32 zmm */
+#define MC 96     /* rows per L2 block of x */
+
+int gemm_bf16_panel(void) { return PANEL; }
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+
+int gemm_bf16_supported(void) { return 1; }
+
+/* x pair (x[k], x[k+1]) as one 32-bit lane; a lone last k of an odd K pairs with 0,
+ * never with whatever follows the row. */
+static inline __m512bh pair_at(const uint16_t* row, int64_t k, int64_t K) {
+    int32_t v;
+    if (k + 1 < K) memcpy(&v, row + k, sizeof v);
+    else v = row[k];
+    return (__m512bh)_mm512_set1_epi32(v);
+}
+
+/* R rows x (16 * NV) columns of out over the whole K, from the (one or two) panels
+ * b0/b1; float32 accumulators start from the bias and are rounded to bf16 once. */
+static inline __attribute__((always_inline)) void micro(
+        const int R, const int NV, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
+        const uint16_t* b1, const uint16_t* bias, int64_t n0, int64_t N, uint16_t* out, int64_t ldc) {
+    const int64_t pairs = (K + 1) / 2;
+    __m512 acc[MR][4];
+    for (int i = 0; i < NV; i++) {
+        const int64_t c = n0 + 16 * i;
+        const __m512 init = bias && c < N ? load_bf16x16(bias + c, tail_mask(N - c)) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) acc[r][i] = init;
+    }
+    const int64_t even = K / 2;  /* pairs whose two x values are both inside the row */
+    for (int64_t p = 0; p < pairs; p++) {
+        __m512bh w[4];
+        w[0] = (__m512bh)_mm512_loadu_si512(b0 + p * 2 * PANEL);
+        w[1] = (__m512bh)_mm512_loadu_si512(b0 + p * 2 * PANEL + 32);
+        if (NV == 4) {
+            w[2] = (__m512bh)_mm512_loadu_si512(b1 + p * 2 * PANEL);
+            w[3] = (__m512bh)_mm512_loadu_si512(b1 + p * 2 * PANEL + 32);
+        }
+        for (int r = 0; r < R; r++) {
+            __m512bh a;
+            if (p < even) {
+                int32_t v;
+                memcpy(&v, x + r * lda + 2 * p, sizeof v);
+                a = (__m512bh)_mm512_set1_epi32(v);
+            } else {
+                a = pair_at(x + r * lda, 2 * p, K);
+            }
+            for (int i = 0; i < NV; i++) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], a, w[i]);
+        }
+    }
+    /* a panel's K-pair row is [32 columns][2]: vector 0 holds columns 0-15, vector 1 columns 16-31 */
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < NV; i++) {
+            const int64_t c = n0 + 16 * i;
+            if (c < N) store_bf16x16(out + r * ldc + c, acc[r][i], tail_mask(N - c));
+        }
+}
+
+/* micro with R (<= MR) and NV as constants, so the accumulators stay in registers */
+static void micro_rows(int R, int NV, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
+                       const uint16_t* b1, const uint16_t* bias, int64_t n0, int64_t N, uint16_t* out,
+                       int64_t ldc) {
+#define CASE(r) case r: \
+        if (NV == 4) micro(r, 4, x, lda, K, b0, b1, bias, n0, N, out, ldc); \
+        else micro(r, 2, x, lda, K, b0, b1, bias, n0, N, out, ldc); \
+        break;
+    switch (R) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) }
+#undef CASE
+}
+
+/* One thread's share: panels [q0, q1) for every row. Per block of MC rows, each
+ * pair of panels streams from DRAM once and stays in L2 while the row blocks pass. */
+static void gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed,
+                       int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldc, int64_t q0, int64_t q1) {
+    const int64_t panel_elems = ((K + 1) / 2) * 2 * PANEL;
+    for (int64_t mc = 0; mc < M; mc += MC) {
+        const int64_t mend = mc + MC < M ? mc + MC : M;
+        for (int64_t q = q0; q < q1; q += 2) {
+            const int NV = q + 1 < q1 ? 4 : 2;
+            const uint16_t* b0 = packed + q * panel_elems;
+            const uint16_t* b1 = NV == 4 ? b0 + panel_elems : b0;
+            for (int64_t m = mc; m < mend; m += MR) {
+                const int R = mend - m < MR ? (int)(mend - m) : MR;
+                micro_rows(R, NV, x + m * lda, lda, K, b0, b1, bias, q * PANEL, N, out + m * ldc, ldc);
+            }
+        }
+    }
+}
+
+/* out = x . W^T (+ bias); x rows lda apart, out rows ldc apart. Threads split the
+ * panels evenly, so each reads its own contiguous stretch of the packed weight. */
+int gemm_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+              const uint16_t* bias, uint16_t* out, int64_t ldc) {
+    if (M <= 0 || N <= 0) return 0;
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    #pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
+        if (q0 < q1) gemm_range(x, M, K, lda, packed, N, bias, out, ldc, q0, q1);
+    }
+    return 0;
+}
+
+#else
+
+int gemm_bf16_supported(void) { return 0; }
+
+int gemm_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+              const uint16_t* bias, uint16_t* out, int64_t ldc) {
+    return -1;  /* the caller keeps oneDNN */
+}
+
+#endif

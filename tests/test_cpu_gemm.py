@@ -1,0 +1,65 @@
+"""The panel GEMM (csrc/gemm_bf16.c) computes a bf16 linear layer: float32
+accumulation rounded once, like oneDNN, at every row count and odd shapes."""
+import pytest
+import torch
+from torch import nn
+
+from inflight.models.cpu_gemm import PanelLinear, load_gemm, pack_panels
+
+pytestmark = pytest.mark.skipif(load_gemm() is None, reason="no AVX-512-BF16 kernel on this machine")
+
+
+def reference(x, weight, bias):
+    out = x.float() @ weight.float().t()
+    return out if bias is None else out + bias.float()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 96, 97, 300])
+@pytest.mark.parametrize("shape", [(160, 96), (576, 576), (100, 33), (32, 2), (70, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_panel_linear_matches_a_float32_matmul(rows, shape, bias):
+    """Row counts around the 6-row register block and 96-row L2 block; N not a
+    multiple of the 32-column panel; odd K (a last pair with one value)."""
+    torch.manual_seed(rows * 1000 + shape[0])
+    n, k = shape
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    got = PanelLinear(w, b)(x)
+    want = reference(x, w, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    # one bf16 rounding of a float32 sum: within half an ulp (2^-8 relative) plus summation order
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
+
+
+def test_odd_k_never_reads_past_the_row():
+    """With K odd the last pair holds one x value: the element after it (here a NaN
+    in a wider buffer, rows lda apart) must not leak into the output."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 7, dtype=torch.bfloat16)
+    buf = torch.full((9, 8), float("nan"), dtype=torch.bfloat16)
+    buf[:, :7] = torch.randn(9, 7, dtype=torch.bfloat16)
+    x = buf[:, :7]  # rows 8 apart, not contiguous
+    got = PanelLinear(w, None)(x)
+    assert torch.isfinite(got.float()).all()
+    torch.testing.assert_close(got.float(), reference(x, w, None), rtol=2 ** -8, atol=1e-2)
+
+
+def test_leading_dims_and_empty_input():
+    lin = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    packed = PanelLinear(lin.weight, None)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert packed(x).shape == (2, 3, 48)
+        torch.testing.assert_close(packed(x).float(), lin(x).float(), rtol=2e-2, atol=2e-2)
+        assert packed(torch.empty(0, 64, dtype=torch.bfloat16)).shape == (0, 48)
+
+
+def test_pack_panels_layout():
+    """Panel p, pair j, column c, half h holds W[32p + c, 2j + h], zero-padded."""
+    w = torch.arange(40 * 5, dtype=torch.float32).view(40, 5).to(torch.bfloat16)
+    packed = pack_panels(w, 32)
+    assert packed.shape == (2, 3, 32, 2)
+    assert packed[1, 2, 3, 0] == w[35, 4] and packed[1, 2, 3, 1] == 0  # odd K padded
+    assert packed[0, 1, 7, 1] == w[7, 3]
+    assert (packed[1, :, 8:] == 0).all()  # columns 40-63 do not exist
