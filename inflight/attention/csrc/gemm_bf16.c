@@ -18,6 +18,7 @@
 
 #define PANEL 32  /* output columns per packed panel */
 #define MR 6      /* rows per register block: 6 x 4 accumulators + 4 weights + 1 broadcast < 32 zmm */
+#define MR2 12    /* rows per register block over one panel: 12 x 2 accumulators */
 #define MC 96     /* rows per L2 block of x */
 
 int gemm_bf16_panel(void) { return PANEL; }
@@ -39,9 +40,10 @@ static inline __m512bh pair_at(const uint16_t* row, int64_t k, int64_t K) {
  * b0/b1; float32 accumulators start from the bias and are rounded to bf16 once. */
 static inline __attribute__((always_inline)) void micro(
         const int R, const int NV, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
-        const uint16_t* b1, const uint16_t* bias, int64_t n0, int64_t N, uint16_t* out, int64_t ldc) {
+        const uint16_t* b1, const char* pf, int lpi, const uint16_t* bias, int64_t n0, int64_t N,
+        uint16_t* out, int64_t ldc) {
     const int64_t pairs = (K + 1) / 2;
-    __m512 acc[MR][4];
+    __m512 acc[MR2][4];
     for (int i = 0; i < NV; i++) {
         const int64_t c = n0 + 16 * i;
         const __m512 init = bias && c < N ? load_bf16x16(bias + c, tail_mask(N - c)) : _mm512_setzero_ps();
@@ -49,6 +51,7 @@ static inline __attribute__((always_inline)) void micro(
     }
     const int64_t even = K / 2;  /* pairs whose two x values are both inside the row */
     for (int64_t p = 0; p < pairs; p++) {
+        for (int l = 0; l < lpi; l++) _mm_prefetch(pf + (p * lpi + l) * 64, _MM_HINT_T1);
         __m512bh w[4];
         w[0] = (__m512bh)_mm512_loadu_si512(b0 + p * 2 * PANEL);
         w[1] = (__m512bh)_mm512_loadu_si512(b0 + p * 2 * PANEL + 32);
@@ -76,32 +79,54 @@ static inline __attribute__((always_inline)) void micro(
         }
 }
 
-/* micro with R (<= MR) and NV as constants, so the accumulators stay in registers */
+/* micro with R (<= MR, or <= MR2 over one panel) and NV as constants, so the
+ * accumulators stay in registers */
 static void micro_rows(int R, int NV, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
-                       const uint16_t* b1, const uint16_t* bias, int64_t n0, int64_t N, uint16_t* out,
-                       int64_t ldc) {
+                       const uint16_t* b1, const char* pf, int lpi, const uint16_t* bias, int64_t n0, int64_t N,
+                       uint16_t* out, int64_t ldc) {
 #define CASE(r) case r: \
-        if (NV == 4) micro(r, 4, x, lda, K, b0, b1, bias, n0, N, out, ldc); \
-        else micro(r, 2, x, lda, K, b0, b1, bias, n0, N, out, ldc); \
+        if (NV == 4) micro(r, 4, x, lda, K, b0, b1, pf, lpi, bias, n0, N, out, ldc); \
+        else micro(r, 2, x, lda, K, b0, b1, pf, lpi, bias, n0, N, out, ldc); \
         break;
     switch (R) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) }
+#undef CASE
+#define CASE(r) case r: micro(r, 2, x, lda, K, b0, b1, pf, lpi, bias, n0, N, out, ldc); break;
+    switch (R) { CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) }
 #undef CASE
 }
 
 /* One thread's share: panels [q0, q1) for every row. Per block of MC rows, each
- * pair of panels streams from DRAM once and stays in L2 while the row blocks pass. */
+ * pair of panels streams from DRAM once and stays in L2 while the row blocks pass
+ * over it. The first pass waits on DRAM; the later ones prefetch the next pair,
+ * spread evenly, so that its DRAM time hides under their arithmetic. */
 static void gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed,
                        int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldc, int64_t q0, int64_t q1) {
-    const int64_t panel_elems = ((K + 1) / 2) * 2 * PANEL;
+    const int64_t pairs = (K + 1) / 2, panel_elems = pairs * 2 * PANEL;
     for (int64_t mc = 0; mc < M; mc += MC) {
         const int64_t mend = mc + MC < M ? mc + MC : M;
+        if (mend - mc > MR && mend - mc <= MR2) {
+            /* one pass over single panels: each weight byte is read once */
+            for (int64_t q = q0; q < q1; q++) {
+                const uint16_t* b0 = packed + q * panel_elems;
+                micro_rows((int)(mend - mc), 2, x + mc * lda, lda, K, b0, b0, NULL, 0, bias, q * PANEL, N,
+                           out + mc * ldc, ldc);
+            }
+            continue;
+        }
+        const int64_t passes = (mend - mc + MR - 1) / MR;
+        /* cache lines of the next pair to prefetch per K pair: 4 lines a pair in all */
+        const int lpi = passes > 1 ? (int)((4 + passes - 2) / (passes - 1)) : 0;
         for (int64_t q = q0; q < q1; q += 2) {
             const int NV = q + 1 < q1 ? 4 : 2;
             const uint16_t* b0 = packed + q * panel_elems;
             const uint16_t* b1 = NV == 4 ? b0 + panel_elems : b0;
-            for (int64_t m = mc; m < mend; m += MR) {
+            const char* next = q + 2 < q1 ? (const char*)(b0 + 2 * panel_elems) : NULL;
+            for (int64_t m = mc, j = 0; m < mend; m += MR, j++) {
                 const int R = mend - m < MR ? (int)(mend - m) : MR;
-                micro_rows(R, NV, x + m * lda, lda, K, b0, b1, bias, q * PANEL, N, out + m * ldc, ldc);
+                const int64_t first = (j - 1) * lpi * pairs;  /* first line this pass prefetches */
+                const int on = next != NULL && j > 0 && first < 4 * pairs;
+                micro_rows(R, NV, x + m * lda, lda, K, b0, b1, on ? next + first * 64 : NULL, on ? lpi : 0,
+                           bias, q * PANEL, N, out + m * ldc, ldc);
             }
         }
     }
