@@ -130,14 +130,22 @@ def make_mixed_step(seed, heads, kv_heads, dim, block_size, dtype, chunks):
 @pytest.mark.skipif(CpuPagedAttentionBackend not in BACKENDS, reason="no C compiler")
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 8, 64), (8, 1, 128), (4, 2, 32), (6, 2, 96)])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_cpu_mixed_step_prefill_chunks_match_dense(heads, kv_heads, dim, block_size):
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_cpu_mixed_step_prefill_chunks_match_dense(heads, kv_heads, dim, block_size, fused_qkv):
     """Decodes plus prefill chunks with and without a cached prefix, ragged lengths
-    that straddle the kernels' 32-key tiles and 192-row query tiles."""
+    that straddle the kernels' 32-key tiles and 192-row query tiles. With
+    ``fused_qkv`` q, k and v are strided views into one [T, (H + 2 KVH) D] tensor,
+    as the model passes them: the C K/V write and decode read them in place."""
     chunks = [(40, 1), (7, 1), (0, 5), (0, 77), (33, 31), (100, 1 + 64), (0, 1 + 200), (513, 40)]
     chunks = sorted(chunks, key=lambda c: c[1] != 1)
     q, k, v, kc, vc, md, full_k, full_v = make_mixed_step(heads + dim + block_size, heads, kv_heads, dim,
                                                           block_size, torch.bfloat16, chunks)
     scale = dim ** -0.5
+    if fused_qkv:
+        qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+        q, k, v = (t.view(-1, n, dim) for t, n in zip(qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], 1),
+                                                       (heads, kv_heads, kv_heads)))
+        assert not q.is_contiguous() and not k.is_contiguous()
     out = CpuPagedAttentionBackend().forward(q, k, v, kc, vc, md, scale)
     qsl = md.query_start_loc_list
     for r, (cached, new) in enumerate(chunks):

@@ -10,9 +10,14 @@ import torch
 
 from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_kernels import load_library, ptr
+from inflight.attention.kv_quant import is_quantized
 from inflight.attention.torch_ref import TorchAttentionBackend
 
 _FNS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+_i32, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+# Declared argument types let the per-layer calls pass plain ints (no wrapper objects).
+_DECODE_ARGS = [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i32, _i32, _i32, _i32, _i32, _f32, _i32]
+_WRITE_ARGS = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]
 
 
 class CpuPagedAttentionBackend(TorchAttentionBackend):
@@ -26,6 +31,9 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         if self.prefill_lib is not None:
             self.prefill_lib.paged_prefill_workspace.restype = ctypes.c_int64
         self._workspace = torch.empty(0, dtype=torch.uint8)
+        for name in _FNS.values():
+            getattr(self.lib, name).argtypes = _DECODE_ARGS
+        self.lib.write_kv_rows.argtypes = _WRITE_ARGS
         g, d = ctypes.c_int(), ctypes.c_int()
         self.lib.paged_decode_limits(ctypes.byref(g), ctypes.byref(d))
         self.max_g, self.max_d = g.value, d.value
@@ -36,19 +44,44 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         return (q.device.type == "cpu" and q.dtype == k_cache.dtype and q.dtype in _FNS
                 and nh % kvh == 0 and nh // kvh <= self.max_g and d <= self.max_d and k_cache.is_contiguous())
 
+    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+        if is_quantized(k_cache) or not self.supports(q, k_cache):
+            return super().forward(q, k, v, k_cache, v_cache, md, scale)
+        self._write_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        if md.num_decodes:
+            self._decode_into(q, k_cache, v_cache, md, scale, out)  # rows [0, num_decodes) of out
+        if md.num_reqs > md.num_decodes:
+            self._prefills(q, k, v, k_cache, v_cache, md, scale, out)
+        return out
+
+    def _write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
+        """New K/V rows into the pool in one C call; k and v may be views into the
+        fused qkv output as long as each token's heads are contiguous."""
+        row = k_cache.shape[2] * k_cache.shape[3]
+        if not (k.dtype == v.dtype == k_cache.dtype and k.stride(2) == v.stride(2) == 1
+                and k.stride(1) == v.stride(1) == k_cache.shape[3] and slots.is_contiguous()):
+            return super()._write_kv(k, v, k_cache, v_cache, slots)
+        size = k.element_size()
+        self.lib.write_kv_rows(k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size,
+                               k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), slots.numel(), row * size)
+
     def _decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
         if not self.supports(q, k_cache):
             return super()._decode(q, k_cache, v_cache, md, scale)
-        nd = md.num_decodes
-        q = q.contiguous()
-        out = torch.empty_like(q)
-        bt = md.block_tables
-        fn = getattr(self.lib, _FNS[q.dtype])
-        fn(ptr(q), ptr(k_cache), ptr(v_cache), ptr(bt), ctypes.c_int64(bt.stride(0)), ptr(md.seq_lens),
-           ptr(out), ctypes.c_int(nd), ctypes.c_int(q.shape[1]), ctypes.c_int(k_cache.shape[2]),
-           ctypes.c_int(q.shape[2]), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale),
-           ctypes.c_int(md.max_decode_seq_len))
+        out = torch.empty(md.num_decodes, *q.shape[1:], dtype=q.dtype)
+        self._decode_into(q, k_cache, v_cache, md, scale, out)
         return out
+
+    def _decode_into(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        """Decode rows [0, num_decodes) of q into the same rows of the contiguous ``out``."""
+        if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+            q = q.contiguous()
+        bt = md.block_tables
+        getattr(self.lib, _FNS[q.dtype])(
+            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
+            md.seq_lens.data_ptr(), out.data_ptr(), md.num_decodes, q.shape[1], k_cache.shape[2], q.shape[2],
+            k_cache.shape[1], scale, md.max_decode_seq_len)
 
     def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
         lib = self.prefill_lib

@@ -31,7 +31,7 @@ class TorchAttentionBackend(AttentionBackend):
     in its own SDPA call (causal, offset by the cached prefix)."""
 
     def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-        write_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        self._write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty_like(q)
         nd = md.num_decodes
         if nd:
@@ -39,6 +39,10 @@ class TorchAttentionBackend(AttentionBackend):
         if md.num_reqs > nd:
             self._prefills(q, k, v, k_cache, v_cache, md, scale, out)
         return out
+
+    @staticmethod
+    def _write_kv(k, v, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
         """Every prefill chunk of the step (requests ``num_decodes..``) into ``out``."""

@@ -14,9 +14,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from inflight.attention.cpu_kernels import load_library, ptr
+from inflight.attention.cpu_kernels import load_library
 
 logger = logging.getLogger(__name__)
+
+
+_i32, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
 class CpuFusedOps:
@@ -24,6 +27,10 @@ class CpuFusedOps:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
+        # Declared argument types: the ~90 calls a step pass plain ints, no wrapper objects.
+        lib.add_rmsnorm_bf16.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _i32]
+        lib.rope_bf16.argtypes = [_ptr, _i64, _i64, _i32, _i32, _i32, _ptr, _ptr]
+        lib.silu_mul_bf16.argtypes = [_ptr, _ptr, _i64, _i64]
 
     def add_rmsnorm(self, x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,23 +38,21 @@ class CpuFusedOps:
         x = x.contiguous()
         out = torch.empty_like(x)
         rows, dim = x.numel() // x.shape[-1], x.shape[-1]
-        self.lib.add_rmsnorm_bf16(ptr(x), ptr(residual if residual is not None else x), ptr(weight), ptr(out),
-                                  ctypes.c_int64(rows), ctypes.c_int64(dim), ctypes.c_float(eps),
-                                  ctypes.c_int(residual is not None))
+        self.lib.add_rmsnorm_bf16(x.data_ptr(), (residual if residual is not None else x).data_ptr(),
+                                  weight.data_ptr(), out.data_ptr(), rows, dim, eps, residual is not None)
         return out, (residual if residual is not None else x)
 
     def rope_(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotate the q and k heads of the fused qkv rows in place; cos/sin: [T, 1, d] bf16."""
-        self.lib.rope_bf16(ptr(qkv), ctypes.c_int64(qkv.shape[0]), ctypes.c_int64(qkv.stride(0)), ctypes.c_int(nh),
-                           ctypes.c_int(nkv), ctypes.c_int(d), ptr(cos.contiguous()), ptr(sin.contiguous()))
+        self.lib.rope_bf16(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nh, nkv, d, cos.contiguous().data_ptr(),
+                           sin.contiguous().data_ptr())
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for rows [gate | up]."""
         gate_up = gate_up.contiguous()
         inter = gate_up.shape[-1] // 2
         out = gate_up.new_empty(*gate_up.shape[:-1], inter)
-        self.lib.silu_mul_bf16(ptr(gate_up), ptr(out), ctypes.c_int64(gate_up.numel() // gate_up.shape[-1]),
-                               ctypes.c_int64(inter))
+        self.lib.silu_mul_bf16(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // gate_up.shape[-1], inter)
         return out
 
 

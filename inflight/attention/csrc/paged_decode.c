@@ -4,7 +4,8 @@
  * with OpenMP. Scores go to a per-thread buffer, then softmax, then the weighted
  * sum of V: K and V are each read once.
  *
- * Layouts: q, out [num_seqs, num_heads, head_dim]; caches [num_blocks, block_size,
+ * Layouts: q [num_seqs, num_heads, head_dim] with rows q_stride elements apart (a view
+ * into the fused qkv output), out the same but contiguous; caches [num_blocks, block_size,
  * num_kv_heads, head_dim]; block_tables [num_seqs, bt_stride] int64; seq_lens int64.
  * Build: gcc -O3 -march=native -fopenmp -shared -fPIC.
  */
@@ -20,7 +21,7 @@
 
 /* T: element type of q/out/caches; LOAD converts one element to float. */
 #define DEFINE_DECODE(NAME, T, LOAD, STORE)                                                  \
-void NAME(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_tables,       \
+void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int64_t* block_tables,       \
           int64_t bt_stride, const int64_t* seq_lens, T* out, int num_seqs, int num_heads,   \
           int num_kv_heads, int head_dim, int block_size, float scale, int max_len) {        \
     const int G = num_heads / num_kv_heads;                                                  \
@@ -37,7 +38,7 @@ void NAME(const T* q, const T* k_cache, const T* v_cache, const int64_t* block_t
                 const int64_t len = seq_lens[s];                                             \
                 const int64_t* bt = block_tables + (int64_t)s * bt_stride;                   \
                 for (int g = 0; g < G; g++) {                                                \
-                    const T* qp = q + ((int64_t)s * num_heads + kh * G + g) * head_dim;      \
+                    const T* qp = q + (int64_t)s * q_stride + (int64_t)(kh * G + g) * head_dim; \
                     for (int d = 0; d < head_dim; d++) qf[g][d] = LOAD(qp[d]) * scale;       \
                     memset(acc[g], 0, sizeof(float) * head_dim);                             \
                 }                                                                            \
@@ -242,7 +243,7 @@ static void decode_seq_avx512(const uint16_t* q, const uint16_t* k_cache, const 
 }
 #endif
 
-void paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
                        int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                        int max_len) {
@@ -266,7 +267,7 @@ void paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
         _Pragma("omp for schedule(dynamic, 1)")
         for (int item = 0; item < num_seqs * split; item++) {
             const int s = item / split, kh0 = (item % split) * per;
-            decode_seq_avx512(q + (int64_t)s * num_heads * head_dim, k_cache, v_cache,
+            decode_seq_avx512(q + (int64_t)s * q_stride, k_cache, v_cache,
                               block_tables + (int64_t)s * bt_stride, seq_lens[s],
                               out + (int64_t)s * num_heads * head_dim, G, kh0, kh0 + per, head_dim,
                               block_size, tok_stride, scale, sbuf, rows);
@@ -277,7 +278,7 @@ void paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
         return;
     }
 #endif
-    paged_decode_bf16_generic(q, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
+    paged_decode_bf16_generic(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
                               num_kv_heads, head_dim, block_size, scale, max_len);
 }
 
@@ -285,4 +286,15 @@ int paged_decode_limits(int* max_g, int* max_d) {
     *max_g = MAX_G;
     *max_d = MAX_D;
     return 0;
+}
+
+/* The step's new K and V token rows (row_bytes each; rows k_stride / v_stride bytes
+ * apart, views into the fused qkv output) into their cache slots: one call instead
+ * of two index_copy_ dispatches per layer. */
+void write_kv_rows(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
+                   char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes) {
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(k_cache + slots[i] * row_bytes, k + i * k_stride, (size_t)row_bytes);
+        memcpy(v_cache + slots[i] * row_bytes, v + i * v_stride, (size_t)row_bytes);
+    }
 }
