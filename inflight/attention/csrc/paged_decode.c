@@ -92,6 +92,10 @@ DEFINE_DECODE(paged_decode_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define CHUNK 16
+/* K and V rows are prefetched this many tokens ahead: blocks lie at random places
+ * in the pool, where the hardware prefetcher loses the stream (8-10% faster on
+ * contexts in DRAM; 16 tokens ahead gained nothing, 128 less than 32-64) */
+#define AHEAD 32
 
 /* Sixteen dot-product accumulators -> one vector of their sums, lane j = sum(a[j]):
  * a transpose-and-add tree, 45 ops instead of 16 horizontal reductions. */
@@ -132,6 +136,11 @@ static inline __attribute__((always_inline)) void pv_group(const int nv, const i
     for (int x = 0; x < GB * 2 * nv; x++) acc[x] = _mm512_setzero_ps();
     for (int64_t t = 0; t < len; t += 2) {
         const int pair = t + 1 < len;
+        if (t + AHEAD + 1 < len)
+            for (int i = 0; i < nv; i++) {
+                _mm_prefetch((const char*)(vbase + rows[t + AHEAD] + 32 * i), _MM_HINT_T0);
+                _mm_prefetch((const char*)(vbase + rows[t + AHEAD + 1] + 32 * i), _MM_HINT_T0);
+            }
         __m512i lo[MAX_D / 32], hi[MAX_D / 32];
         for (int i = 0; i < nv; i++) {
             const __m512i x = _mm512_loadu_si512(vbase + rows[t] + 32 * i);
@@ -193,6 +202,9 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             float* sc = sbuf + (int64_t)g * lp;
             __m512 vmax = _mm512_set1_ps(-INFINITY);
             for (int64_t t0 = 0; t0 < len; t0 += CHUNK) {
+                if (g == 0)  /* the first head's pass reads K from DRAM; later ones hit L2 */
+                    for (int64_t t = t0 + AHEAD; t < t0 + AHEAD + CHUNK && t < len; t++)
+                        for (int i = 0; i < nv; i++) _mm_prefetch((const char*)(kbase + rows[t] + 32 * i), _MM_HINT_T0);
                 const __mmask16 m = tail_mask(len - t0);
                 const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m,
                                                     _mm512_mul_ps(qk_chunk(nv, qv, kbase, rows + t0), vscale));
