@@ -97,11 +97,12 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         need = lib.paged_prefill_workspace(ptr(seq_len), ctypes.c_int(n), ctypes.c_int(kvh), ctypes.c_int(d))
         if self._workspace.numel() < need:
             self._workspace = torch.empty(need, dtype=torch.uint8)
-        q = q.contiguous()
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
         bt = md.block_tables[nd:]
         rc = lib.paged_prefill_bf16(
-            ptr(q), ptr(k_cache), ptr(v_cache), ptr(bt), ctypes.c_int64(bt.stride(0)), ptr(q_start),
-            ptr(q_len), ptr(seq_len), ptr(out), ctypes.c_int(n), ctypes.c_int(q.shape[1]), ctypes.c_int(kvh),
-            ctypes.c_int(d), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale), ptr(self._workspace))
+            ptr(q), ctypes.c_int64(q.stride(0)), ptr(k_cache), ptr(v_cache), ptr(bt), ctypes.c_int64(bt.stride(0)),
+            ptr(q_start), ptr(q_len), ptr(seq_len), ptr(out), ctypes.c_int(n), ctypes.c_int(q.shape[1]),
+            ctypes.c_int(kvh), ctypes.c_int(d), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale), ptr(self._workspace))
         if rc != 0:
             raise RuntimeError(f"paged_prefill_bf16 failed ({rc})")

@@ -161,10 +161,15 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.layer_loop = None  # CpuLayerLoop on the bf16 CPU fast path (cpu_layers.py)
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rope.lookup(positions, x.dtype)
+        if self.layer_loop is not None and self.layer_loop.can_run(x, kv_caches):
+            # NOTE: the same kernels as the loop below, in one C call (bit-identical output)
+            x, residual = self.layer_loop.run(x, rope, kv_caches, md)
+            return self.norm(x, residual)[0]
         residual = None
         for layer, kv in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, rope, kv, md)

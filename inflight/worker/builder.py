@@ -10,6 +10,7 @@ from torch.overrides import TorchFunctionMode
 from inflight.attention import get_attention_backend
 from inflight.config import EngineConfig
 from inflight.models.cpu_fused import enable_fused_ops, load_fused_ops
+from inflight.models.cpu_layers import CpuLayerLoop
 from inflight.models.cpu_packing import can_pack, pack_linears
 from inflight.models.registry import ModelArchConfig, get_model_class
 from inflight.worker.cpu_malloc import keep_freed_memory
@@ -104,6 +105,9 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
         fused = load_fused_ops()
         if fused is not None:
             enable_fused_ops(model, fused)
+            if hasattr(model, "layer_loop"):
+                model.layer_loop = CpuLayerLoop.build(model)
+                logger.info("decoder layers in one C call: %s", model.layer_loop is not None)
     cc = config.cache_config
     sc = config.scheduler_config
     # --- GPU: size the pool after profiling the worst-case step (issue 8) ---

@@ -10,7 +10,8 @@
  * ("VNNI") layout it reads: K tile [D/2][KT] and V tile [KT/2][D] of bf16 pairs.
  * Probabilities are rounded to bf16 before P.V, as GPU flash attention does.
  *
- * Layouts: q, out [num_tokens, num_heads, D]; caches [num_blocks, block_size,
+ * Layouts: q [num_tokens, num_heads, D] with rows q_stride elements apart (a view into
+ * the fused qkv output), out the same but contiguous; caches [num_blocks, block_size,
  * num_kv_heads, D]; per request r: block table row r, rows q_start[r] ..
  * q_start[r] + q_len[r] of q, and seq_len[r] tokens of context after this step.
  */
@@ -164,22 +165,22 @@ static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, co
 
 /* Phase 2 for one work item: query tokens [i0, i1) of a request (starting at
  * position first_pos) x the G heads of kv head kh; scratch: qrows, pos, dst. */
-static void prefill_item(const uint16_t* q, uint16_t* out, int64_t q_start, int64_t first_pos, int64_t i0,
-                         int64_t i1, int kh, int G, int num_heads, int D, const uint32_t* tiles, float scale,
+static void prefill_item(const uint16_t* q, int64_t q_stride, uint16_t* out, int64_t q_start, int64_t first_pos,
+                         int64_t i0, int64_t i1, int kh, int G, int num_heads, int D, const uint32_t* tiles, float scale,
                          uint32_t* qrows, int64_t* pos, uint16_t** dst) {
     int nrows = 0;
     for (int64_t i = i0; i < i1; i++)
         for (int g = 0; g < G; g++, nrows++) {
-            const int64_t at = ((q_start + i) * num_heads + (int64_t)kh * G + g) * D;
-            memcpy(qrows + (int64_t)nrows * (D / 2), q + at, sizeof(uint16_t) * D);
+            const int64_t head = ((int64_t)kh * G + g) * D;
+            memcpy(qrows + (int64_t)nrows * (D / 2), q + (q_start + i) * q_stride + head, sizeof(uint16_t) * D);
             pos[nrows] = first_pos + i;
-            dst[nrows] = out + at;
+            dst[nrows] = out + (q_start + i) * num_heads * D + head;
         }
     attend_item(qrows, pos, nrows, tiles, D, scale, dst);
 }
 #endif
 
-int paged_prefill_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
                        const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads, int num_kv_heads,
                        int head_dim, int block_size, float scale, void* workspace) {
@@ -225,7 +226,7 @@ int paged_prefill_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_
                 const int r = (int)it2[2 * w];
                 const int64_t i0 = it2[2 * w + 1] * tq;
                 const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
-                prefill_item(q, out, q_start[r], seq_len[r] - q_len[r], i0, i1, kh, G, num_heads, D,
+                prefill_item(q, q_stride, out, q_start[r], seq_len[r] - q_len[r], i0, i1, kh, G, num_heads, D,
                              head_tiles(ws, tile_base, r, kh, num_kv_heads, tile_words), scale, qrows, pos, dst);
             }
         free(qrows);

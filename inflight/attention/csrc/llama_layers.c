@@ -1,0 +1,95 @@
+/*
+ * Every decoder layer of a bf16 Llama-family model in one call: the same kernels,
+ * in the same order and on the same buffers, as the Python layer loop of
+ * models/llama.py drives through ctypes on the CPU fast path, without its ~25
+ * Python dispatches per layer (2-3 ms of a decode step). The kernels live in their
+ * own libraries; Python hands their addresses in (struct kernels), so this file
+ * only sequences them.
+ *
+ * Buffers (row-major bf16): res [T, hidden] holds the residual stream (the
+ * embeddings on entry), y [T, hidden] each layer's output (the MLP's; on entry
+ * ignored when has_residual is 0). On return, the final norm of y + res is left
+ * to the caller, as in the Python loop.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int (*gemm_fn)(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*,
+                       uint16_t*, int64_t);
+typedef void (*rmsnorm_fn)(uint16_t*, uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, float, int);
+typedef void (*rope_fn)(uint16_t*, int64_t, int64_t, int, int, int, const uint16_t*, const uint16_t*);
+typedef void (*silu_fn)(const uint16_t*, uint16_t*, int64_t, int64_t);
+typedef void (*write_fn)(const char*, int64_t, const char*, int64_t, char*, char*, const int64_t*, int64_t,
+                         int64_t);
+typedef void (*decode_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
+                          const int64_t*, uint16_t*, int, int, int, int, int, float, int);
+typedef int (*prefill_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
+                          const int64_t*, const int64_t*, const int64_t*, uint16_t*, int, int, int, int, int,
+                          float, void*);
+
+struct kernels {
+    gemm_fn gemm;
+    rmsnorm_fn add_rmsnorm;
+    rope_fn rope;
+    silu_fn silu_mul;
+    write_fn write_kv;
+    decode_fn decode;
+    prefill_fn prefill;
+};
+
+struct dims {
+    int64_t hidden, inter, num_heads, num_kv_heads, head_dim, block_size;
+    float eps, scale;
+};
+
+/* one layer: packed projection panels (cpu_gemm.py), norm weights, its KV pool */
+struct layer {
+    const uint16_t *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
+    uint16_t *k_cache, *v_cache;
+};
+
+/* one step: decodes are rows [0, num_decodes), one token each; prefill request i
+ * has q_start[i], q_len[i], seq_len[i] and block table row num_decodes + i */
+struct step {
+    int64_t T, num_decodes, num_prefills, bt_stride, max_decode_len;
+    const int64_t *slots, *block_tables, *seq_lens, *q_start, *q_len, *pf_seq_len;
+    void* workspace;
+    const uint16_t *cos, *sin;                    /* [T, head_dim] each */
+    uint16_t *res, *y, *h, *qkv, *attn, *gate_up, *act;
+};
+
+int llama_layers_bf16(const struct kernels* k, const struct dims* d, const struct layer* layers, int num_layers,
+                      const struct step* s, int has_residual) {
+    const int64_t T = s->T, hd = d->head_dim, nh = d->num_heads, nkv = d->num_kv_heads;
+    const int64_t qkv_dim = (nh + 2 * nkv) * hd, attn_dim = nh * hd, row_bytes = nkv * hd * 2;
+    for (int l = 0; l < num_layers; l++) {
+        const struct layer* w = &layers[l];
+        const int add = l > 0 || has_residual;
+        /* add=0: the norm of res itself (the embeddings) */
+        k->add_rmsnorm(add ? s->y : s->res, s->res, w->input_norm, s->h, T, d->hidden, d->eps, add);
+        int rc = k->gemm(s->h, T, d->hidden, d->hidden, w->qkv, qkv_dim, w->qkv_bias, s->qkv, qkv_dim);
+        if (rc) return rc;
+        k->rope(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, s->cos, s->sin);
+        k->write_kv((const char*)(s->qkv + attn_dim), qkv_dim * 2, (const char*)(s->qkv + attn_dim + nkv * hd),
+                    qkv_dim * 2, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes);
+        if (s->num_decodes)
+            k->decode(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables, s->bt_stride, s->seq_lens, s->attn,
+                      (int)s->num_decodes, (int)nh, (int)nkv, (int)hd, (int)d->block_size, d->scale,
+                      (int)s->max_decode_len);
+        if (s->num_prefills) {
+            rc = k->prefill(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables + s->num_decodes * s->bt_stride,
+                            s->bt_stride, s->q_start, s->q_len, s->pf_seq_len, s->attn, (int)s->num_prefills,
+                            (int)nh, (int)nkv, (int)hd, (int)d->block_size, d->scale, s->workspace);
+            if (rc) return rc;
+        }
+        rc = k->gemm(s->attn, T, attn_dim, attn_dim, w->o, d->hidden, NULL, s->y, d->hidden);
+        if (rc) return rc;
+        k->add_rmsnorm(s->y, s->res, w->post_norm, s->h, T, d->hidden, d->eps, 1);
+        rc = k->gemm(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, NULL, s->gate_up, 2 * d->inter);
+        if (rc) return rc;
+        k->silu_mul(s->gate_up, s->act, T, d->inter);
+        rc = k->gemm(s->act, T, d->inter, d->inter, w->down, d->hidden, NULL, s->y, d->hidden);
+        if (rc) return rc;
+    }
+    return 0;
+}

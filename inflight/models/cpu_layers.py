@@ -1,0 +1,150 @@
+"""The decoder layers of a bf16 Llama-family model in one C call (csrc/llama_layers.c).
+
+On the CPU fast path every layer runs seven C kernels (panel GEMMs, fused norms,
+RoPE, SiLU, the paged K/V write, decode and prefill attention). Driving them from
+the Python layer loop costs ~25 dispatches per layer, 2-3 ms of a 15-ms decode
+step; here Python builds the step's arguments once and one call runs every layer.
+Same kernels, same order, same buffers: the hidden states are bit-identical to
+the Python loop's, which stays the path for everything else (float32, the torch
+reference backend, fp8 KV caches, machines without the kernels).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+from torch import nn
+
+from inflight.attention.base import AttentionMetadata
+from inflight.attention.cpu_kernels import load_library
+from inflight.attention.cpu_paged import CpuPagedAttentionBackend
+from inflight.attention.kv_quant import is_quantized
+from inflight.models.cpu_gemm import PanelLinear
+
+_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [(n, _P) for n in ("gemm", "add_rmsnorm", "rope", "silu_mul", "write_kv", "decode", "prefill")]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [(n, _I64) for n in ("hidden", "inter", "num_heads", "num_kv_heads", "head_dim", "block_size")] \
+        + [("eps", _F32), ("scale", _F32)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(n, _P) for n in ("input_norm", "qkv", "qkv_bias", "o", "post_norm", "gate_up", "down",
+                                  "k_cache", "v_cache")]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [(n, _I64) for n in ("T", "num_decodes", "num_prefills", "bt_stride", "max_decode_len")] \
+        + [(n, _P) for n in ("slots", "block_tables", "seq_lens", "q_start", "q_len", "pf_seq_len", "workspace",
+                             "cos", "sin", "res", "y", "h", "qkv", "attn", "gate_up", "act")]
+
+
+def _addr(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+class CpuLayerLoop:
+    """Runs ``model.layers`` in one C call; ``build`` returns None where it cannot."""
+
+    def __init__(self, model: nn.Module, lib: ctypes.CDLL, attn: CpuPagedAttentionBackend) -> None:
+        cfg, first = model.cfg, model.layers[0]
+        self.model, self.lib, self.attn = model, lib, attn
+        gemm = first.mlp.down_proj.lib
+        fused = first.input_layernorm.fused.lib
+        self.kernels = _Kernels(_addr(gemm, "gemm_bf16"), _addr(fused, "add_rmsnorm_bf16"), _addr(fused, "rope_bf16"),
+                                _addr(fused, "silu_mul_bf16"), _addr(attn.lib, "write_kv_rows"),
+                                _addr(attn.lib, "paged_decode_bf16"), _addr(attn.prefill_lib, "paged_prefill_bf16"))
+        self.dims = _Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                          cfg.head_dim, 0, cfg.rms_norm_eps, first.self_attn.scale)
+        self.inter = cfg.intermediate_size
+        self._layers = None  # (kv_caches list id, ctypes array): the pools do not move
+        lib.llama_layers_bf16.argtypes = [_P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
+        attn.prefill_lib.paged_prefill_workspace.argtypes = [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+
+    @classmethod
+    def build(cls, model: nn.Module) -> Optional["CpuLayerLoop"]:
+        """The loop for a bf16 Llama-family model whose every layer is on the C fast path."""
+        layers = getattr(model, "layers", None)
+        if not layers:
+            return None
+        first = layers[0]
+        attn = getattr(getattr(first, "self_attn", None), "backend", None)
+        if not isinstance(attn, CpuPagedAttentionBackend) or attn.prefill_lib is None:
+            return None
+        cfg = model.cfg
+        if not attn.prefill_lib.paged_prefill_supported(ctypes.c_int(cfg.head_dim)) or cfg.head_dim % 32:
+            return None
+        for layer in layers:
+            lins = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            if not all(isinstance(m, PanelLinear) for m in lins) or layer.self_attn.o_proj.bias is not None:
+                return None
+            if layer.input_layernorm.fused is None or layer.self_attn.fused is None or layer.mlp.fused is None:
+                return None
+            if layer.input_layernorm.weight.dtype != torch.bfloat16:
+                return None
+        lib = load_library("llama_layers")
+        return None if lib is None else cls(model, lib, attn)
+
+    def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
+        k = kv_caches[0][0]
+        return x.dtype == torch.bfloat16 and not is_quantized(k) and k.dtype == torch.bfloat16 and k.is_contiguous()
+
+    def _layer_array(self, kv_caches: list):
+        if self._layers is None or self._layers[0] is not kv_caches:
+            arr = (_Layer * len(self.model.layers))()
+            for a, layer, (kc, vc) in zip(arr, self.model.layers, kv_caches):
+                at, mlp = layer.self_attn, layer.mlp
+                a.input_norm = layer.input_layernorm.weight.data_ptr()
+                a.post_norm = layer.post_attention_layernorm.weight.data_ptr()
+                a.qkv, a.o = at.qkv_proj.packed.data_ptr(), at.o_proj.packed.data_ptr()
+                a.qkv_bias = None if at.qkv_proj.bias is None else at.qkv_proj.bias.data_ptr()
+                a.gate_up, a.down = mlp.gate_up_proj.packed.data_ptr(), mlp.down_proj.packed.data_ptr()
+                a.k_cache, a.v_cache = kc.data_ptr(), vc.data_ptr()
+            self._layers = (kv_caches, arr)
+            self.dims.block_size = kv_caches[0][0].shape[1]
+        return self._layers[1]
+
+    def run(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: list,
+            md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer over the step; returns (last layer's output, residual stream),
+        what the Python loop hands to the final norm. ``x`` becomes the residual."""
+        layers = self._layer_array(kv_caches)
+        cfg, T = self.model.cfg, x.shape[0]
+        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        nd, qsl = md.num_decodes, md.query_start_loc_list
+        npf = md.num_reqs - nd
+        res = x.contiguous()
+        new = lambda *shape: torch.empty(shape, dtype=torch.bfloat16)  # noqa: E731
+        y, h, qkv, attn = new(T, cfg.hidden_size), new(T, cfg.hidden_size), new(T, (nh + 2 * nkv) * hd), new(T, nh * hd)
+        gate_up, act = new(T, 2 * self.inter), new(T, self.inter)
+        cos, sin = rope[0].contiguous(), rope[1].contiguous()
+        s = _Step(T, nd, npf, md.block_tables.stride(0), md.max_decode_seq_len)
+        keep = []  # tensors whose pointers the step holds
+        if npf:
+            q_start = torch.tensor(qsl[nd:-1], dtype=torch.int64)
+            q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
+            pf_seq = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
+            need = self.attn.prefill_lib.paged_prefill_workspace(pf_seq.data_ptr(), npf, nkv, hd)
+            if self.attn._workspace.numel() < need:
+                self.attn._workspace = torch.empty(need, dtype=torch.uint8)
+            keep += [q_start, q_len, pf_seq]
+            s.q_start, s.q_len, s.pf_seq_len = q_start.data_ptr(), q_len.data_ptr(), pf_seq.data_ptr()
+            s.workspace = self.attn._workspace.data_ptr()
+        slots = md.slot_mapping.contiguous()
+        bt = md.block_tables.contiguous()
+        s.slots, s.block_tables, s.seq_lens = slots.data_ptr(), bt.data_ptr(), md.seq_lens.data_ptr()
+        s.bt_stride = bt.stride(0)
+        s.cos, s.sin = cos.data_ptr(), sin.data_ptr()
+        s.res, s.y, s.h, s.qkv, s.attn = res.data_ptr(), y.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr()
+        s.gate_up, s.act = gate_up.data_ptr(), act.data_ptr()
+        rc = self.lib.llama_layers_bf16(ctypes.byref(self.kernels), ctypes.byref(self.dims), layers,
+                                        len(self.model.layers), ctypes.byref(s), 0)
+        if rc != 0:
+            raise RuntimeError(f"llama_layers_bf16 failed ({rc})")
+        return y, res

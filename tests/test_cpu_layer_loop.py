@@ -1,0 +1,43 @@
+"""The one-call C layer loop (models/cpu_layers.py) runs the same kernels as the
+Python layer loop, so a mixed step (decodes and prefill chunks, with and without
+a cached prefix) gives bit-identical logprobs either way."""
+import pytest
+import torch
+
+from inflight import LLM, SamplingParams
+from inflight.models.cpu_layers import CpuLayerLoop
+from inflight.models.cpu_packing import can_pack
+
+PROMPTS = ["The capital of France is", "Here is a long story about a lighthouse keeper. " * 12, "1, 2, 3,",
+           "Here is a long story about a lighthouse keeper. " * 12 + "His name was"]
+
+
+def logprob_table(outputs):
+    return [[{tok: lp.logprob for tok, lp in step.items()} for step in o.outputs[0].logprobs] for o in outputs]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no bf16 CPU fast path")
+def test_layer_loop_is_bit_identical_to_the_python_loop():
+    # 64-token chunks: the long prompts prefill over several steps (each chunk over
+    # its cached prefix) next to running decodes. No prefix caching, so the second
+    # run computes exactly what the first did.
+    llm = LLM(dtype="bfloat16", max_num_batched_tokens=64, max_num_seqs=4, enable_prefix_caching=False)
+    model = llm.llm_engine.runner.model
+    if not isinstance(model.layer_loop, CpuLayerLoop):
+        pytest.skip("the C layer loop does not run on this machine")
+    params = SamplingParams(temperature=0, max_tokens=10, logprobs=3)
+    with_loop = llm.generate(PROMPTS, params, use_tqdm=False)
+    model.layer_loop, loop = None, model.layer_loop
+    try:
+        without = llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        model.layer_loop = loop
+    assert [o.outputs[0].token_ids for o in with_loop] == [o.outputs[0].token_ids for o in without]
+    assert logprob_table(with_loop) == logprob_table(without)
+
+
+def test_build_declines_models_off_the_fast_path():
+    assert CpuLayerLoop.build(torch.nn.Module()) is None
+    llm = LLM(dtype="float32")  # float32: plain torch linears, no fused ops
+    assert llm.llm_engine.runner.model.layer_loop is None
