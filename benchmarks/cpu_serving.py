@@ -1,6 +1,7 @@
 """CPU serving benchmark (issue 7): every request of a workload sent at once to
 `inflight serve`, streaming, ignore_eos; output tok/s, TTFT/TPOT p99 and model
-FLOPs utilisation against the bf16 matmul peak measured in the same run.
+FLOPs utilisation against the bf16 matmul peak measured in the same run (the
+higher of a burst just before and one just after each workload).
 
     python benchmarks/cpu_serving.py [--workloads chat decode longprompt prefix] [--out out/cpu_serving.json]
 
@@ -131,16 +132,23 @@ def main() -> int:
                "flops_per_token": fpt, "workloads": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.workloads:
-            peak = matmul_peak_gflops()
+            # NOTE: one burst of matmuls hit by another tenant reads low, and a low peak
+            # inflates MFU; a burst before and one after the workload, the higher taken,
+            # keeps the MFU conservative.
+            peaks = [matmul_peak_gflops()]
             s = run_workload(name, flags, tmp, inflight_bin, args.server_pythonpath)
+            peaks.append(matmul_peak_gflops())
+            peak = max(peaks)
             # Tokens processed: prompt + output, less prompt tokens read from the prefix cache.
             tokens = s["total_input_tokens"] + s["total_output_tokens"] - s["prefix_cache_hit_tokens"]
             s["tokens_processed"] = tokens
             s["mfu"] = tokens * fpt / s["duration_s"] / (peak * 1e9)
             s["matmul_peak_gflops"] = peak
+            s["matmul_peak_gflops_bursts"] = peaks
             results["workloads"][name] = s
             print(f"{name:>10}: {s['output_throughput']:7.1f} out tok/s  TTFT p99 {s['ttft_p99_ms'] / 1e3:6.1f} s  "
-                  f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  {tokens / s['duration_s']:6.0f} proc tok/s  MFU {s['mfu']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
+                  f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  {tokens / s['duration_s']:6.0f} proc tok/s  "
+                  f"MFU {s['mfu']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
