@@ -7,9 +7,10 @@
  * folded into the rows; per register block of rows, the scores of every visible key
  * go to a per-thread buffer, then one max and one exp pass per row, then P.V (no
  * online rescaling: 1.1-1.2x faster than flash-style tiles, whose per-tile
- * reductions and branches cost as much as the products on short prompts). Both products run on the bf16 dot-product instruction with float32
- * accumulation, so K and V are first repacked (phase 1) into the pair-interleaved
- * ("VNNI") layout it reads: K tile [D/2][KT] and V tile [KT/2][D] of bf16 pairs.
+ * reductions and branches cost as much as the products on short prompts). Both
+ * products run on the bf16 dot-product instruction with float32 accumulation, so
+ * K and V are first repacked (phase 1) into the pair-interleaved ("VNNI") layout
+ * it reads: K tile [D/2][KT] and V tile [KT/2][D] of bf16 pairs.
  * Probabilities are rounded to bf16 before P.V, as GPU flash attention does.
  *
  * Layouts: q [num_tokens, num_heads, D] with rows q_stride elements apart (a view into
