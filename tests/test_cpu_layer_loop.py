@@ -37,6 +37,24 @@ def test_layer_loop_is_bit_identical_to_the_python_loop():
     assert logprob_table(with_loop) == logprob_table(without)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no bf16 CPU fast path")
+def test_profile_attributes_the_loop_time_to_kernels():
+    llm = LLM(dtype="bfloat16", max_num_batched_tokens=64)
+    loop = llm.llm_engine.runner.model.layer_loop
+    if loop is None:
+        pytest.skip("the C layer loop does not run on this machine")
+    loop.profile()
+    llm.generate(["Here is a long story about a lighthouse keeper. " * 6], SamplingParams(max_tokens=4),
+                 use_tqdm=False)
+    shares = loop.profile_shares()
+    assert abs(sum(shares.values()) - 1) < 1e-9
+    for kernel in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "decode_attention", "prefill_attention"):
+        assert shares[kernel] > 0, kernel
+    loop.profile(False)
+    assert loop.ticks is None
+
+
 def test_build_declines_models_off_the_fast_path():
     assert CpuLayerLoop.build(torch.nn.Module()) is None
     llm = LLM(dtype="float32")  # float32: plain torch linears, no fused ops

@@ -42,7 +42,11 @@ class _Layer(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [(n, _I64) for n in ("T", "num_decodes", "num_prefills", "bt_stride", "max_decode_len")] \
         + [(n, _P) for n in ("slots", "block_tables", "seq_lens", "q_start", "q_len", "pf_seq_len", "workspace",
-                             "cos", "sin", "res", "y", "h", "qkv", "attn", "gate_up", "act")]
+                             "cos", "sin", "res", "y", "h", "qkv", "attn", "gate_up", "act", "ticks")]
+
+# csrc/llama_layers.c's enum tick, in order
+KERNELS = ("rmsnorm", "qkv_proj", "rope", "kv_write", "decode_attention", "prefill_attention", "o_proj",
+           "gate_up_proj", "silu_mul", "down_proj")
 
 
 def _addr(lib: ctypes.CDLL, name: str) -> int:
@@ -64,6 +68,9 @@ class CpuLayerLoop:
                           cfg.head_dim, 0, cfg.rms_norm_eps, first.self_attn.scale)
         self.inter = cfg.intermediate_size
         self._layers = None  # (kv_caches list id, ctypes array): the pools do not move
+        if lib.llama_layers_ticks() != len(KERNELS):
+            raise RuntimeError("csrc/llama_layers.c and cpu_layers.KERNELS disagree")
+        self.ticks: Optional[torch.Tensor] = None  # set by profile(): time-stamp counter totals per kernel
         lib.llama_layers_bf16.argtypes = [_P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
         attn.prefill_lib.paged_prefill_workspace.argtypes = [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int]
 
@@ -90,6 +97,15 @@ class CpuLayerLoop:
                 return None
         lib = load_library("llama_layers")
         return None if lib is None else cls(model, lib, attn)
+
+    def profile(self, on: bool = True) -> None:
+        """Start (zeroed) or stop adding each kernel's time-stamp-counter ticks to ``self.ticks``."""
+        self.ticks = torch.zeros(len(KERNELS), dtype=torch.int64) if on else None
+
+    def profile_shares(self) -> dict[str, float]:
+        """Each kernel's share of the layer loop's time since ``profile()``."""
+        total = max(int(self.ticks.sum()), 1)
+        return {name: int(t) / total for name, t in zip(KERNELS, self.ticks)}
 
     def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
         k = kv_caches[0][0]
@@ -143,6 +159,7 @@ class CpuLayerLoop:
         s.cos, s.sin = cos.data_ptr(), sin.data_ptr()
         s.res, s.y, s.h, s.qkv, s.attn = res.data_ptr(), y.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr()
         s.gate_up, s.act = gate_up.data_ptr(), act.data_ptr()
+        s.ticks = None if self.ticks is None else self.ticks.data_ptr()
         rc = self.lib.llama_layers_bf16(ctypes.byref(self.kernels), ctypes.byref(self.dims), layers,
                                         len(self.model.layers), ctypes.byref(s), 0)
         if rc != 0:

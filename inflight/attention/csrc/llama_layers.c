@@ -14,6 +14,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t now_ticks(void) { return __rdtsc(); }
+#else
+#include <time.h>
+static inline uint64_t now_ticks(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+#endif
+
 typedef int (*gemm_fn)(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*,
                        uint16_t*, int64_t);
 typedef void (*rmsnorm_fn)(uint16_t*, uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, float, int);
@@ -56,40 +68,66 @@ struct step {
     void* workspace;
     const uint16_t *cos, *sin;                    /* [T, head_dim] each */
     uint16_t *res, *y, *h, *qkv, *attn, *gate_up, *act;
+    uint64_t* ticks;  /* NULL, or per-kernel time-stamp counter totals (enum tick) to add to */
 };
+
+/* where the time of a step goes: kernel kinds in the order of struct step's ticks */
+enum tick { T_NORM, T_QKV, T_ROPE, T_WRITE, T_DECODE, T_PREFILL, T_O, T_GATE_UP, T_SILU, T_DOWN, T_COUNT };
+
+static inline void tick(uint64_t* ticks, int kind, uint64_t* last) {
+    if (!ticks) return;
+    const uint64_t now = now_ticks();
+    ticks[kind] += now - *last;
+    *last = now;
+}
+
+int llama_layers_ticks(void) { return T_COUNT; }
 
 int llama_layers_bf16(const struct kernels* k, const struct dims* d, const struct layer* layers, int num_layers,
                       const struct step* s, int has_residual) {
     const int64_t T = s->T, hd = d->head_dim, nh = d->num_heads, nkv = d->num_kv_heads;
     const int64_t qkv_dim = (nh + 2 * nkv) * hd, attn_dim = nh * hd, row_bytes = nkv * hd * 2;
+    uint64_t* tk = s->ticks;
+    uint64_t last = tk ? now_ticks() : 0;
     for (int l = 0; l < num_layers; l++) {
         const struct layer* w = &layers[l];
         const int add = l > 0 || has_residual;
         /* add=0: the norm of res itself (the embeddings) */
         k->add_rmsnorm(add ? s->y : s->res, s->res, w->input_norm, s->h, T, d->hidden, d->eps, add);
+        tick(tk, T_NORM, &last);
         int rc = k->gemm(s->h, T, d->hidden, d->hidden, w->qkv, qkv_dim, w->qkv_bias, s->qkv, qkv_dim);
         if (rc) return rc;
+        tick(tk, T_QKV, &last);
         k->rope(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, s->cos, s->sin);
+        tick(tk, T_ROPE, &last);
         k->write_kv((const char*)(s->qkv + attn_dim), qkv_dim * 2, (const char*)(s->qkv + attn_dim + nkv * hd),
                     qkv_dim * 2, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes);
+        tick(tk, T_WRITE, &last);
         if (s->num_decodes)
             k->decode(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables, s->bt_stride, s->seq_lens, s->attn,
                       (int)s->num_decodes, (int)nh, (int)nkv, (int)hd, (int)d->block_size, d->scale,
                       (int)s->max_decode_len);
+        tick(tk, T_DECODE, &last);
         if (s->num_prefills) {
             rc = k->prefill(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables + s->num_decodes * s->bt_stride,
                             s->bt_stride, s->q_start, s->q_len, s->pf_seq_len, s->attn, (int)s->num_prefills,
                             (int)nh, (int)nkv, (int)hd, (int)d->block_size, d->scale, s->workspace);
             if (rc) return rc;
         }
+        tick(tk, T_PREFILL, &last);
         rc = k->gemm(s->attn, T, attn_dim, attn_dim, w->o, d->hidden, NULL, s->y, d->hidden);
         if (rc) return rc;
+        tick(tk, T_O, &last);
         k->add_rmsnorm(s->y, s->res, w->post_norm, s->h, T, d->hidden, d->eps, 1);
+        tick(tk, T_NORM, &last);
         rc = k->gemm(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, NULL, s->gate_up, 2 * d->inter);
         if (rc) return rc;
+        tick(tk, T_GATE_UP, &last);
         k->silu_mul(s->gate_up, s->act, T, d->inter);
+        tick(tk, T_SILU, &last);
         rc = k->gemm(s->act, T, d->inter, d->inter, w->down, d->hidden, NULL, s->y, d->hidden);
         if (rc) return rc;
+        tick(tk, T_DOWN, &last);
     }
     return 0;
 }
