@@ -63,3 +63,21 @@ def test_pack_panels_layout():
     assert packed[1, 2, 3, 0] == w[35, 4] and packed[1, 2, 3, 1] == 0  # odd K padded
     assert packed[0, 1, 7, 1] == w[7, 3]
     assert (packed[1, :, 8:] == 0).all()  # columns 40-63 do not exist
+
+
+@pytest.mark.parametrize("rows", [1, 5, 7, 13, 100])
+@pytest.mark.parametrize("inter", [32, 96])
+def test_gate_up_with_silu_epilogue_is_bit_identical_to_gemm_then_silu_mul(rows, inter):
+    """The fused gate_up + SiLU (the C layer loop's MLP) against the two separate kernels."""
+    from inflight.models.cpu_fused import load_fused_ops
+    fused = load_fused_ops()
+    if fused is None:
+        pytest.skip("no fused-ops kernel")
+    torch.manual_seed(rows + inter)
+    w = torch.randn(2 * inter, 64, dtype=torch.bfloat16) * 0.3
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    lin = PanelLinear(w, None)
+    want = fused.silu_mul(lin(x))
+    got = lin.silu_mul(x)
+    assert got.shape == (rows, inter)
+    assert torch.equal(got, want)

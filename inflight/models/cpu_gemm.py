@@ -29,6 +29,8 @@ def load_gemm() -> Optional[ctypes.CDLL]:
         return None
     lib.gemm_bf16.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_ptr, _c_i64]
     lib.gemm_bf16.restype = ctypes.c_int
+    lib.gemm_bf16_silu.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_i64]
+    lib.gemm_bf16_silu.restype = ctypes.c_int
     return lib
 
 
@@ -69,6 +71,20 @@ class PanelLinear(nn.Module):
         if rc != 0:
             raise RuntimeError(f"gemm_bf16 failed ({rc})")
         return out.view(*lead, self.out_features)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this gate_up projection's output [gate | up], without
+        materializing it: bit-identical to ``silu_mul`` (cpu_fused.py) of ``self(x)``."""
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        inter = self.out_features // 2
+        out = torch.empty(x2.shape[0], inter, dtype=torch.bfloat16)
+        rc = self.lib.gemm_bf16_silu(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0),
+                                     self.packed.data_ptr(), self.out_features, out.data_ptr(), inter)
+        if rc != 0:
+            raise RuntimeError(f"gemm_bf16_silu failed ({rc})")
+        return out.view(*x.shape[:-1], inter)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=panels"

@@ -26,7 +26,8 @@ _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _Kernels(ctypes.Structure):
-    _fields_ = [(n, _P) for n in ("gemm", "add_rmsnorm", "rope", "silu_mul", "write_kv", "decode", "prefill")]
+    _fields_ = [(n, _P) for n in ("gemm", "add_rmsnorm", "rope", "silu_mul", "write_kv", "decode", "prefill",
+                                  "gemm_silu")]
 
 
 class _Dims(ctypes.Structure):
@@ -44,7 +45,7 @@ class _Step(ctypes.Structure):
         + [(n, _P) for n in ("slots", "block_tables", "seq_lens", "q_start", "q_len", "pf_seq_len", "workspace",
                              "cos", "sin", "res", "y", "h", "qkv", "attn", "gate_up", "act", "ticks")]
 
-# csrc/llama_layers.c's enum tick, in order
+# csrc/llama_layers.c's enum tick, in order ("gate_up_proj" includes the SiLU when fused)
 KERNELS = ("rmsnorm", "qkv_proj", "rope", "kv_write", "decode_attention", "prefill_attention", "o_proj",
            "gate_up_proj", "silu_mul", "down_proj")
 
@@ -63,7 +64,10 @@ class CpuLayerLoop:
         fused = first.input_layernorm.fused.lib
         self.kernels = _Kernels(_addr(gemm, "gemm_bf16"), _addr(fused, "add_rmsnorm_bf16"), _addr(fused, "rope_bf16"),
                                 _addr(fused, "silu_mul_bf16"), _addr(attn.lib, "write_kv_rows"),
-                                _addr(attn.lib, "paged_decode_bf16"), _addr(attn.prefill_lib, "paged_prefill_bf16"))
+                                _addr(attn.lib, "paged_decode_bf16"), _addr(attn.prefill_lib, "paged_prefill_bf16"),
+                                # SiLU in the gate_up GEMM's epilogue when gate and up split on a panel boundary
+                                _addr(gemm, "gemm_bf16_silu") if cfg.intermediate_size % gemm.gemm_bf16_panel() == 0
+                                and first.mlp.gate_up_proj.bias is None else None)
         self.dims = _Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                           cfg.head_dim, 0, cfg.rms_norm_eps, first.self_attn.scale)
         self.inter = cfg.intermediate_size

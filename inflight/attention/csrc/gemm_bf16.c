@@ -37,10 +37,13 @@ static inline __m512bh pair_at(const uint16_t* row, int64_t k, int64_t K) {
 }
 
 /* R rows x (16 * NV) columns of out over the whole K, from the (one or two) panels
- * b0/b1; float32 accumulators start from the bias and are rounded to bf16 once. */
+ * b0/b1; float32 accumulators start from the bias and are rounded to bf16 once.
+ * SILU: b0 is a gate panel and b1 the matching up panel; out gets the 32 columns
+ * bf16(silu(gate)) * up, rounded where silu_mul_bf16 (fused_ops.c) rounds. Each K
+ * pair prefetches lpi cache lines from pf (and as many from pf2). */
 static inline __attribute__((always_inline)) void micro(
-        const int R, const int NV, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
-        const uint16_t* b1, const char* pf, int lpi, const uint16_t* bias, int64_t n0, int64_t N,
+        const int R, const int NV, const int SILU, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
+        const uint16_t* b1, const char* pf, const char* pf2, int lpi, const uint16_t* bias, int64_t n0, int64_t N,
         uint16_t* out, int64_t ldc) {
     const int64_t pairs = (K + 1) / 2;
     __m512 acc[MR2][4];
@@ -51,7 +54,10 @@ static inline __attribute__((always_inline)) void micro(
     }
     const int64_t even = K / 2;  /* pairs whose two x values are both inside the row */
     for (int64_t p = 0; p < pairs; p++) {
-        for (int l = 0; l < lpi; l++) _mm_prefetch(pf + (p * lpi + l) * 64, _MM_HINT_T1);
+        for (int l = 0; l < lpi; l++) {
+            _mm_prefetch(pf + (p * lpi + l) * 64, _MM_HINT_T1);
+            if (pf2) _mm_prefetch(pf2 + (p * lpi + l) * 64, _MM_HINT_T1);
+        }
         __m512bh w[4];
         w[0] = (__m512bh)_mm512_loadu_si512(b0 + p * 2 * PANEL);
         w[1] = (__m512bh)_mm512_loadu_si512(b0 + p * 2 * PANEL + 32);
@@ -72,6 +78,15 @@ static inline __attribute__((always_inline)) void micro(
         }
     }
     /* a panel's K-pair row is [32 columns][2]: vector 0 holds columns 0-15, vector 1 columns 16-31 */
+    if (SILU) {
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < 2; i++) {
+                const __m512 g = round_bf16(acc[r][i]), u = round_bf16(acc[r][2 + i]);
+                const __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                store_bf16x16(out + r * ldc + n0 + 16 * i, _mm512_mul_ps(round_bf16(sg), u), 0xFFFF);
+            }
+        return;
+    }
     for (int r = 0; r < R; r++)
         for (int i = 0; i < NV; i++) {
             const int64_t c = n0 + 16 * i;
@@ -79,18 +94,19 @@ static inline __attribute__((always_inline)) void micro(
         }
 }
 
-/* micro with R (<= MR, or <= MR2 over one panel) and NV as constants, so the
+/* micro with R (<= MR, or <= MR2 over one panel), NV and SILU as constants, so the
  * accumulators stay in registers */
-static void micro_rows(int R, int NV, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
-                       const uint16_t* b1, const char* pf, int lpi, const uint16_t* bias, int64_t n0, int64_t N,
-                       uint16_t* out, int64_t ldc) {
+static void micro_rows(int R, int NV, int SILU, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
+                       const uint16_t* b1, const char* pf, const char* pf2, int lpi, const uint16_t* bias,
+                       int64_t n0, int64_t N, uint16_t* out, int64_t ldc) {
 #define CASE(r) case r: \
-        if (NV == 4) micro(r, 4, x, lda, K, b0, b1, pf, lpi, bias, n0, N, out, ldc); \
-        else micro(r, 2, x, lda, K, b0, b1, pf, lpi, bias, n0, N, out, ldc); \
+        if (SILU) micro(r, 4, 1, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); \
+        else if (NV == 4) micro(r, 4, 0, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); \
+        else micro(r, 2, 0, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); \
         break;
     switch (R) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) }
 #undef CASE
-#define CASE(r) case r: micro(r, 2, x, lda, K, b0, b1, pf, lpi, bias, n0, N, out, ldc); break;
+#define CASE(r) case r: micro(r, 2, 0, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); break;
     switch (R) { CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) }
 #undef CASE
 }
@@ -98,35 +114,44 @@ static void micro_rows(int R, int NV, const uint16_t* x, int64_t lda, int64_t K,
 /* One thread's share: panels [q0, q1) for every row. Per block of MC rows, each
  * pair of panels streams from DRAM once and stays in L2 while the row blocks pass
  * over it. The first pass waits on DRAM; the later ones prefetch the next pair,
- * spread evenly, so that its DRAM time hides under their arithmetic. */
+ * spread evenly, so that its DRAM time hides under their arithmetic.
+ * silu_half > 0: gate panels [q0, q1), each paired with up panel q + silu_half,
+ * written as silu(gate) * up (out has silu_half * PANEL columns). */
 static void gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed,
-                       int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldc, int64_t q0, int64_t q1) {
+                       int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldc, int64_t q0, int64_t q1,
+                       int64_t silu_half) {
     const int64_t pairs = (K + 1) / 2, panel_elems = pairs * 2 * PANEL;
+    const int silu = silu_half > 0;
     for (int64_t mc = 0; mc < M; mc += MC) {
         const int64_t mend = mc + MC < M ? mc + MC : M;
-        if (mend - mc > MR && mend - mc <= MR2) {
+        if (!silu && mend - mc > MR && mend - mc <= MR2) {
             /* one pass over single panels: each weight byte is read once */
             for (int64_t q = q0; q < q1; q++) {
                 const uint16_t* b0 = packed + q * panel_elems;
-                micro_rows((int)(mend - mc), 2, x + mc * lda, lda, K, b0, b0, NULL, 0, bias, q * PANEL, N,
+                micro_rows((int)(mend - mc), 2, 0, x + mc * lda, lda, K, b0, b0, NULL, NULL, 0, bias, q * PANEL, N,
                            out + mc * ldc, ldc);
             }
             continue;
         }
         const int64_t passes = (mend - mc + MR - 1) / MR;
-        /* cache lines of the next pair to prefetch per K pair: 4 lines a pair in all */
-        const int lpi = passes > 1 ? (int)((4 + passes - 2) / (passes - 1)) : 0;
-        for (int64_t q = q0; q < q1; q += 2) {
-            const int NV = q + 1 < q1 ? 4 : 2;
+        /* cache lines of the next pair to prefetch per K pair: 4 lines a pair in all
+         * (SILU: 2 from each of the next gate and up panels) */
+        const int lines = silu ? 2 : 4;
+        const int lpi = passes > 1 ? (int)((lines + passes - 2) / (passes - 1)) : 0;
+        for (int64_t q = q0; q < q1; q += silu ? 1 : 2) {
+            const int NV = silu || q + 1 < q1 ? 4 : 2;
             const uint16_t* b0 = packed + q * panel_elems;
-            const uint16_t* b1 = NV == 4 ? b0 + panel_elems : b0;
-            const char* next = q + 2 < q1 ? (const char*)(b0 + 2 * panel_elems) : NULL;
+            const uint16_t* b1 = silu ? b0 + silu_half * panel_elems : NV == 4 ? b0 + panel_elems : b0;
+            const int64_t step = silu ? 1 : 2;
+            const char* next = q + step < q1 ? (const char*)(b0 + step * panel_elems) : NULL;
+            const char* next2 = silu && next ? (const char*)(b1 + panel_elems) : NULL;
             for (int64_t m = mc, j = 0; m < mend; m += MR, j++) {
                 const int R = mend - m < MR ? (int)(mend - m) : MR;
                 const int64_t first = (j - 1) * lpi * pairs;  /* first line this pass prefetches */
-                const int on = next != NULL && j > 0 && first < 4 * pairs;
-                micro_rows(R, NV, x + m * lda, lda, K, b0, b1, on ? next + first * 64 : NULL, on ? lpi : 0,
-                           bias, q * PANEL, N, out + m * ldc, ldc);
+                const int on = next != NULL && j > 0 && first < lines * pairs;
+                micro_rows(R, NV, silu, x + m * lda, lda, K, b0, b1, on ? next + first * 64 : NULL,
+                           on && next2 ? next2 + first * 64 : NULL, on ? lpi : 0, bias, q * PANEL, N,
+                           out + m * ldc, ldc);
             }
         }
     }
@@ -142,7 +167,24 @@ int gemm_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
-        if (q0 < q1) gemm_range(x, M, K, lda, packed, N, bias, out, ldc, q0, q1);
+        if (q0 < q1) gemm_range(x, M, K, lda, packed, N, bias, out, ldc, q0, q1, 0);
+    }
+    return 0;
+}
+
+/* out[M, N/2] = bf16(silu(gate)) * up for the gate_up projection, [gate | up] = x . W^T
+ * (no bias), as gemm_bf16 then silu_mul_bf16 give it, bit for bit, without writing
+ * gate_up out. N/2 must be a multiple of the panel (else -2: use the two calls). */
+int gemm_bf16_silu(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+                   uint16_t* out, int64_t ldc) {
+    if (N % (2 * PANEL)) return -2;
+    if (M <= 0) return 0;
+    const int64_t half = N / 2 / PANEL;
+    #pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t q0 = half * t / nt, q1 = half * (t + 1) / nt;
+        if (q0 < q1) gemm_range(x, M, K, lda, packed, N / 2, NULL, out, ldc, q0, q1, half);
     }
     return 0;
 }
@@ -150,6 +192,11 @@ int gemm_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16
 #else
 
 int gemm_bf16_supported(void) { return 0; }
+
+int gemm_bf16_silu(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+                   uint16_t* out, int64_t ldc) {
+    return -1;
+}
 
 int gemm_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
               const uint16_t* bias, uint16_t* out, int64_t ldc) {

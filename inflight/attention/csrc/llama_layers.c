@@ -35,6 +35,8 @@ typedef void (*write_fn)(const char*, int64_t, const char*, int64_t, char*, char
                          int64_t);
 typedef void (*decode_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
                           const int64_t*, uint16_t*, int, int, int, int, int, float, int);
+typedef int (*gemm_silu_fn)(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, uint16_t*,
+                            int64_t);
 typedef int (*prefill_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
                           const int64_t*, const int64_t*, const int64_t*, uint16_t*, int, int, int, int, int,
                           float, void*);
@@ -47,6 +49,7 @@ struct kernels {
     write_fn write_kv;
     decode_fn decode;
     prefill_fn prefill;
+    gemm_silu_fn gemm_silu;  /* gate_up and SiLU in one pass; NULL: gemm then silu_mul */
 };
 
 struct dims {
@@ -120,11 +123,17 @@ int llama_layers_bf16(const struct kernels* k, const struct dims* d, const struc
         tick(tk, T_O, &last);
         k->add_rmsnorm(s->y, s->res, w->post_norm, s->h, T, d->hidden, d->eps, 1);
         tick(tk, T_NORM, &last);
-        rc = k->gemm(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, NULL, s->gate_up, 2 * d->inter);
-        if (rc) return rc;
-        tick(tk, T_GATE_UP, &last);
-        k->silu_mul(s->gate_up, s->act, T, d->inter);
-        tick(tk, T_SILU, &last);
+        if (k->gemm_silu) {  /* the SiLU counts as gate_up's */
+            rc = k->gemm_silu(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, s->act, d->inter);
+            if (rc) return rc;
+            tick(tk, T_GATE_UP, &last);
+        } else {
+            rc = k->gemm(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, NULL, s->gate_up, 2 * d->inter);
+            if (rc) return rc;
+            tick(tk, T_GATE_UP, &last);
+            k->silu_mul(s->gate_up, s->act, T, d->inter);
+            tick(tk, T_SILU, &last);
+        }
         rc = k->gemm(s->act, T, d->inter, d->inter, w->down, d->hidden, NULL, s->y, d->hidden);
         if (rc) return rc;
         tick(tk, T_DOWN, &last);
