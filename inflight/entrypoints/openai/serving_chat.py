@@ -15,7 +15,7 @@ from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChu
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
                                                    DeltaMessage, TokenLogprob, TopLogprob, dump, random_id)
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
-                                                        merge_streams, safe_logprob, sse, stream_response,
+                                                        merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
 from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
@@ -91,8 +91,8 @@ class ChatHandler:
         return ChatLogProbs(content=content)
 
     def _chunk(self, request_id: str, created: int, choices: list[ChatStreamChoice], usage=None) -> str:
-        return sse(dump(ChatCompletionChunk(id=request_id, created=created, model=self.state.model_name,
-                                            choices=choices, usage=usage)))
+        return sse_model(ChatCompletionChunk(id=request_id, created=created, model=self.state.model_name,
+                                             choices=choices, usage=usage))
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
                       streams: list[RequestStream]) -> AsyncIterator[str]:

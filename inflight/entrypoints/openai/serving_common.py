@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
 
 from inflight.engine.async_engine import AsyncLLMEngine, RequestStream
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, param_of
@@ -85,6 +86,13 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several request streams as outputs arrive: yields (stream index, output)."""
+    if len(streams) == 1:
+        # NOTE: the common case (one prompt, n=1) reads its queue directly: a task and an
+        # asyncio.wait per token cost more than the rest of the chunk's serving. A cancelled
+        # read still aborts the request (RequestStream.__anext__ closes the stream).
+        async for out in streams[0]:
+            yield 0, out
+        return
     pending = {asyncio.ensure_future(s.__anext__()): i for i, s in enumerate(streams)}
     try:
         while pending:
@@ -140,6 +148,12 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> Optional[
 def sse(data: Any) -> str:
     """One Server-Sent Event carrying ``data`` as JSON."""
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def sse_model(model: BaseModel) -> str:
+    """One Server-Sent Event carrying a response model (pydantic's serializer writes the
+    JSON directly; None fields kept, as ``dump`` keeps them)."""
+    return f"data: {model.model_dump_json()}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

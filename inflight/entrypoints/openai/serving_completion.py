@@ -13,7 +13,7 @@ from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                                    CompletionStreamResponse, dump, random_id)
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
-                                                        merge_streams, safe_logprob, sse, stream_response,
+                                                        merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -109,14 +109,14 @@ class CompletionHandler:
                 if choice is not None:
                     chunk = CompletionStreamResponse(id=request_id, created=created, model=self.state.model_name,
                                                      choices=[choice])
-                    yield sse(dump(chunk))
+                    yield sse_model(chunk)
             if out.finished:
                 finals[i] = out
         if req.include_usage:
             usage = usage_of([finals[i] for i in sorted(finals)])
             chunk = CompletionStreamResponse(id=request_id, created=created, model=self.state.model_name,
                                              choices=[], usage=usage)
-            yield sse(dump(chunk))
+            yield sse_model(chunk)
         yield SSE_DONE
 
     def _delta(self, req: CompletionRequest, index: int, out: RequestOutput, c: CompletionOutput,
