@@ -51,6 +51,8 @@ def main() -> None:
     runner.prepare_inputs = timed(totals, "prepare inputs", runner.prepare_inputs)
     runner.sampler = timed(totals, "sampler", runner.sampler)
     model.compute_logits = timed(totals, "lm_head", model.compute_logits)
+    if hasattr(model, "greedy_tokens"):  # greedy rows: the argmax inside the lm_head GEMM
+        model.greedy_tokens = timed(totals, "lm_head", model.greedy_tokens)
     model.forward = timed(totals, "forward", model.forward)
     if loop is not None:
         loop.run = timed(totals, "layer loop", loop.run)

@@ -57,3 +57,18 @@ def test_fast_path_agrees_with_float32_as_well_as_the_reference_does():
     fast_agree = sum(agreeing_prefix(a, b) for a, b in zip(fast, fp32))
     assert fast_agree >= ref_agree - PARAMS.max_tokens, (fast_agree, ref_agree)  # one prompt of slack
     assert max(abs(a - b) for a, b in zip(fast_lp, ref_lp)) < 0.15, (fast_lp, ref_lp)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no bf16 CPU support")
+def test_greedy_argmax_in_the_logits_gemm_picks_the_logits_argmax():
+    """Greedy rows without logprobs take their token from the argmax fused into the
+    logits projection; asking for logprobs forces the logits + sampler path. Both
+    must pick the same tokens."""
+    llm = LLM(max_num_batched_tokens=64, dtype="bfloat16", enable_prefix_caching=False)
+    assert hasattr(llm.llm_engine.runner.model.lm_head, "argmax")  # the fused path is available
+    fused = [o.outputs[0].token_ids
+             for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)]
+    via_logits = [o.outputs[0].token_ids for o in llm.generate(
+        PROMPTS, SamplingParams(temperature=0, max_tokens=16, logprobs=0), use_tqdm=False)]
+    assert fused == via_logits

@@ -81,3 +81,22 @@ def test_gate_up_with_silu_epilogue_is_bit_identical_to_gemm_then_silu_mul(rows,
     got = lin.silu_mul(x)
     assert got.shape == (rows, inter)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rows", [1, 6, 7, 13, 100])
+@pytest.mark.parametrize("n", [49, 64, 1000])
+def test_argmax_matches_argmax_of_the_bf16_outputs(rows, n):
+    """Greedy sampling's fused argmax: the first index of the largest bf16-rounded
+    output, as rounding the logits and calling argmax gives (ties included)."""
+    torch.manual_seed(rows * 7 + n)
+    w = torch.randn(n, 40, dtype=torch.bfloat16)
+    x = torch.randn(rows, 40, dtype=torch.bfloat16)
+    if rows > 1:  # the first row: plain argmax; the others: two identical, largest outputs
+        w[n // 3] = w[n // 2] = 3.0
+        x[1:] = x[1:].abs() + 0.1
+    lin = PanelLinear(w, None)
+    want = lin(x).float().argmax(dim=-1)
+    got = lin.argmax(x)
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+    if rows > 1:
+        assert (got[1:] == n // 3).all()  # ties resolved to the first index

@@ -31,6 +31,8 @@ def load_gemm() -> Optional[ctypes.CDLL]:
     lib.gemm_bf16.restype = ctypes.c_int
     lib.gemm_bf16_silu.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_i64]
     lib.gemm_bf16_silu.restype = ctypes.c_int
+    lib.gemm_bf16_argmax.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr]
+    lib.gemm_bf16_argmax.restype = ctypes.c_int
     return lib
 
 
@@ -85,6 +87,22 @@ class PanelLinear(nn.Module):
         if rc != 0:
             raise RuntimeError(f"gemm_bf16_silu failed ({rc})")
         return out.view(*x.shape[:-1], inter)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """Per row of ``x`` [M, in], the index of the largest output, as
+        ``self(x).float().argmax(-1)`` gives it (first index on ties), without writing
+        the outputs: greedy sampling from the logits projection. No bias."""
+        if self.bias is not None:
+            raise ValueError("argmax of a projection with a bias")
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        tokens = torch.empty(x2.shape[0], dtype=torch.int64)
+        rc = self.lib.gemm_bf16_argmax(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0),
+                                       self.packed.data_ptr(), self.out_features, tokens.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"gemm_bf16_argmax failed ({rc})")
+        return tokens
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=panels"

@@ -180,6 +180,16 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head(hidden)
         return F.linear(hidden, self.embed_tokens.weight)
 
+    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
+        """The argmax token of each row's logits without materializing them, where the
+        logits projection can (a bias-free PanelLinear over exactly ``vocab_size``
+        rows); None otherwise."""
+        head = self.lm_head
+        if (head is None or not hasattr(head, "argmax") or getattr(head, "bias", None) is not None
+                or head.out_features != vocab_size):
+            return None
+        return head.argmax(hidden)
+
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see cpu_packing.py."""
         if self.lm_head is None:

@@ -8,7 +8,7 @@ import torch
 
 from inflight.attention.base import AttentionMetadata
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from inflight.worker.sampler import Sampler, SamplingMetadata, SamplingRow
+from inflight.worker.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
 from inflight.worker.swap import Swapper
 
 
@@ -108,9 +108,8 @@ class ModelRunner:
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
         if not inp.sampling:
             return ModelRunnerOutput()
-        logits = self.model.compute_logits(hidden[inp.logits_indices])
-        rows = self._sampling_rows(inp.sampling)
-        result = self.sampler(logits, SamplingMetadata.from_rows(rows, self.vocab_size, self.device))
+        md = SamplingMetadata.from_rows(self._sampling_rows(inp.sampling), self.vocab_size, self.device)
+        result = self._sample(hidden[inp.logits_indices], md)
         out = ModelRunnerOutput()
         for i, s in enumerate(inp.sampling):
             rid = s.request.request_id
@@ -118,3 +117,12 @@ class ModelRunner:
             if result.logprobs is not None and s.request.sampling_params.logprobs is not None:
                 out.logprobs[rid] = result.logprobs[i]
         return out
+
+    def _sample(self, hidden: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        """Tokens (and logprobs) for the hidden states of the rows that sample."""
+        greedy = getattr(self.model, "greedy_tokens", None)
+        if md.greedy_only and greedy is not None:
+            tokens = greedy(hidden, self.vocab_size)  # argmax inside the logits GEMM: no logits written
+            if tokens is not None:
+                return SamplerOutput(tokens.tolist(), None)
+        return self.sampler(self.model.compute_logits(hidden), md)

@@ -10,7 +10,9 @@
  *
  * Build: gcc -O3 -march=native -fopenmp -shared -fPIC.
  */
+#include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -22,6 +24,14 @@
 #define MC 96     /* rows per L2 block of x */
 
 int gemm_bf16_panel(void) { return PANEL; }
+
+/* a row's running argmax over the (bf16-rounded) outputs seen so far */
+struct best {
+    float val;
+    int64_t idx;
+};
+
+enum mode { PLAIN, SILU, ARGMAX };
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 
@@ -39,10 +49,12 @@ static inline __m512bh pair_at(const uint16_t* row, int64_t k, int64_t K) {
 /* R rows x (16 * NV) columns of out over the whole K, from the (one or two) panels
  * b0/b1; float32 accumulators start from the bias and are rounded to bf16 once.
  * SILU: b0 is a gate panel and b1 the matching up panel; out gets the 32 columns
- * bf16(silu(gate)) * up, rounded where silu_mul_bf16 (fused_ops.c) rounds. Each K
- * pair prefetches lpi cache lines from pf (and as many from pf2). */
+ * bf16(silu(gate)) * up, rounded where silu_mul_bf16 (fused_ops.c) rounds.
+ * ARGMAX: nothing is stored; best[r] takes the row's largest bf16-rounded output
+ * (the first such column: columns come in increasing order). Each K pair
+ * prefetches lpi cache lines from pf (and as many from pf2). */
 static inline __attribute__((always_inline)) void micro(
-        const int R, const int NV, const int SILU, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
+        const int R, const int NV, const int MODE, struct best* best, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
         const uint16_t* b1, const char* pf, const char* pf2, int lpi, const uint16_t* bias, int64_t n0, int64_t N,
         uint16_t* out, int64_t ldc) {
     const int64_t pairs = (K + 1) / 2;
@@ -78,7 +90,21 @@ static inline __attribute__((always_inline)) void micro(
         }
     }
     /* a panel's K-pair row is [32 columns][2]: vector 0 holds columns 0-15, vector 1 columns 16-31 */
-    if (SILU) {
+    if (MODE == ARGMAX) {
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < NV; i++) {
+                const int64_t c = n0 + 16 * i;
+                if (c >= N) break;
+                const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail_mask(N - c), round_bf16(acc[r][i]));
+                const float mx = _mm512_reduce_max_ps(v);
+                if (mx > best[r].val) {
+                    best[r].val = mx;
+                    best[r].idx = c + __builtin_ctz(_mm512_cmpeq_ps_mask(v, _mm512_set1_ps(mx)));
+                }
+            }
+        return;
+    }
+    if (MODE == SILU) {
         for (int r = 0; r < R; r++)
             for (int i = 0; i < 2; i++) {
                 const __m512 g = round_bf16(acc[r][i]), u = round_bf16(acc[r][2 + i]);
@@ -94,21 +120,24 @@ static inline __attribute__((always_inline)) void micro(
         }
 }
 
-/* micro with R (<= MR, or <= MR2 over one panel), NV and SILU as constants, so the
+/* micro with R (<= MR, or <= MR2 over one panel), NV and MODE as constants, so the
  * accumulators stay in registers */
-static void micro_rows(int R, int NV, int SILU, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
-                       const uint16_t* b1, const char* pf, const char* pf2, int lpi, const uint16_t* bias,
-                       int64_t n0, int64_t N, uint16_t* out, int64_t ldc) {
+static void micro_rows(int R, int NV, int MODE, struct best* best, const uint16_t* x, int64_t lda, int64_t K,
+                       const uint16_t* b0, const uint16_t* b1, const char* pf, const char* pf2, int lpi,
+                       const uint16_t* bias, int64_t n0, int64_t N, uint16_t* out, int64_t ldc) {
+#define CALL(r, nv, mode) micro(r, nv, mode, best, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc)
 #define CASE(r) case r: \
-        if (SILU) micro(r, 4, 1, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); \
-        else if (NV == 4) micro(r, 4, 0, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); \
-        else micro(r, 2, 0, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); \
+        if (MODE == SILU) CALL(r, 4, SILU); \
+        else if (MODE == ARGMAX) { if (NV == 4) CALL(r, 4, ARGMAX); else CALL(r, 2, ARGMAX); } \
+        else if (NV == 4) CALL(r, 4, PLAIN); \
+        else CALL(r, 2, PLAIN); \
         break;
     switch (R) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) }
 #undef CASE
-#define CASE(r) case r: micro(r, 2, 0, x, lda, K, b0, b1, pf, pf2, lpi, bias, n0, N, out, ldc); break;
+#define CASE(r) case r: CALL(r, 2, PLAIN); break;
     switch (R) { CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12) }
 #undef CASE
+#undef CALL
 }
 
 /* One thread's share: panels [q0, q1) for every row. Per block of MC rows, each
@@ -116,20 +145,22 @@ static void micro_rows(int R, int NV, int SILU, const uint16_t* x, int64_t lda, 
  * over it. The first pass waits on DRAM; the later ones prefetch the next pair,
  * spread evenly, so that its DRAM time hides under their arithmetic.
  * silu_half > 0: gate panels [q0, q1), each paired with up panel q + silu_half,
- * written as silu(gate) * up (out has silu_half * PANEL columns). */
+ * written as silu(gate) * up (out has silu_half * PANEL columns).
+ * best != NULL: each row's argmax goes to best[row] instead of out. */
 static void gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed,
                        int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldc, int64_t q0, int64_t q1,
-                       int64_t silu_half) {
+                       int64_t silu_half, struct best* best) {
     const int64_t pairs = (K + 1) / 2, panel_elems = pairs * 2 * PANEL;
     const int silu = silu_half > 0;
+    const int mode = silu ? SILU : best ? ARGMAX : PLAIN;
     for (int64_t mc = 0; mc < M; mc += MC) {
         const int64_t mend = mc + MC < M ? mc + MC : M;
-        if (!silu && mend - mc > MR && mend - mc <= MR2) {
+        if (mode == PLAIN && mend - mc > MR && mend - mc <= MR2) {
             /* one pass over single panels: each weight byte is read once */
             for (int64_t q = q0; q < q1; q++) {
                 const uint16_t* b0 = packed + q * panel_elems;
-                micro_rows((int)(mend - mc), 2, 0, x + mc * lda, lda, K, b0, b0, NULL, NULL, 0, bias, q * PANEL, N,
-                           out + mc * ldc, ldc);
+                micro_rows((int)(mend - mc), 2, PLAIN, NULL, x + mc * lda, lda, K, b0, b0, NULL, NULL, 0, bias,
+                           q * PANEL, N, out + mc * ldc, ldc);
             }
             continue;
         }
@@ -149,9 +180,9 @@ static void gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, con
                 const int R = mend - m < MR ? (int)(mend - m) : MR;
                 const int64_t first = (j - 1) * lpi * pairs;  /* first line this pass prefetches */
                 const int on = next != NULL && j > 0 && first < lines * pairs;
-                micro_rows(R, NV, silu, x + m * lda, lda, K, b0, b1, on ? next + first * 64 : NULL,
-                           on && next2 ? next2 + first * 64 : NULL, on ? lpi : 0, bias, q * PANEL, N,
-                           out + m * ldc, ldc);
+                micro_rows(R, NV, mode, best ? best + m : NULL, x + m * lda, lda, K, b0, b1,
+                           on ? next + first * 64 : NULL, on && next2 ? next2 + first * 64 : NULL, on ? lpi : 0,
+                           bias, q * PANEL, N, best ? NULL : out + m * ldc, ldc);
             }
         }
     }
@@ -167,7 +198,7 @@ int gemm_bf16(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t q0 = panels * t / nt, q1 = panels * (t + 1) / nt;
-        if (q0 < q1) gemm_range(x, M, K, lda, packed, N, bias, out, ldc, q0, q1, 0);
+        if (q0 < q1) gemm_range(x, M, K, lda, packed, N, bias, out, ldc, q0, q1, 0, NULL);
     }
     return 0;
 }
@@ -184,8 +215,36 @@ int gemm_bf16_silu(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const u
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t q0 = half * t / nt, q1 = half * (t + 1) / nt;
-        if (q0 < q1) gemm_range(x, M, K, lda, packed, N / 2, NULL, out, ldc, q0, q1, half);
+        if (q0 < q1) gemm_range(x, M, K, lda, packed, N / 2, NULL, out, ldc, q0, q1, half, NULL);
     }
+    return 0;
+}
+
+/* tokens[m] = argmax over columns of bf16(x . W^T)[m] (no bias), the first column on
+ * ties: what rounding the logits to bf16 and taking their argmax gives, without
+ * writing the logits out (greedy sampling). */
+int gemm_bf16_argmax(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+                     int64_t* tokens) {
+    if (M <= 0) return 0;
+    const int64_t panels = (N + PANEL - 1) / PANEL;
+    const int nt = omp_get_max_threads();
+    struct best* all = (struct best*)malloc(sizeof(struct best) * (size_t)M * (size_t)nt);
+    if (!all) return -3;
+    for (int64_t i = 0; i < M * nt; i++) all[i] = (struct best){-INFINITY, -1};
+    #pragma omp parallel num_threads(nt)
+    {
+        const int n = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t q0 = panels * t / n, q1 = panels * (t + 1) / n;
+        if (q0 < q1) gemm_range(x, M, K, lda, packed, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)t * M);
+    }
+    /* threads hold increasing column ranges: a later one wins only when strictly greater */
+    for (int64_t m = 0; m < M; m++) {
+        struct best b = all[m];
+        for (int t = 1; t < nt; t++)
+            if (all[(int64_t)t * M + m].val > b.val) b = all[(int64_t)t * M + m];
+        tokens[m] = b.idx < 0 ? 0 : b.idx;
+    }
+    free(all);
     return 0;
 }
 
@@ -195,6 +254,11 @@ int gemm_bf16_supported(void) { return 0; }
 
 int gemm_bf16_silu(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
                    uint16_t* out, int64_t ldc) {
+    return -1;
+}
+
+int gemm_bf16_argmax(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+                     int64_t* tokens) {
     return -1;
 }
 
