@@ -57,9 +57,8 @@ class ModelRunner:
             qsl.append(qsl[-1] + n)
         seq_lens = [a + n for a, n in zip(starts, q_lens)]
         max_blocks = max(len(t) for t in tables)
-        bt = torch.zeros((B, max_blocks), dtype=torch.int64)
-        for i, t in enumerate(tables):
-            bt[i, :len(t)] = torch.tensor(t, dtype=torch.int64)
+        # one tensor from padded rows: a tensor per row costs ~4 us each at 128 rows
+        bt = torch.tensor([list(t) + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int64)
         q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
         offsets = torch.tensor(starts, dtype=torch.int64) - torch.tensor(qsl[:-1], dtype=torch.int64)
         positions = torch.arange(qsl[-1], dtype=torch.int64) + torch.repeat_interleave(offsets, q_lens_t)
