@@ -8,6 +8,10 @@
  * streams every panel from DRAM exactly once whatever M is; a prefill step keeps
  * one panel in L2 while every row block of x passes over it.
  *
+ * Entry points: gemm_bf16 (the plain layer); gemm_bf16_silu (the gate_up projection
+ * with silu(gate) * up in its epilogue); gemm_bf16_argmax (the logits projection
+ * reduced to each row's argmax, for greedy sampling). All three share the loops.
+ *
  * Build: gcc -O3 -march=native -fopenmp -shared -fPIC.
  */
 #include <math.h>
@@ -54,9 +58,9 @@ static inline __m512bh pair_at(const uint16_t* row, int64_t k, int64_t K) {
  * (the first such column: columns come in increasing order). Each K pair
  * prefetches lpi cache lines from pf (and as many from pf2). */
 static inline __attribute__((always_inline)) void micro(
-        const int R, const int NV, const int MODE, struct best* best, const uint16_t* x, int64_t lda, int64_t K, const uint16_t* b0,
-        const uint16_t* b1, const char* pf, const char* pf2, int lpi, const uint16_t* bias, int64_t n0, int64_t N,
-        uint16_t* out, int64_t ldc) {
+        const int R, const int NV, const int MODE, struct best* best, const uint16_t* x, int64_t lda, int64_t K,
+        const uint16_t* b0, const uint16_t* b1, const char* pf, const char* pf2, int lpi, const uint16_t* bias,
+        int64_t n0, int64_t N, uint16_t* out, int64_t ldc) {
     const int64_t pairs = (K + 1) / 2;
     __m512 acc[MR2][4];
     for (int i = 0; i < NV; i++) {
@@ -108,7 +112,8 @@ static inline __attribute__((always_inline)) void micro(
         for (int r = 0; r < R; r++)
             for (int i = 0; i < 2; i++) {
                 const __m512 g = round_bf16(acc[r][i]), u = round_bf16(acc[r][2 + i]);
-                const __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+                const __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
                 store_bf16x16(out + r * ldc + n0 + 16 * i, _mm512_mul_ps(round_bf16(sg), u), 0xFFFF);
             }
         return;
