@@ -83,26 +83,34 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             md.seq_lens.data_ptr(), out.data_ptr(), md.num_decodes, q.shape[1], k_cache.shape[2], q.shape[2],
             k_cache.shape[1], scale, md.max_decode_seq_len)
 
+    def prefill_args(self, md: AttentionMetadata, num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+        """The prefill kernel's per-request arrays (query start, query length, context
+        length) for the step's prefill requests; grows ``self._workspace`` to fit them."""
+        nd, qsl = md.num_decodes, md.query_start_loc_list
+        q_start = torch.tensor(qsl[nd:-1], dtype=torch.int64)
+        q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
+        seq_len = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
+        need = self.prefill_lib.paged_prefill_workspace(ptr(seq_len), ctypes.c_int(md.num_reqs - nd),
+                                                        ctypes.c_int(num_kv_heads), ctypes.c_int(head_dim))
+        if self._workspace.numel() < need:
+            self._workspace = torch.empty(need, dtype=torch.uint8)
+        return q_start, q_len, seq_len
+
     def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
         lib = self.prefill_lib
         if (lib is None or q.dtype != torch.bfloat16 or not self.supports(q, k_cache) or not out.is_contiguous()
                 or not lib.paged_prefill_supported(ctypes.c_int(q.shape[2]))):
             return super()._prefills(q, k, v, k_cache, v_cache, md, scale, out)
-        nd, qsl = md.num_decodes, md.query_start_loc_list
-        n = md.num_reqs - nd
-        q_start = torch.tensor(qsl[nd:-1], dtype=torch.int64)
-        q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
-        seq_len = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
+        nd, n = md.num_decodes, md.num_reqs - md.num_decodes
         kvh, d = k_cache.shape[2], q.shape[2]
-        need = lib.paged_prefill_workspace(ptr(seq_len), ctypes.c_int(n), ctypes.c_int(kvh), ctypes.c_int(d))
-        if self._workspace.numel() < need:
-            self._workspace = torch.empty(need, dtype=torch.uint8)
+        q_start, q_len, seq_len = self.prefill_args(md, kvh, d)
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
         bt = md.block_tables[nd:]
         rc = lib.paged_prefill_bf16(
             ptr(q), ctypes.c_int64(q.stride(0)), ptr(k_cache), ptr(v_cache), ptr(bt), ctypes.c_int64(bt.stride(0)),
             ptr(q_start), ptr(q_len), ptr(seq_len), ptr(out), ctypes.c_int(n), ctypes.c_int(q.shape[1]),
-            ctypes.c_int(kvh), ctypes.c_int(d), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale), ptr(self._workspace))
+            ctypes.c_int(kvh), ctypes.c_int(d), ctypes.c_int(k_cache.shape[1]), ctypes.c_float(scale),
+            ptr(self._workspace))
         if rc != 0:
             raise RuntimeError(f"paged_prefill_bf16 failed ({rc})")

@@ -59,13 +59,16 @@ class PanelLinear(nn.Module):
         b = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
         self.register_buffer("bias", b, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as [M, in] bf16 rows with unit column stride (the kernels take a row stride)."""
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.bfloat16:
             raise TypeError(f"PanelLinear takes bfloat16 input, got {x2.dtype}")
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = self._rows(x)
         out = torch.empty(x2.shape[0], self.out_features, dtype=torch.bfloat16)
         rc = self.lib.gemm_bf16(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0), self.packed.data_ptr(),
                                 self.out_features, None if self.bias is None else self.bias.data_ptr(),
@@ -77,9 +80,7 @@ class PanelLinear(nn.Module):
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this gate_up projection's output [gate | up], without
         materializing it: bit-identical to ``silu_mul`` (cpu_fused.py) of ``self(x)``."""
-        x2 = x.reshape(-1, self.in_features)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        x2 = self._rows(x)
         inter = self.out_features // 2
         out = torch.empty(x2.shape[0], inter, dtype=torch.bfloat16)
         rc = self.lib.gemm_bf16_silu(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0),
@@ -94,9 +95,7 @@ class PanelLinear(nn.Module):
         the outputs: greedy sampling from the logits projection. No bias."""
         if self.bias is not None:
             raise ValueError("argmax of a projection with a bias")
-        x2 = x.reshape(-1, self.in_features)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
+        x2 = self._rows(x)
         tokens = torch.empty(x2.shape[0], dtype=torch.int64)
         rc = self.lib.gemm_bf16_argmax(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0),
                                        self.packed.data_ptr(), self.out_features, tokens.data_ptr())

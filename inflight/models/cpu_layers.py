@@ -77,7 +77,6 @@ class CpuLayerLoop:
             raise RuntimeError("csrc/llama_layers.c and cpu_layers.KERNELS disagree")
         self.ticks: Optional[torch.Tensor] = None  # set by profile(): time-stamp counter totals per kernel
         lib.llama_layers_bf16.argtypes = [_P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
-        attn.prefill_lib.paged_prefill_workspace.argtypes = [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int]
 
     @classmethod
     def build(cls, model: nn.Module) -> Optional["CpuLayerLoop"]:
@@ -90,7 +89,7 @@ class CpuLayerLoop:
         if not isinstance(attn, CpuPagedAttentionBackend) or attn.prefill_lib is None:
             return None
         cfg = model.cfg
-        if not attn.prefill_lib.paged_prefill_supported(ctypes.c_int(cfg.head_dim)) or cfg.head_dim % 32:
+        if not attn.prefill_lib.paged_prefill_supported(ctypes.c_int(cfg.head_dim)):
             return None
         for layer in layers:
             lins = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
@@ -138,7 +137,7 @@ class CpuLayerLoop:
         layers = self._layer_array(kv_caches)
         cfg, T = self.model.cfg, x.shape[0]
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        nd, qsl = md.num_decodes, md.query_start_loc_list
+        nd = md.num_decodes
         npf = md.num_reqs - nd
         res = x.contiguous()
         new = lambda *shape: torch.empty(shape, dtype=torch.bfloat16)  # noqa: E731
@@ -146,20 +145,14 @@ class CpuLayerLoop:
         act = new(T, self.inter)
         gate_up = new(T, 2 * self.inter) if self.kernels.gemm_silu is None else None
         cos, sin = rope[0].contiguous(), rope[1].contiguous()
-        s = _Step(T, nd, npf, md.block_tables.stride(0), md.max_decode_seq_len)
-        if npf:  # NOTE: the tensors whose pointers the step holds stay alive as locals until the call returns
-            q_start = torch.tensor(qsl[nd:-1], dtype=torch.int64)
-            q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
-            pf_seq = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
-            need = self.attn.prefill_lib.paged_prefill_workspace(pf_seq.data_ptr(), npf, nkv, hd)
-            if self.attn._workspace.numel() < need:
-                self.attn._workspace = torch.empty(need, dtype=torch.uint8)
-            s.q_start, s.q_len, s.pf_seq_len = q_start.data_ptr(), q_len.data_ptr(), pf_seq.data_ptr()
-            s.workspace = self.attn._workspace.data_ptr()
         slots = md.slot_mapping.contiguous()
         bt = md.block_tables.contiguous()
+        s = _Step(T, nd, npf, bt.stride(0), md.max_decode_seq_len)
+        if npf:  # NOTE: the tensors whose pointers the step holds stay alive as locals until the call returns
+            q_start, q_len, pf_seq = self.attn.prefill_args(md, nkv, hd)
+            s.q_start, s.q_len, s.pf_seq_len = q_start.data_ptr(), q_len.data_ptr(), pf_seq.data_ptr()
+            s.workspace = self.attn._workspace.data_ptr()
         s.slots, s.block_tables, s.seq_lens = slots.data_ptr(), bt.data_ptr(), md.seq_lens.data_ptr()
-        s.bt_stride = bt.stride(0)
         s.cos, s.sin = cos.data_ptr(), sin.data_ptr()
         s.res, s.y, s.h, s.qkv, s.attn = res.data_ptr(), y.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr()
         s.gate_up, s.act = None if gate_up is None else gate_up.data_ptr(), act.data_ptr()
