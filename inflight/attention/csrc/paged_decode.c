@@ -162,17 +162,17 @@ static inline __attribute__((always_inline)) void pv_group(const int nv, const i
 }
 
 /* unpacklo/hi interleave within 128-bit lanes: lane 4k+r of the lo accumulator of
- * dims 32i.. holds dim 32i+8k+r, of the hi one dim 32i+8k+4+r. */
+ * dims 32i.. holds dim 32i+8k+r, of the hi one dim 32i+8k+4+r; two lane permutes
+ * put the dims back in order. */
 static inline void store_head(const __m512* acc, int nv, float inv, uint16_t* op) {
+    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i second = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    const __m512 vinv = _mm512_set1_ps(inv);
     for (int i = 0; i < nv; i++) {
-        float lo_f[16], hi_f[16];
-        _mm512_storeu_ps(lo_f, acc[2 * i]);
-        _mm512_storeu_ps(hi_f, acc[2 * i + 1]);
-        for (int k = 0; k < 4; k++)
-            for (int r = 0; r < 4; r++) {
-                op[32 * i + 8 * k + r] = f32_to_bf16(lo_f[4 * k + r] * inv);
-                op[32 * i + 8 * k + 4 + r] = f32_to_bf16(hi_f[4 * k + r] * inv);
-            }
+        const __m512 a = _mm512_permutex2var_ps(acc[2 * i], first, acc[2 * i + 1]);
+        const __m512 b = _mm512_permutex2var_ps(acc[2 * i], second, acc[2 * i + 1]);
+        store_bf16x16(op + 32 * i, _mm512_mul_ps(a, vinv), 0xFFFF);
+        store_bf16x16(op + 32 * i + 16, _mm512_mul_ps(b, vinv), 0xFFFF);
     }
 }
 
@@ -188,8 +188,10 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
         float scale, float* sbuf, int64_t* rows) {
     const int head_dim = 32 * nv;
     const int64_t lp = (len + 31) & ~(int64_t)31;  /* padded score row */
-    for (int64_t t = 0; t < lp; t++)
-        rows[t] = t < len ? (bt[t / block_size] * block_size + t % block_size) * tok_stride : 0;
+    for (int64_t b = 0, t = 0; t < len; b++)  /* block by block: no division per token */
+        for (int64_t j = 0, r = bt[b] * block_size * tok_stride; j < block_size && t < len; j++, t++)
+            rows[t] = r + j * tok_stride;
+    for (int64_t t = len; t < lp; t++) rows[t] = 0;
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int kh = kh0; kh < kh1; kh++) {
         const uint16_t* kbase = k_cache + (int64_t)kh * head_dim;
@@ -231,8 +233,9 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             for (int g = 0; g < n; g++) p[g] = (const uint16_t*)(sbuf + (int64_t)(g0 + g) * lp);
             __m512 acc[PV_REGS];
             /* constant group sizes keep the accumulators in registers */
-            if (n == gb && gb == 4) pv_group(nv, 4, vbase, rows, len, p, acc);
-            else if (n == gb && gb == 2) pv_group(nv, 2, vbase, rows, len, p, acc);
+            if (n == 4) pv_group(nv, 4, vbase, rows, len, p, acc);
+            else if (n == 3) pv_group(nv, 3, vbase, rows, len, p, acc);
+            else if (n == 2) pv_group(nv, 2, vbase, rows, len, p, acc);
             else for (int g = 0; g < n; g++) pv_group(nv, 1, vbase, rows, len, p + g, acc + g * 2 * nv);
             for (int g = 0; g < n; g++)
                 store_head(acc + g * 2 * nv, nv, 1.f / l[g0 + g], out + (int64_t)(kh * G + g0 + g) * head_dim);
