@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import logging
 import math
 import os
 import shlex
@@ -23,10 +22,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from inflight.bench.client import import_httpx
 from inflight.bench.common import (add_workload_args, load_requests, make_report, parse_percentiles,
                                    workload_name, write_report)
 from inflight.bench.metrics import parse_goodput
@@ -92,18 +91,18 @@ class ServerProcess:
 
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log_path: str = "") -> None:
     """Poll GET /health until 200; raise if the process exits or time runs out."""
-    httpx = import_httpx()
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # No proxy handler: a proxy from the environment must not sit between us and the server.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with status {proc.returncode} before it was healthy "
                                f"(see {log_path})")
         try:
-            if httpx.get(base_url + "/health", timeout=2.0, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
+            with opener.open(base_url + "/health", timeout=2.0) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:  # refused, reset, timed out, or an HTTP error status
             pass
         time.sleep(0.5)
     raise RuntimeError(f"the server was not healthy after {timeout:.0f} s (see {log_path})")
