@@ -133,10 +133,12 @@ def make_mixed_step(seed, heads, kv_heads, dim, block_size, dtype, chunks):
 @pytest.mark.parametrize("fused_qkv", [False, True])
 def test_cpu_mixed_step_prefill_chunks_match_dense(heads, kv_heads, dim, block_size, fused_qkv):
     """Decodes plus prefill chunks with and without a cached prefix, ragged lengths
-    that straddle the kernels' 32-key tiles and 192-row query tiles. With
+    that straddle the kernels' 32-key tiles and 192-row query tiles, and short chunks
+    over long prefixes (speculative decoding's draft rows, which skip the repack). With
     ``fused_qkv`` q, k and v are strided views into one [T, (H + 2 KVH) D] tensor,
     as the model passes them: the C K/V write and decode read them in place."""
-    chunks = [(40, 1), (7, 1), (0, 5), (0, 77), (33, 31), (100, 1 + 64), (0, 1 + 200), (513, 40)]
+    chunks = [(40, 1), (7, 1), (0, 5), (0, 77), (33, 31), (100, 1 + 64), (0, 1 + 200), (513, 40),
+              (300, 5), (61, 3), (90, 8), (17, 2), (45, 4)]
     chunks = sorted(chunks, key=lambda c: c[1] != 1)
     q, k, v, kc, vc, md, full_k, full_v = make_mixed_step(heads + dim + block_size, heads, kv_heads, dim,
                                                           block_size, torch.bfloat16, chunks)

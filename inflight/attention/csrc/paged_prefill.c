@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "bf16_simd.h"
+#include "decode_core.h"
 
 #define KT 32        /* keys per tile */
 #define MAX_ROWS 192 /* query rows (tokens x heads of a kv head) per work item */
@@ -149,6 +150,11 @@ static inline __attribute__((always_inline)) void attend_block(
     }
 }
 
+/* A chunk of at most this many query tokens goes through decode_core.h instead */
+#define SHORT_Q 8
+
+static inline int short_chunk(int64_t q_len, int G) { return q_len <= SHORT_Q && q_len * G <= DECODE_MAX_ROWS; }
+
 /* Phase 2 over an item's rows, a register block at a time; head dims with a
  * specialized block keep its accumulators in registers. */
 static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, const uint32_t* ktiles, int D,
@@ -198,14 +204,23 @@ int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
     const int64_t tok_stride = (int64_t)num_kv_heads * D, tile_words = (int64_t)KT * half;
     const int tq = MAX_ROWS / G > 0 ? MAX_ROWS / G : 1;  /* query tokens per work item */
     if (G > MAX_ROWS) return -1;
-    /* Work lists: phase 1 over (request, kv head, key tile), phase 2 over (request, kv head, query tile). */
-    int64_t n1 = 0, n2 = 0;
+    /* Work lists: phase 1 over (request, kv head, key tile), phase 2 over (request, kv head, query tile).
+     * NOTE: a short chunk (speculative decoding's draft rows) skips phase 1: repacking its
+     * whole context costs more than a decode-style pass over the cache in place. */
+    int64_t n1 = 0, n2 = 0, short_lp = 0;
+    int short_rows = 0;
     int64_t* tile_base = (int64_t*)malloc(sizeof(int64_t) * (num_reqs + 1));
     tile_base[0] = 0;
     for (int r = 0; r < num_reqs; r++) {
-        tile_base[r + 1] = tile_base[r] + (seq_len[r] + KT - 1) / KT;
+        const int is_short = short_chunk(q_len[r], G);
+        tile_base[r + 1] = tile_base[r] + (is_short ? 0 : (seq_len[r] + KT - 1) / KT);
         n2 += (q_len[r] + tq - 1) / tq;
+        if (is_short) {
+            short_lp = seq_len[r] > short_lp ? seq_len[r] : short_lp;
+            short_rows = q_len[r] * G > short_rows ? (int)q_len[r] * G : short_rows;
+        }
     }
+    short_lp = (short_lp + 31) & ~(int64_t)31;
     n1 = tile_base[num_reqs];
     int64_t kpad = 0;  /* score row length: the longest context, in whole key tiles */
     for (int r = 0; r < num_reqs; r++) kpad = seq_len[r] > kpad ? seq_len[r] : kpad;
@@ -232,10 +247,19 @@ int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
         int64_t* pos = (int64_t*)malloc(sizeof(int64_t) * MAX_ROWS);
         uint16_t** dst = (uint16_t**)malloc(sizeof(uint16_t*) * MAX_ROWS);
         float* sbuf = (float*)malloc(sizeof(float) * RB_MAX * kpad);
+        float* short_sbuf = short_rows ? (float*)malloc(sizeof(float) * (size_t)short_rows * short_lp) : NULL;
+        int64_t* short_offsets = short_rows ? (int64_t*)malloc(sizeof(int64_t) * short_lp) : NULL;
         #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t w = 0; w < n2; w++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
                 const int r = (int)it2[2 * w];
+                if (short_chunk(q_len[r], G)) {
+                    decode_seq_avx512(q + q_start[r] * q_stride, q_stride, (int)q_len[r], k_cache, v_cache,
+                                      block_tables + (int64_t)r * bt_stride, seq_len[r],
+                                      out + q_start[r] * num_heads * D, (int64_t)num_heads * D, G, kh, kh + 1, D,
+                                      block_size, tok_stride, scale, short_sbuf, short_offsets);
+                    continue;
+                }
                 const int64_t i0 = it2[2 * w + 1] * tq;
                 const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
                 prefill_item(q, q_stride, out, q_start[r], seq_len[r] - q_len[r], i0, i1, kh, G, num_heads, D,
@@ -246,6 +270,8 @@ int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
         free(pos);
         free(dst);
         free(sbuf);
+        free(short_sbuf);
+        free(short_offsets);
     }
     free(items);
     free(tile_base);
