@@ -1,6 +1,7 @@
 """Engine settings, grouped as in vLLM (model, cache, scheduler)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -58,6 +59,49 @@ class SchedulerConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """Speculative decoding, vLLM's ``speculative_config``. ``method="ngram"``
+    (prompt lookup) drafts up to ``num_speculative_tokens`` tokens per step by
+    matching the last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens
+    against the request's earlier ones; one forward pass then verifies them all.
+    Only plain greedy requests speculate (core/spec_decode.py)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    # Draft only while fewer requests than this run (None: always). A CPU step is bound
+    # by reading the weights until it has a few dozen rows: there drafts are nearly
+    # free; in a full batch every rejected draft costs a row of compute.
+    disable_by_batch_size: Optional[int] = None
+
+    @classmethod
+    def parse(cls, value: Any) -> Optional["SpeculativeConfig"]:
+        """None, a SpeculativeConfig, a dict, or its JSON text (the CLI's form)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            value = json.loads(value)
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        unknown = set(value) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys: {sorted(unknown)}")
+        return cls(**value)
+
+    def validate(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(f"speculative_config method must be 'ngram', got {self.method!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max, got "
+                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError(f"disable_by_batch_size must be at least 1, got {self.disable_by_batch_size}")
+
+
+@dataclass
 class EngineConfig:
     """Everything the engine needs; build it with :meth:`from_kwargs`."""
 
@@ -68,6 +112,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | cpu | triton
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode-only steps (as in vLLM)
     trace_file: Optional[str] = None
+    speculative_config: Optional[SpeculativeConfig] = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
@@ -77,7 +122,7 @@ class EngineConfig:
             "model": {f.name for f in fields(ModelConfig)},
             "cache": {f.name for f in fields(CacheConfig)},
             "sched": {f.name for f in fields(SchedulerConfig)},
-            "top": {"device", "trace_file", "attention_backend", "enforce_eager"},
+            "top": {"device", "trace_file", "attention_backend", "enforce_eager", "speculative_config"},
         }
         for key, value in kwargs.items():
             for group, known in names.items():
@@ -86,6 +131,8 @@ class EngineConfig:
                     break
             else:
                 raise TypeError(f"unknown engine argument: {key!r}")
+        if "speculative_config" in groups["top"]:
+            groups["top"]["speculative_config"] = SpeculativeConfig.parse(groups["top"]["speculative_config"])
         cfg = cls(ModelConfig(**groups["model"]), CacheConfig(**groups["cache"]),
                   SchedulerConfig(**groups["sched"]), **groups["top"])
         cfg.validate()
@@ -105,6 +152,10 @@ class EngineConfig:
             raise ValueError(f"scheduling must be 'continuous' or 'static', got {s.scheduling!r}")
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}")
+        if self.speculative_config is not None:
+            self.speculative_config.validate()
+            if s.scheduling == "static":
+                raise ValueError("speculative decoding needs scheduling='continuous'")
         self._validate_pressure()
 
     def _validate_pressure(self) -> None:

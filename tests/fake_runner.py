@@ -12,9 +12,10 @@ from inflight.sampling_params import SamplingParams
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 1024, num_host_blocks: int = 0,
                    **sched_kw) -> Scheduler:
     caching = sched_kw.pop("enable_prefix_caching", True)
+    spec = sched_kw.pop("speculative_config", None)
     cls = StaticScheduler if sched_kw.get("scheduling") == "static" else Scheduler
     return cls(SchedulerConfig(**sched_kw), CacheConfig(block_size=block_size, enable_prefix_caching=caching),
-                     num_blocks, max_model_len, num_host_blocks=num_host_blocks)
+               num_blocks, max_model_len, num_host_blocks=num_host_blocks, speculative_config=spec)
 
 
 def make_request(rid: str, prompt_len: int = 8, max_tokens: int = 4, base: int = 0, **kw) -> Request:
@@ -24,7 +25,7 @@ def make_request(rid: str, prompt_len: int = 8, max_tokens: int = 4, base: int =
 
 def fake_execute(sched: SchedulerOutput, token: int = 7) -> ModelRunnerOutput:
     """Sample ``token`` for every request whose chunk reaches the end of its tokens."""
-    return ModelRunnerOutput({s.request.request_id: token for s in sched.scheduled if s.samples})
+    return ModelRunnerOutput({s.request.request_id: [token] for s in sched.scheduled if s.samples})
 
 
 def run_step(scheduler: Scheduler, token: int = 7):

@@ -72,7 +72,7 @@ class FakeRunner:
             req = s.request
             seed = req.sampling_params.seed or 0
             tok = ord(SCRIPT[(req.num_output_tokens + seed) % len(SCRIPT)])
-            out.sampled_token_ids[req.request_id] = tok
+            out.sampled_token_ids[req.request_id] = [tok]
             if req.sampling_params.logprobs is not None:
                 alts = [(ord("x"), -2.0, 2), (ord("y"), -3.0, 3)][:req.sampling_params.logprobs]
                 out.logprobs[req.request_id] = [(tok, -0.5, 1)] + alts

@@ -52,7 +52,7 @@ class SimulatedKV:
 
 def execute(sched) -> ModelRunnerOutput:
     """A token that depends on the request and its length, so generated KV differs per request."""
-    return ModelRunnerOutput({s.request.request_id: 1 + (hash(s.request.request_id) + s.request.num_tokens) % 997
+    return ModelRunnerOutput({s.request.request_id: [1 + (hash(s.request.request_id) + s.request.num_tokens) % 997]
                               for s in sched.scheduled if s.samples})
 
 

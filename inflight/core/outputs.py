@@ -12,11 +12,14 @@ LogprobEntry = list[tuple[int, float, int]]
 
 class ScheduledRequest(NamedTuple):
     """One request's share of a step: compute ``num_new_tokens`` tokens starting at
-    ``request.num_computed_tokens``, with KV slots in ``block_ids``."""
+    ``request.num_computed_tokens``, with KV slots in ``block_ids``. With speculative
+    decoding the last ``len(spec_token_ids)`` of them are draft tokens, past the
+    request's known tokens."""
 
     request: Request
     num_new_tokens: int
     block_ids: list[int]
+    spec_token_ids: tuple[int, ...] = ()
 
     @property
     def is_prefill(self) -> bool:
@@ -26,7 +29,7 @@ class ScheduledRequest(NamedTuple):
     def samples(self) -> bool:
         """True when this chunk reaches the end of the known tokens, so a token is sampled."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        return r.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == r.num_tokens
 
 
 @dataclass
@@ -52,9 +55,10 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """Sampled tokens for the requests that reached the end of their known tokens."""
+    """Sampled tokens for the requests that reached the end of their known tokens:
+    one each, or with draft tokens, the accepted drafts and the model's next token."""
 
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, LogprobEntry] = field(default_factory=dict)
 
 

@@ -75,6 +75,7 @@ class Request:
     num_preemptions: int = 0
     stop_reason: Any = None
     block_hashes: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts for the next step (speculative decoding)
     times: RequestTimes = field(init=False)
     # Token ids after the prompt, including the ones generated so far.
     all_token_ids: list[int] = field(init=False)

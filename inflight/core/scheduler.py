@@ -7,13 +7,14 @@ import time
 from collections import deque
 from typing import Iterable, Optional
 
-from inflight.config import CacheConfig, SchedulerConfig
+from inflight.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from inflight.core.admission import AdmissionMixin
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import (EngineCoreOutput, ModelRunnerOutput, ScheduledRequest,
                                    SchedulerOutput)
 from inflight.core.preemption import PreemptionMixin
 from inflight.core.request import Request, RequestStatus
+from inflight.core.spec_decode import NgramProposer
 from inflight.core.swap import SwapSpace
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,11 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 num_blocks: int, max_model_len: int, num_host_blocks: int = 0) -> None:
+                 num_blocks: int, max_model_len: int, num_host_blocks: int = 0,
+                 speculative_config: Optional[SpeculativeConfig] = None) -> None:
         self.config = scheduler_config
+        self.spec_config = speculative_config
+        self.proposer = NgramProposer(speculative_config) if speculative_config is not None else None
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
@@ -155,12 +159,17 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         scheduled: dict[str, int] = {}
+        drafts: dict[str, tuple[int, ...]] = {}
         for req in list(self.running):
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = self._chunk(req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
+            if req.spec_token_ids and n == req.num_tokens - req.num_computed_tokens == 1:
+                # a decode with drafts: they take what the budget leaves, after the known token
+                drafts[req.request_id] = tuple(req.spec_token_ids[:budget - 1])
+                n += len(drafts[req.request_id])
             self._requester = req
             while not self.kv.allocate_slots(req, n):
                 victim = self._pick_victim()
@@ -176,7 +185,8 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
                 scheduled[req.request_id] = n
                 budget -= n
         out.scheduled.extend(
-            ScheduledRequest(r, scheduled[r.request_id], self.kv.get_block_ids(r.request_id))
+            ScheduledRequest(r, scheduled[r.request_id], self.kv.get_block_ids(r.request_id),
+                             drafts.get(r.request_id, ()))
             for r in self.running if r.request_id in scheduled)
         return budget
 
@@ -265,22 +275,39 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
             req = s.request
             if req.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            req.num_computed_tokens += s.num_new_tokens
-            token = result.sampled_token_ids.get(req.request_id)
-            if token is None:
+            tokens = result.sampled_token_ids.get(req.request_id)
+            # NOTE: rejected drafts leave KV in slots past num_computed_tokens; the
+            # tokens that later take those positions overwrite it before any read.
+            num_rejected = len(s.spec_token_ids) - (len(tokens) - 1 if tokens else 0)
+            req.num_computed_tokens += s.num_new_tokens - num_rejected
+            if not tokens:
                 continue
-            req.append_output_token(token)
+            new, status = [], None
+            for token in tokens:
+                req.append_output_token(token)
+                new.append(token)
+                status = self._check_stop(req, token)
+                if status is not None:
+                    break
             if req.times.first_token_time is None:
                 req.times.first_token_time = now
             req.times.last_token_time = now
-            status = self._check_stop(req, token)
             if status is not None:
                 self._finish(req, status)
+            elif self.proposer is not None:
+                req.spec_token_ids = self._propose(req)
             lp = result.logprobs.get(req.request_id)
             outputs.append(EngineCoreOutput(
-                req.request_id, [token], status.finish_reason if status else None, req.stop_reason,
+                req.request_id, new, status.finish_reason if status else None, req.stop_reason,
                 [lp] if lp is not None else None, max(req.num_cached_tokens, 0)))
         return outputs
+
+    def _propose(self, req: Request) -> list[int]:
+        """Drafts for the request's next step, unless the batch is too large to gain from them."""
+        limit = self.spec_config.disable_by_batch_size
+        if limit is not None and len(self.running) >= limit:
+            return []
+        return self.proposer.propose_for(req, self.max_model_len)
 
     def _check_stop(self, req: Request, token: int) -> Optional[RequestStatus]:
         params = req.sampling_params

@@ -44,6 +44,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="auto | torch | cpu (the C paged kernel) | triton (CUDA kernels)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="CUDA: run every step eagerly (no CUDA graphs for decode-only steps)")
+    parser.add_argument("--speculative-config", default=None,
+                        help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                             '"prompt_lookup_max": 4, "disable_by_batch_size": 16}\' (default: off)')
 
 
 def _type_of(annotation: Any, default: Any):
@@ -66,4 +69,6 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     kw["trace_file"] = args.trace_file
     kw["attention_backend"] = args.attention_backend
     kw["enforce_eager"] = getattr(args, "enforce_eager", False)
+    if getattr(args, "speculative_config", None):
+        kw["speculative_config"] = args.speculative_config
     return kw

@@ -8,6 +8,7 @@ import torch
 
 from inflight.attention.base import AttentionMetadata
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.core.spec_decode import accept_greedy
 from inflight.worker.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
 from inflight.worker.swap import Swapper
 
@@ -20,7 +21,7 @@ class StepInputs:
     positions: torch.Tensor
     md: AttentionMetadata
     logits_indices: torch.Tensor  # rows whose hidden state is projected to logits
-    sampling: list[ScheduledRequest]  # in logits row order
+    sampling: list[ScheduledRequest]  # in logits row order; one with k drafts has k + 1 rows
 
 
 class ModelRunner:
@@ -46,7 +47,8 @@ class ModelRunner:
         q_lens, starts, tables = [], [], []
         for s in items:
             nc = s.request.num_computed_tokens
-            ids.extend(s.request.all_token_ids[nc:nc + s.num_new_tokens])
+            ids.extend(s.request.all_token_ids[nc:nc + s.num_new_tokens - len(s.spec_token_ids)])
+            ids.extend(s.spec_token_ids)
             q_lens.append(s.num_new_tokens)
             starts.append(nc)
             tables.append(s.block_ids)
@@ -72,7 +74,9 @@ class ModelRunner:
             query_start_loc_list=qsl, seq_lens_list=seq_lens, num_decodes=num_decodes, block_size=bs,
             max_decode_seq_len=max(seq_lens[:num_decodes], default=0))
         sampling = [s for s in items if s.samples]
-        logits_idx = [qsl[i + 1] - 1 for i, s in enumerate(items) if s.samples]
+        # a request with drafts samples after its last known token and after every draft
+        logits_idx = [j for i, s in enumerate(items) if s.samples
+                      for j in range(qsl[i + 1] - 1 - len(s.spec_token_ids), qsl[i + 1])]
         return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), md,
                           torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling)
 
@@ -88,7 +92,9 @@ class ModelRunner:
                     gen = torch.Generator(device=self.device).manual_seed(p.seed)
                     self.generators[req.request_id] = gen
             eos = [] if p.ignore_eos else list(req.eos_token_ids)
-            rows.append(SamplingRow(p, req.prompt_token_ids, req.output_token_ids, eos, gen))
+            # draft rows: only plain greedy requests draft, so the rows share one setting
+            rows.extend([SamplingRow(p, req.prompt_token_ids, req.output_token_ids, eos, gen)]
+                        * (1 + len(s.spec_token_ids)))
         return rows
 
     @torch.inference_mode()
@@ -110,11 +116,14 @@ class ModelRunner:
         md = SamplingMetadata.from_rows(self._sampling_rows(inp.sampling), self.vocab_size, self.device)
         result = self._sample(hidden[inp.logits_indices], md)
         out = ModelRunnerOutput()
-        for i, s in enumerate(inp.sampling):
+        row = 0
+        for s in inp.sampling:
             rid = s.request.request_id
-            out.sampled_token_ids[rid] = result.sampled_token_ids[i]
+            k = len(s.spec_token_ids)
+            out.sampled_token_ids[rid] = accept_greedy(s.spec_token_ids, result.sampled_token_ids[row:row + k + 1])
             if result.logprobs is not None and s.request.sampling_params.logprobs is not None:
-                out.logprobs[rid] = result.logprobs[i]
+                out.logprobs[rid] = result.logprobs[row]
+            row += k + 1
         return out
 
     def _sample(self, hidden: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
