@@ -19,6 +19,9 @@ from inflight.outputs import RequestOutput
 logger = logging.getLogger("inflight.stats")
 
 PREFIX = "inflight:"
+# running totals in engine.stats() that become Prometheus counters of the same name
+_ENGINE_TOTALS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "spec_decode_num_drafts",
+                  "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 _TOKEN_LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -61,7 +64,7 @@ class EngineMetrics:
         self.model_name = model_name
         self.log_interval_s = log_interval_s
         self._requests: dict[str, _RequestTiming] = {}
-        self._totals = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}
+        self._totals = dict.fromkeys(_ENGINE_TOTALS, 0)
         self._window = _Window()
         self._last_hit_rate = (0, 0)  # prefix-cache queries/hits at the previous log line
         self._stats: dict[str, float] = {}
@@ -80,6 +83,11 @@ class EngineMetrics:
         self.prefix_cache_queries = make(Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = make(Counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.num_preemptions = make(Counter, "num_preemptions", "Cumulative number of preemptions.")
+        self.spec_decode_num_drafts = make(Counter, "spec_decode_num_drafts",
+                                           "Request steps that verified speculative draft tokens.")
+        self.spec_decode_num_draft_tokens = make(Counter, "spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_decode_num_accepted_tokens = make(Counter, "spec_decode_num_accepted_tokens",
+                                                    "Draft tokens accepted.")
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of requests that started generating.")
         self.generation_tokens = make(Counter, "generation_tokens", "Generated tokens.")
         self.request_success = make(Counter, "request_success", "Finished requests by finish reason.",
@@ -162,9 +170,8 @@ class EngineMetrics:
         self.num_requests_waiting.set(stats["num_waiting"])
         self.kv_cache_usage_perc.set(stats["kv_cache_usage"])
         # The engine keeps running totals; Prometheus counters only go up by deltas.
-        for name, total in (("prefix_cache_queries", stats.get("prefix_cache_queries", 0)),
-                            ("prefix_cache_hits", stats.get("prefix_cache_hits", 0)),
-                            ("num_preemptions", stats.get("num_preemptions", 0))):
+        for name in _ENGINE_TOTALS:
+            total = stats.get(name, 0)
             delta = total - self._totals[name]
             if delta > 0:
                 getattr(self, name).inc(delta)

@@ -190,3 +190,28 @@ def test_real_model_speculative_output_equals_greedy_in_fewer_steps(dtype, backe
     assert spec == plain and all(len(t) == 24 for t in spec)
     assert spec_steps < plain_steps * 0.75, (spec_steps, plain_steps)
     assert plain_free and spec_free
+
+
+@pytest.mark.slow
+def test_server_streams_several_tokens_a_step_and_counts_drafts():
+    import httpx
+    import openai
+
+    from inflight.engine.llm_engine import LLMEngine
+    from inflight.entrypoints.openai.server_thread import ServerThread
+    from test_server import metric
+
+    engine = LLMEngine.from_kwargs(dtype="bfloat16", kv_cache_memory=64 * 2**20,
+                                   speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    with ServerThread(engine, "smollm2", log_stats=False) as srv:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        kw = dict(model="smollm2", prompt=REPETITIVE[0], max_tokens=20, temperature=0)
+        whole = client.completions.create(**kw).choices[0].text
+        chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+        text = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+        assert "".join(text) == whole and chunks[-1].usage.completion_tokens == 20
+        assert len(text) < 20  # steps that accepted drafts stream several tokens in one chunk
+        page = httpx.get(srv.base_url + "/metrics").text
+        drafted = metric(page, "inflight:spec_decode_num_draft_tokens_total")
+        accepted = metric(page, "inflight:spec_decode_num_accepted_tokens_total")
+        assert 0 < accepted <= drafted and metric(page, "inflight:spec_decode_num_drafts_total") > 0

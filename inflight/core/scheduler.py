@@ -65,6 +65,8 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
         self.num_preemptions = 0
         self.num_swap_outs = 0  # preemptions whose KV went to the host pool
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full and recomputed
+        # speculative decoding: steps of a request with drafts, drafts run, drafts accepted
+        self.num_spec_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -282,6 +284,10 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
             req.num_computed_tokens += s.num_new_tokens - num_rejected
             if not tokens:
                 continue
+            if s.spec_token_ids:
+                self.num_spec_drafts += 1
+                self.num_draft_tokens += len(s.spec_token_ids)
+                self.num_accepted_tokens += len(tokens) - 1
             new, status = [], None
             for token in tokens:
                 req.append_output_token(token)

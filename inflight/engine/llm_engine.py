@@ -164,4 +164,7 @@ class LLMEngine:
         return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
                 "num_swapped": len(self.scheduler.swapped),
                 "kv_cache_usage": kv.usage, "num_preemptions": self.scheduler.num_preemptions,
-                "prefix_cache_queries": kv.prefix_cache_queries, "prefix_cache_hits": kv.prefix_cache_hits}
+                "prefix_cache_queries": kv.prefix_cache_queries, "prefix_cache_hits": kv.prefix_cache_hits,
+                "spec_decode_num_drafts": self.scheduler.num_spec_drafts,
+                "spec_decode_num_draft_tokens": self.scheduler.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": self.scheduler.num_accepted_tokens}
