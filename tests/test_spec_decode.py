@@ -215,3 +215,22 @@ def test_server_streams_several_tokens_a_step_and_counts_drafts():
         drafted = metric(page, "inflight:spec_decode_num_draft_tokens_total")
         accepted = metric(page, "inflight:spec_decode_num_accepted_tokens_total")
         assert 0 < accepted <= drafted and metric(page, "inflight:spec_decode_num_drafts_total") > 0
+
+
+def test_drafts_take_only_the_budget_a_prefill_leaves():
+    """Decodes first, then the prompt, then drafts: guesses never delay a first token."""
+    model = periodic_model(2)
+    sched = make_scheduler(speculative_config=SpeculativeConfig(num_speculative_tokens=4), max_num_batched_tokens=8)
+    sched.add_request(make_request("old", 6, 30))
+    while not sched.requests["old"].spec_token_ids:  # prefill, then decode until drafts appear
+        so = sched.schedule()
+        sched.update_from_output(so, execute(so, model))
+    sched.add_request(make_request("new", 20, 5, base=100))
+    so = sched.schedule()
+    got = {s.request.request_id: (s.num_new_tokens, s.spec_token_ids) for s in so.scheduled}
+    assert got == {"old": (1, ()), "new": (7, ())}
+    sched.update_from_output(so, execute(so, model))
+    for _ in range(2):  # the rest of the prompt (7 + 6), then drafts fill what is left
+        so = sched.schedule()
+        sched.update_from_output(so, execute(so, model))
+    assert so.scheduled[0].request.request_id == "old" and len(so.scheduled[0].spec_token_ids) == 1

@@ -14,13 +14,13 @@ from inflight.core.outputs import (EngineCoreOutput, ModelRunnerOutput, Schedule
                                    SchedulerOutput)
 from inflight.core.preemption import PreemptionMixin
 from inflight.core.request import Request, RequestStatus
-from inflight.core.spec_decode import NgramProposer
+from inflight.core.spec_decode import SpecDecodeMixin
 from inflight.core.swap import SwapSpace
 
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(AdmissionMixin, PreemptionMixin):
+class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     """Continuous batching with chunked prefill, prefix caching, and preemption by
     recompute or swap.
 
@@ -32,7 +32,8 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
     chunk; one that cannot get a block preempts); then, unless that preempted,
     swapped requests resume and waiting ones are admitted (core/admission.py)
     while ``max_num_seqs``, the token budget and free KV blocks above the
-    watermark allow; the last prefill admitted takes whatever budget remains.
+    watermark allow; the last prefill admitted takes whatever budget remains;
+    speculative draft tokens, if any, get what is left after that (core/spec_decode.py).
 
     ``num_host_blocks`` sizes the host pool for ``preemption_mode="swap"`` (the
     worker computes it from ``swap_space``); with none, swap falls back to recompute.
@@ -42,8 +43,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
                  num_blocks: int, max_model_len: int, num_host_blocks: int = 0,
                  speculative_config: Optional[SpeculativeConfig] = None) -> None:
         self.config = scheduler_config
-        self.spec_config = speculative_config
-        self.proposer = NgramProposer(speculative_config) if speculative_config is not None else None
+        self._init_spec(speculative_config)
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
@@ -65,8 +65,6 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
         self.num_preemptions = 0
         self.num_swap_outs = 0  # preemptions whose KV went to the host pool
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full and recomputed
-        # speculative decoding: steps of a request with drafts, drafts run, drafts accepted
-        self.num_spec_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -145,7 +143,8 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if len(out.preempted_req_ids) == num_policy_preemptions:
             # NOTE: no admissions in a step whose running requests had to preempt: memory is short.
-            self._schedule_waiting(out, budget)
+            budget = self._schedule_waiting(out, budget)
+            self._schedule_drafts(out, budget)
         out.total_num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
         for s in out.scheduled:
             if s.request.times.first_scheduled_time is None:
@@ -161,17 +160,12 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         scheduled: dict[str, int] = {}
-        drafts: dict[str, tuple[int, ...]] = {}
         for req in list(self.running):
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = self._chunk(req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
-            if req.spec_token_ids and n == req.num_tokens - req.num_computed_tokens == 1:
-                # a decode with drafts: they take what the budget leaves, after the known token
-                drafts[req.request_id] = tuple(req.spec_token_ids[:budget - 1])
-                n += len(drafts[req.request_id])
             self._requester = req
             while not self.kv.allocate_slots(req, n):
                 victim = self._pick_victim()
@@ -187,8 +181,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
                 scheduled[req.request_id] = n
                 budget -= n
         out.scheduled.extend(
-            ScheduledRequest(r, scheduled[r.request_id], self.kv.get_block_ids(r.request_id),
-                             drafts.get(r.request_id, ()))
+            ScheduledRequest(r, scheduled[r.request_id], self.kv.get_block_ids(r.request_id))
             for r in self.running if r.request_id in scheduled)
         return budget
 
@@ -212,7 +205,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
         """Waiting requests that may start now (all of them, for continuous batching)."""
         return self.waiting
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self._next_candidate()
             if req is None:
@@ -228,6 +221,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
             if n == 0:  # a whole prompt does not fit the budget left
                 break
             budget -= n
+        return budget
 
     def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> Optional[int]:
         """Start a waiting request: tokens scheduled, 0 if it must wait for budget, None for blocks."""
@@ -284,10 +278,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
             req.num_computed_tokens += s.num_new_tokens - num_rejected
             if not tokens:
                 continue
-            if s.spec_token_ids:
-                self.num_spec_drafts += 1
-                self.num_draft_tokens += len(s.spec_token_ids)
-                self.num_accepted_tokens += len(tokens) - 1
+            self._count_drafts(s, tokens)
             new, status = [], None
             for token in tokens:
                 req.append_output_token(token)
@@ -307,13 +298,6 @@ class Scheduler(AdmissionMixin, PreemptionMixin):
                 req.request_id, new, status.finish_reason if status else None, req.stop_reason,
                 [lp] if lp is not None else None, max(req.num_cached_tokens, 0)))
         return outputs
-
-    def _propose(self, req: Request) -> list[int]:
-        """Drafts for the request's next step, unless the batch is too large to gain from them."""
-        limit = self.spec_config.disable_by_batch_size
-        if limit is not None and len(self.running) >= limit:
-            return []
-        return self.proposer.propose_for(req, self.max_model_len)
 
     def _check_stop(self, req: Request, token: int) -> Optional[RequestStatus]:
         params = req.sampling_params

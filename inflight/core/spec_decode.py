@@ -13,8 +13,14 @@ floating-point rounding, as the verifying rows run through the prefill path).
 from __future__ import annotations
 
 from array import array
+from typing import TYPE_CHECKING, Optional
+
 from inflight.config import SpeculativeConfig
+from inflight.core.outputs import ScheduledRequest, SchedulerOutput
 from inflight.core.request import Request
+
+if TYPE_CHECKING:
+    from inflight.core.scheduler import Scheduler
 
 
 class NgramProposer:
@@ -75,3 +81,49 @@ def accept_greedy(drafts: tuple[int, ...], targets: list[int]) -> list[int]:
         n += 1
     return targets[:n + 1]
 
+
+class SpecDecodeMixin:
+    """The scheduler's side of speculative decoding: drafts are proposed after a
+    request samples, get the token budget left after every decode and prefill
+    chunk, and are counted for the metrics."""
+
+    def _init_spec(self: "Scheduler", config: Optional[SpeculativeConfig]) -> None:
+        self.spec_config = config
+        self.proposer = NgramProposer(config) if config is not None else None
+        self.num_spec_drafts = 0  # request steps that verified drafts
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+
+    def _propose(self: "Scheduler", req: Request) -> list[int]:
+        """Drafts for the request's next step, unless the batch is too large to gain from them."""
+        limit = self.spec_config.disable_by_batch_size
+        if limit is not None and len(self.running) >= limit:
+            return []
+        return self.proposer.propose_for(req, self.max_model_len)
+
+    def _schedule_drafts(self: "Scheduler", out: SchedulerOutput, budget: int) -> None:
+        """Add drafts to this step's decodes, in batch order, while the budget lasts.
+
+        NOTE: drafts come last, after every prefill chunk: they are guesses, so they
+        must not delay a prompt's first token. A request whose drafts would take a
+        block from under the watermark decodes its one token."""
+        if self.proposer is None:
+            return
+        for i, s in enumerate(out.scheduled):
+            if budget <= 0:
+                break
+            req = s.request
+            if not req.spec_token_ids or s.num_new_tokens != 1 or not s.samples:
+                continue
+            drafts = tuple(req.spec_token_ids[:budget])
+            n = 1 + len(drafts)
+            if not self._room_for(self.kv.num_blocks_to_allocate(req, n)) or not self.kv.allocate_slots(req, n):
+                continue
+            out.scheduled[i] = ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id), drafts)
+            budget -= len(drafts)
+
+    def _count_drafts(self: "Scheduler", s: ScheduledRequest, tokens: list[int]) -> None:
+        if s.spec_token_ids:
+            self.num_spec_drafts += 1
+            self.num_draft_tokens += len(s.spec_token_ids)
+            self.num_accepted_tokens += len(tokens) - 1
