@@ -113,10 +113,13 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--speculative-config", default=None,
+                    help='e.g. \'{"method": "ngram", "num_speculative_tokens": 2}\' (default: off)')
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
 
     llm = LLM(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              speculative_config=args.speculative_config,
               kv_cache_memory=2 * 2**30)
     tok = llm.get_tokenizer()
     reqs = load_jsonl(args.workload_file) if args.workload_file else generate(args.workload, tok)
