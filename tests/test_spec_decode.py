@@ -158,7 +158,7 @@ def test_speculative_config_parsing_and_validation():
     assert EngineConfig.from_kwargs(speculative_config={"prompt_lookup_max": 3}).speculative_config.prompt_lookup_max == 3
     for bad, msg in [({"method": "eagle"}, "method"), ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
                      ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup"),
-                     ({"draft_model": "x"}, "unknown"), ("[1]", "JSON object")]:
+                     ({"draft_model": "x"}, "unknown"), ("[1]", "JSON object"), ("{bad", "not valid JSON")]:
         with pytest.raises(ValueError, match=msg):
             EngineConfig.from_kwargs(speculative_config=bad)
     with pytest.raises(ValueError, match="continuous"):
