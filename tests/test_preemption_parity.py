@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inflight import LLM, SamplingParams
-from inflight.config import SchedulerConfig
+from inflight.config import SchedulerConfig, SpeculativeConfig
 from inflight.core.scheduler import Scheduler
 from inflight.worker.kv_cache import allocate_kv_cache
 from inflight.worker.swap import Swapper
@@ -35,11 +35,11 @@ def prompt_ids(llm):
     return [tok(p).input_ids for p in PROMPTS]
 
 
-def _fresh_scheduler(llm, num_blocks=None, num_host_blocks=0, **sched) -> Scheduler:
+def _fresh_scheduler(llm, num_blocks=None, num_host_blocks=0, spec=None, **sched) -> Scheduler:
     eng = llm.llm_engine
     cfg = SchedulerConfig(**{**eng.config.scheduler_config.__dict__, **sched})
     eng.scheduler = Scheduler(cfg, eng.config.cache_config, num_blocks or eng.num_blocks, eng.max_model_len,
-                              num_host_blocks=num_host_blocks)
+                              num_host_blocks=num_host_blocks, speculative_config=spec)
     return eng.scheduler
 
 
@@ -79,6 +79,18 @@ def test_swap_preemption_and_its_fallback_keep_greedy_outputs(llm, prompt_ids, e
     assert _generate(llm, prompt_ids) == expected
     assert s.num_swap_outs > 0 and s.num_swap_fallbacks > 0
     assert swapper.num_blocks_swapped_in > before  # the blocks really went through the host pool
+    _check_drained(s)
+
+
+@pytest.mark.parametrize("mode,num_blocks,num_host_blocks", [("recompute", 7, 0), ("swap", 6, 3)])
+def test_speculative_decoding_under_preemption_keeps_greedy_outputs(llm, prompt_ids, expected, mode, num_blocks,
+                                                                    num_host_blocks):
+    """Drafts rejected before a preemption leave stale KV past num_computed_tokens; a
+    victim's recompute or swap must not carry it into the output."""
+    s = _fresh_scheduler(llm, num_blocks=num_blocks, num_host_blocks=num_host_blocks, preemption_mode=mode,
+                         spec=SpeculativeConfig(num_speculative_tokens=3))
+    assert _generate(llm, prompt_ids) == expected
+    assert s.num_preemptions > 0 and s.num_accepted_tokens > 0
     _check_drained(s)
 
 
