@@ -133,7 +133,7 @@ def make_mixed_step(seed, heads, kv_heads, dim, block_size, dtype, chunks):
 @pytest.mark.parametrize("fused_qkv", [False, True])
 def test_cpu_mixed_step_prefill_chunks_match_dense(heads, kv_heads, dim, block_size, fused_qkv):
     """Decodes plus prefill chunks with and without a cached prefix, ragged lengths
-    that straddle the kernels' 32-key tiles and 192-row query tiles, and short chunks
+    that straddle the kernels' 64-key tiles and 192-row query tiles, and short chunks
     over long prefixes (speculative decoding's draft rows, which skip the repack). With
     ``fused_qkv`` q, k and v are strided views into one [T, (H + 2 KVH) D] tensor,
     as the model passes them: the C K/V write and decode read them in place."""

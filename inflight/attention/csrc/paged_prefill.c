@@ -26,7 +26,9 @@
 #include "bf16_simd.h"
 #include "decode_core.h"
 
-#define KT 32        /* keys per tile */
+/* keys per tile: with RB = 4 rows, 16 Q.K accumulators in flight (5-10% faster than 32) */
+#define KT 64
+#define KV (KT / 16) /* score vectors per tile and row */
 #define MAX_ROWS 192 /* query rows (tokens x heads of a kv head) per work item */
 #define MAX_D 256
 #define RB_MAX 4     /* rows per register block, at most (attend_item) */
@@ -92,27 +94,27 @@ static inline __attribute__((always_inline)) void attend_block(
     for (int r = 0; r < RB; r++) vmax[r] = ninf;
     for (int64_t t0 = 0; t0 < kend; t0 += KT) {
         const uint32_t* kp = ktiles + (t0 / KT) * 2 * tile_words;
-        __m512 s[RB][2];
-        for (int r = 0; r < RB; r++) s[r][0] = s[r][1] = _mm512_setzero_ps();
+        __m512 s[RB][KV];
+        for (int r = 0; r < RB; r++)
+            for (int c = 0; c < KV; c++) s[r][c] = _mm512_setzero_ps();
         for (int dp = 0; dp < half; dp++) {
-            const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + dp * KT);
-            const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + dp * KT + 16);
+            __m512bh k[KV];
+            for (int c = 0; c < KV; c++) k[c] = (__m512bh)_mm512_loadu_si512(kp + dp * KT + 16 * c);
             for (int r = 0; r < RB; r++) {
                 const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qrows[(int64_t)(r < nr ? r : 0) * half + dp]);
-                s[r][0] = _mm512_dpbf16_ps(s[r][0], qb, k0);
-                s[r][1] = _mm512_dpbf16_ps(s[r][1], qb, k1);
+                for (int c = 0; c < KV; c++) s[r][c] = _mm512_dpbf16_ps(s[r][c], qb, k[c]);
             }
         }
         for (int r = 0; r < RB; r++) {
             if (r >= nr) break;
             const int64_t lim = pos[r] - t0 + 1;  /* keys t0 .. pos visible */
-            const __mmask16 m0 = lim >= 16 ? 0xFFFF : (lim <= 0 ? 0 : (__mmask16)((1u << lim) - 1));
-            const __mmask16 m1 = lim >= 32 ? 0xFFFF : (lim <= 16 ? 0 : (__mmask16)((1u << (lim - 16)) - 1));
-            const __m512 a = _mm512_mask_mul_ps(ninf, m0, s[r][0], sc);
-            const __m512 b = _mm512_mask_mul_ps(ninf, m1, s[r][1], sc);
-            vmax[r] = _mm512_max_ps(vmax[r], _mm512_max_ps(a, b));
-            _mm512_storeu_ps(sbuf + r * kpad + t0, a);
-            _mm512_storeu_ps(sbuf + r * kpad + t0 + 16, b);
+            for (int c = 0; c < KV; c++) {
+                const int64_t lc = lim - 16 * c;
+                const __mmask16 m = lc >= 16 ? 0xFFFF : (lc <= 0 ? 0 : (__mmask16)((1u << lc) - 1));
+                const __m512 a = _mm512_mask_mul_ps(ninf, m, s[r][c], sc);
+                vmax[r] = _mm512_max_ps(vmax[r], a);
+                _mm512_storeu_ps(sbuf + r * kpad + t0 + 16 * c, a);
+            }
         }
     }
     float l[RB];
