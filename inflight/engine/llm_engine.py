@@ -47,9 +47,9 @@ class LLMEngine:
         self.max_model_len = built.max_model_len
         self.num_blocks = built.num_blocks
         sched_cls = StaticScheduler if config.scheduler_config.scheduling == "static" else Scheduler
-        spec = {"speculative_config": config.speculative_config} if config.speculative_config else {}
         self.scheduler = sched_cls(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len,
-                                   num_host_blocks=built.num_host_blocks, **spec)
+                                   num_host_blocks=built.num_host_blocks,
+                                   speculative_config=config.speculative_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self.step_count = 0
