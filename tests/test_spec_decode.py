@@ -86,8 +86,10 @@ def run(requests, model, spec=None, **sched_kw):
     return outputs, steps, log
 
 
-def reqs(n=3, prompt_len=10, max_tokens=40, **kw):
-    return [make_request(f"r{i}", prompt_len, max_tokens, base=10 * i + 1, **kw) for i in range(n)]
+def reqs(n=3, prompt_len=10, max_tokens=40, shared_prefix=False, **kw):
+    """``shared_prefix``: every prompt starts 1, 2, 3, ... (prefix-cache hits), else each its own."""
+    return [make_request(f"r{i}", prompt_len + (i if shared_prefix else 0), max_tokens,
+                         base=1 if shared_prefix else 10 * i + 1, **kw) for i in range(n)]
 
 
 def test_same_tokens_as_plain_greedy_in_fewer_steps():
@@ -136,19 +138,20 @@ def test_only_plain_greedy_requests_draft():
 
 @settings(max_examples=60, deadline=None)
 @given(period=st.integers(1, 6), n=st.integers(1, 5), max_tokens=st.integers(1, 30), k=st.integers(1, 5),
-       num_blocks=st.integers(12, 40), budget=st.integers(4, 32), noise=st.integers(0, 7))
+       num_blocks=st.integers(12, 40), budget=st.integers(4, 32), noise=st.integers(0, 7), shared=st.booleans())
 def test_property_spec_output_equals_plain_greedy_under_preemption(period, n, max_tokens, k, num_blocks, budget,
-                                                                   noise):
+                                                                   noise, shared):
     """Random repetitive-ish models, pools small enough to preempt, budgets that cut
-    drafts short: the tokens never differ from plain greedy, blocks all come back."""
+    drafts short, prompts sharing cached prefixes: the tokens never differ from plain
+    greedy, blocks all come back."""
     base = periodic_model(period)
 
     def model(seq):  # every `noise`-th length breaks the pattern, so some drafts are rejected
         return (sum(seq[-3:]) % 50) + 1 if noise and len(seq) % (noise + 2) == 0 else base(seq)
 
     kw = dict(num_blocks=num_blocks, block_size=4, max_num_batched_tokens=budget, max_num_seqs=4)
-    plain, _, _ = run(reqs(n, 6, max_tokens), model, **kw)
-    spec, _, _ = run(reqs(n, 6, max_tokens), model, SpeculativeConfig(num_speculative_tokens=k), **kw)
+    plain, _, _ = run(reqs(n, 6, max_tokens, shared), model, **kw)
+    spec, _, _ = run(reqs(n, 6, max_tokens, shared), model, SpeculativeConfig(num_speculative_tokens=k), **kw)
     assert spec == plain
 
 
