@@ -54,12 +54,17 @@ static inline __attribute__((always_inline)) __m512 qk_chunk(const int nv, const
     return reduce16(a);
 }
 
+#define PV_REGS 16  /* accumulators a P.V group keeps in registers */
+
 /* out[g] = sum_t p[g][t] v[t] for GB query heads sharing one kv head, over token
  * pairs: the bf16 dot-product instruction multiplies a pair of probabilities by
  * a pair of V rows interleaved (unpacklo/hi), accumulating in float32. */
 static inline __attribute__((always_inline)) void pv_group(const int nv, const int GB, const uint16_t* vbase,
                                                          const int64_t* rows, int64_t len,
-                                                         const uint16_t* const* p, __m512* acc) {
+                                                         const uint16_t* const* p, __m512* out) {
+    /* NOTE: a local array of constant size, copied out at the end: accumulating
+     * through the caller's pointer kept them in memory for four heads (GCC 12) */
+    __m512 acc[PV_REGS];
     for (int x = 0; x < GB * 2 * nv; x++) acc[x] = _mm512_setzero_ps();
     for (int64_t t = 0; t < len; t += 2) {
         const int pair = t + 1 < len;
@@ -86,6 +91,7 @@ static inline __attribute__((always_inline)) void pv_group(const int nv, const i
             }
         }
     }
+    for (int x = 0; x < GB * 2 * nv; x++) out[x] = acc[x];
 }
 
 /* unpacklo/hi interleave within 128-bit lanes: lane 4k+r of the lo accumulator of
@@ -103,7 +109,6 @@ static inline void store_head(const __m512* acc, int nv, float inv, uint16_t* op
     }
 }
 
-#define PV_REGS 16  /* accumulators a P.V group keeps in registers */
 
 /* One request, kv heads [kh0, kh1), in three passes per kv head over its query rows
  * (ql query tokens x the G query heads of the kv head; token i sees the first
