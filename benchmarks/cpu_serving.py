@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import time
 import urllib.request
 
 import torch
+
+from inflight.bench.sweep import free_port, wait_healthy
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workloads")
 DEFAULT_SERVER_FLAGS = ["--dtype", "bfloat16", "--max-num-seqs", "128", "--max-num-batched-tokens", "512"]
@@ -60,26 +61,6 @@ def flops_per_token(hf_config: dict) -> float:
     return 2.0 * (n * per_layer + hf_config["vocab_size"] * h)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError("server did not become healthy")
-
-
 def workload_file(name: str, tmp: str) -> str:
     path = os.path.join(SHARED, f"{name}.jsonl")
     if os.path.exists(path):
@@ -102,7 +83,7 @@ def run_workload(name: str, server_flags: list[str], tmp: str, inflight_bin: str
                              *server_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             cwd=server_pythonpath)  # `-m` puts the working directory first on sys.path
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, timeout=300)
         result = os.path.join(tmp, f"{name}.json")
         subprocess.run([inflight_bin, "bench", "serve", "--base-url", url, "--workload-file", workload_file(name, tmp),
                         "--ignore-eos", "--disable-tqdm", "--result-file", result, "--label", name],
