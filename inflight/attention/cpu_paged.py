@@ -83,15 +83,17 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             md.seq_lens.data_ptr(), out.data_ptr(), md.num_decodes, q.shape[1], k_cache.shape[2], q.shape[2],
             k_cache.shape[1], scale, md.max_decode_seq_len)
 
-    def prefill_args(self, md: AttentionMetadata, num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    def prefill_args(self, md: AttentionMetadata, num_heads: int, num_kv_heads: int,
+                     head_dim: int) -> tuple[torch.Tensor, ...]:
         """The prefill kernel's per-request arrays (query start, query length, context
         length) for the step's prefill requests; grows ``self._workspace`` to fit them."""
         nd, qsl = md.num_decodes, md.query_start_loc_list
         q_start = torch.tensor(qsl[nd:-1], dtype=torch.int64)
         q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
         seq_len = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
-        need = self.prefill_lib.paged_prefill_workspace(ptr(seq_len), ctypes.c_int(md.num_reqs - nd),
-                                                        ctypes.c_int(num_kv_heads), ctypes.c_int(head_dim))
+        need = self.prefill_lib.paged_prefill_workspace(ptr(seq_len), ptr(q_len), ctypes.c_int(md.num_reqs - nd),
+                                                        ctypes.c_int(num_heads), ctypes.c_int(num_kv_heads),
+                                                        ctypes.c_int(head_dim))
         if self._workspace.numel() < need:
             self._workspace = torch.empty(need, dtype=torch.uint8)
         return q_start, q_len, seq_len
@@ -103,7 +105,7 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             return super()._prefills(q, k, v, k_cache, v_cache, md, scale, out)
         nd, n = md.num_decodes, md.num_reqs - md.num_decodes
         kvh, d = k_cache.shape[2], q.shape[2]
-        q_start, q_len, seq_len = self.prefill_args(md, kvh, d)
+        q_start, q_len, seq_len = self.prefill_args(md, q.shape[1], kvh, d)
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
         bt = md.block_tables[nd:]

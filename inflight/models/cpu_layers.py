@@ -149,7 +149,7 @@ class CpuLayerLoop:
         bt = md.block_tables.contiguous()
         s = _Step(T, nd, npf, bt.stride(0), md.max_decode_seq_len)
         if npf:  # NOTE: the tensors whose pointers the step holds stay alive as locals until the call returns
-            q_start, q_len, pf_seq = self.attn.prefill_args(md, nkv, hd)
+            q_start, q_len, pf_seq = self.attn.prefill_args(md, nh, nkv, hd)
             s.q_start, s.q_len, s.pf_seq_len = q_start.data_ptr(), q_len.data_ptr(), pf_seq.data_ptr()
             s.workspace = self.attn._workspace.data_ptr()
         s.slots, s.block_tables, s.seq_lens = slots.data_ptr(), bt.data_ptr(), md.seq_lens.data_ptr()

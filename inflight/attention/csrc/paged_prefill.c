@@ -42,10 +42,17 @@ int paged_prefill_supported(int head_dim) {
 #endif
 }
 
-/* Bytes of workspace the repacked K/V of these requests need. */
-int64_t paged_prefill_workspace(const int64_t* seq_len, int num_reqs, int num_kv_heads, int head_dim) {
+/* A chunk of at most this many query tokens goes through decode_core.h instead */
+#define SHORT_Q 8
+
+static inline int short_chunk(int64_t q_len, int G) { return q_len <= SHORT_Q && q_len * G <= DECODE_MAX_ROWS; }
+
+/* Bytes of workspace the repacked K/V of these requests need (short chunks repack nothing). */
+int64_t paged_prefill_workspace(const int64_t* seq_len, const int64_t* q_len, int num_reqs, int num_heads,
+                                int num_kv_heads, int head_dim) {
     int64_t tiles = 0;
-    for (int r = 0; r < num_reqs; r++) tiles += (seq_len[r] + KT - 1) / KT;
+    for (int r = 0; r < num_reqs; r++)
+        if (!short_chunk(q_len[r], num_heads / num_kv_heads)) tiles += (seq_len[r] + KT - 1) / KT;
     return tiles * num_kv_heads * 2 * (int64_t)KT * head_dim * 2;
 }
 
@@ -153,11 +160,6 @@ static inline __attribute__((always_inline)) void attend_block(
             store_bf16x16(dst[r] + 16 * i, _mm512_mul_ps(acc[r][i], inv), 0xFFFF);
     }
 }
-
-/* A chunk of at most this many query tokens goes through decode_core.h instead */
-#define SHORT_Q 8
-
-static inline int short_chunk(int64_t q_len, int G) { return q_len <= SHORT_Q && q_len * G <= DECODE_MAX_ROWS; }
 
 /* Phase 2 over an item's rows, a register block at a time; head dims with a
  * specialized block keep its accumulators in registers. */
