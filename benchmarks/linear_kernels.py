@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from inflight.models.cpu_gemm import PanelLinear, load_gemm
-from inflight.models.cpu_packing import PackedLinear
+from inflight.kernels.cpu.gemm_bf16 import PanelLinear, load_gemm
+from inflight.kernels.cpu.packing import PackedLinear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in)
 LAYERS = 30

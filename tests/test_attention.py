@@ -6,7 +6,7 @@ import torch
 
 from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
-from inflight.attention.cpu_kernels import load_library
+from inflight.kernels.cpu.build import load_library
 from inflight.attention.torch_ref import TorchAttentionBackend
 
 

@@ -17,7 +17,7 @@ import torch
 from inflight import LLM, SamplingParams
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
 from inflight.attention.torch_ref import TorchAttentionBackend
-from inflight.models.cpu_packing import can_pack, packed_linear_class
+from inflight.kernels.cpu.packing import can_pack, packed_linear_class
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Once upon a time, in a small village by the sea,", "List three primary colors:", "1, 2, 3, 4, 5,",

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inflight.models.cpu_fused import load_fused_ops
+from inflight.kernels.cpu.fused import load_fused_ops
 from inflight.models.llama import RMSNorm, apply_rope
 
 OPS = load_fused_ops()

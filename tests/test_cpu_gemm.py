@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from inflight.models.cpu_gemm import PanelLinear, load_gemm, pack_panels
+from inflight.kernels.cpu.gemm_bf16 import PanelLinear, load_gemm, pack_panels
 
 pytestmark = pytest.mark.skipif(load_gemm() is None, reason="no AVX-512-BF16 kernel on this machine")
 
@@ -69,7 +69,7 @@ def test_pack_panels_layout():
 @pytest.mark.parametrize("inter", [32, 96])
 def test_gate_up_with_silu_epilogue_is_bit_identical_to_gemm_then_silu_mul(rows, inter):
     """The fused gate_up + SiLU (the C layer loop's MLP) against the two separate kernels."""
-    from inflight.models.cpu_fused import load_fused_ops
+    from inflight.kernels.cpu.fused import load_fused_ops
     fused = load_fused_ops()
     if fused is None:
         pytest.skip("no fused-ops kernel")

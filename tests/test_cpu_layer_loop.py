@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from inflight import LLM, SamplingParams
-from inflight.models.cpu_layers import CpuLayerLoop
-from inflight.models.cpu_packing import can_pack
+from inflight.kernels.cpu.layer_loop import CpuLayerLoop
+from inflight.kernels.cpu.packing import can_pack
 
 PROMPTS = ["The capital of France is", "Here is a long story about a lighthouse keeper. " * 12, "1, 2, 3,",
            "Here is a long story about a lighthouse keeper. " * 12 + "His name was"]

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from inflight.models.cpu_packing import PackedLinear, can_pack, pack_linears
+from inflight.kernels.cpu.packing import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16),
                                 reason="this CPU's oneDNN has no bf16 support")

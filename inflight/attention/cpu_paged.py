@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from inflight.attention.base import AttentionMetadata
-from inflight.attention.cpu_kernels import load_library, ptr
+from inflight.kernels.cpu.build import load_library, ptr
 from inflight.attention.kv_quant import is_quantized
 from inflight.attention.torch_ref import TorchAttentionBackend
 

@@ -9,9 +9,9 @@ from torch.overrides import TorchFunctionMode
 
 from inflight.attention import get_attention_backend
 from inflight.config import EngineConfig
-from inflight.models.cpu_fused import enable_fused_ops, load_fused_ops
-from inflight.models.cpu_layers import CpuLayerLoop
-from inflight.models.cpu_packing import can_pack, pack_linears
+from inflight.kernels.cpu.fused import enable_fused_ops, load_fused_ops
+from inflight.kernels.cpu.layer_loop import CpuLayerLoop
+from inflight.kernels.cpu.packing import can_pack, pack_linears
 from inflight.models.registry import ModelArchConfig, get_model_class
 from inflight.worker.cpu_malloc import keep_freed_memory
 from inflight.worker.kv_cache import (allocate_kv_cache, profile_forward_peak, resolve_num_blocks,

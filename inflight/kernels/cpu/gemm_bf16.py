@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from inflight.attention.cpu_kernels import load_library
+from inflight.kernels.cpu.build import load_library
 
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 

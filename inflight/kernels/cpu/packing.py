@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from inflight.models.cpu_gemm import PanelLinear, load_gemm
+from inflight.kernels.cpu.gemm_bf16 import PanelLinear, load_gemm
 
 logger = logging.getLogger(__name__)
 

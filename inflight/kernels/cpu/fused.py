@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from inflight.attention.cpu_kernels import load_library
+from inflight.kernels.cpu.build import load_library
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from inflight.attention.base import AttentionMetadata
-from inflight.attention.cpu_kernels import load_library
+from inflight.kernels.cpu.build import load_library
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
 from inflight.attention.kv_quant import is_quantized
-from inflight.models.cpu_gemm import PanelLinear
+from inflight.kernels.cpu.gemm_bf16 import PanelLinear
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 

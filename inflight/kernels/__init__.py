@@ -1,0 +1,1 @@
+"""Kernels by device kind; the platform layer (inflight/platforms) chooses among them."""

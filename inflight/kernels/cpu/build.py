@@ -1,0 +1,93 @@
+"""Builds and loads the C kernels in csrc/ with the system compiler, through ctypes.
+
+Plain C with no torch headers compiles in about a second, so each library is built on
+first use for the CPU's ISA level (isa.py) and cached by source hash, flags and level;
+without a compiler the engine falls back to plain torch. The same sources build for
+every level: csrc/vec.h maps one set of vector operations onto AVX2, AVX-512, NEON or
+plain C, chosen by the ``INFLIGHT_ISA_*`` macro the flags define.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from typing import Optional
+
+from inflight.kernels.cpu.isa import IsaLevel, current_level
+
+logger = logging.getLogger(__name__)
+
+# NOTE: not -ffast-math: linking with it pulls in crtfastmath.o, which turns on
+# flush-to-zero for the whole process when the library loads. Reassociation alone
+# is what lets the compiler vectorise the dot products.
+_FLAGS = ["-O3", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
+          "-fopenmp", "-shared", "-fPIC"]
+
+
+def ptr(t) -> ctypes.c_void_p:
+    """A tensor's data pointer for a kernel argument."""
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("INFLIGHT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "inflight")
+    return os.path.join(base, "kernels")
+
+
+def sources(name: str) -> dict[str, str]:
+    """``{file name: text}`` of csrc/<name>.c and every header beside it."""
+    csrc = resources.files("inflight.kernels.cpu").joinpath("csrc")
+    files = {f"{name}.c": csrc.joinpath(f"{name}.c").read_text()}
+    files.update({f.name: f.read_text() for f in sorted(csrc.iterdir(), key=lambda f: f.name)
+                  if f.name.endswith(".h")})
+    return files
+
+
+def compile_flags(level: IsaLevel) -> list[str]:
+    return [*_FLAGS, *level.cflags, f"-DINFLIGHT_ISA_{level.name.upper()}=1"]
+
+
+def compile_library(name: str, level: IsaLevel, out: str, cc: str) -> subprocess.CompletedProcess:
+    """Compile csrc/<name>.c for ``level`` into the shared library ``out`` with ``cc``
+    (a cross compiler builds another architecture's level)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for fname, text in sources(name).items():
+            with open(os.path.join(tmp, fname), "w") as f:
+                f.write(text)
+        return subprocess.run([cc, *compile_flags(level), os.path.join(tmp, f"{name}.c"), "-o", out, "-lm"],
+                              capture_output=True, text=True)
+
+
+def load_library(name: str = "paged_decode", level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:
+    """Compile (once per source hash and ISA level) and load csrc/<name>.c; None when
+    that is impossible. ``level`` defaults to the CPU's (or ``INFLIGHT_CPU_ISA``)."""
+    if os.environ.get("INFLIGHT_DISABLE_C_KERNELS"):
+        return None
+    level = level or current_level()
+    return None if level is None else _load(name, level)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str, level: IsaLevel) -> Optional[ctypes.CDLL]:
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    key = "".join(sources(name).values()) + " ".join(compile_flags(level))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = os.path.join(_cache_dir(), f"{name}-{level.name}-{digest}.so")
+    if not os.path.exists(path):
+        if cc is None:
+            logger.warning("no C compiler found: the CPU kernels are off, plain torch runs")
+            return None
+        os.makedirs(_cache_dir(), exist_ok=True)
+        tmp_out = f"{path}.{os.getpid()}.tmp"
+        res = compile_library(name, level, tmp_out, cc)
+        if res.returncode != 0:
+            logger.warning("building C kernel %s for %s failed: %s", name, level.name, res.stderr[-800:])
+            return None
+        os.replace(tmp_out, path)  # atomic: a concurrent builder never sees half a file
+    return ctypes.CDLL(path)

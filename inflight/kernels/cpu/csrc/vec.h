@@ -1,0 +1,173 @@
+/* The thin vector layer the fp32 kernels are written in: one vector of VL float32
+ * lanes, whatever the ISA level the library is built for (build.py defines the
+ * INFLIGHT_ISA_* macro):
+ *
+ *   AVX-512 (with or without bf16)  VL 16   __m512 through GCC vector extensions
+ *   AVX2 + FMA                      VL 8    __m256
+ *   NEON (aarch64)                  VL 4    float32x4_t
+ *   scalar                          VL 4    plain C: the compiler lowers it to whatever
+ *                                           the baseline has (SSE2, or scalar code)
+ *
+ * The type is a GCC vector extension, so + - * / and comparisons work on it directly
+ * and a kernel needs no per-ISA branches; only what the extensions lack (FMA, min/max,
+ * reductions) has an intrinsic per ISA here. NR_VECS-wide register tiles and the
+ * microkernel shapes are chosen per ISA by the kernels from VL and VEC_REGS.
+ */
+#ifndef INFLIGHT_VEC_H
+#define INFLIGHT_VEC_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(INFLIGHT_ISA_AVX512) || defined(INFLIGHT_ISA_AVX512_BF16)
+#include <immintrin.h>
+#define VL 16
+#define VEC_REGS 32
+#define VEC_ISA_NAME "avx512"
+#elif defined(INFLIGHT_ISA_AVX2)
+#include <immintrin.h>
+#define VL 8
+#define VEC_REGS 16
+#define VEC_ISA_NAME "avx2"
+#elif defined(INFLIGHT_ISA_NEON)
+#include <arm_neon.h>
+#define VL 4
+#define VEC_REGS 32
+#define VEC_ISA_NAME "neon"
+#else
+#define VL 4
+#define VEC_REGS 16
+#define VEC_ISA_NAME "scalar"
+#endif
+
+typedef float vf __attribute__((vector_size(VL * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4), aligned(4)));
+
+static inline vf vf_zero(void) { return (vf){0}; }
+static inline vf vf_set1(float x) { return (vf){0} + x; }
+static inline vf vf_load(const float* p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void vf_store(float* p, vf v) { memcpy(p, &v, sizeof v); }
+
+/* lanes [0, n) from p, the rest 0 (n < VL: a row's tail) */
+static inline vf vf_load_n(const float* p, int64_t n) {
+    if (n >= VL) return vf_load(p);
+    float t[VL] = {0};
+    memcpy(t, p, sizeof(float) * (size_t)n);
+    return vf_load(t);
+}
+
+static inline void vf_store_n(float* p, vf v, int64_t n) {
+    if (n >= VL) { vf_store(p, v); return; }
+    float t[VL];
+    vf_store(t, v);
+    memcpy(p, t, sizeof(float) * (size_t)n);
+}
+
+/* a * b + c, fused where the ISA has it (the same rounding on every lane) */
+static inline vf vf_fma(vf a, vf b, vf c) {
+#if VL == 16
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(INFLIGHT_ISA_AVX2)
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(INFLIGHT_ISA_NEON)
+    return (vf)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
+#else
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = fmaf(a[i], b[i], c[i]);
+    return r;
+#endif
+}
+
+static inline vf vf_max(vf a, vf b) {
+#if VL == 16
+    return (vf)_mm512_max_ps((__m512)a, (__m512)b);
+#elif defined(INFLIGHT_ISA_AVX2)
+    return (vf)_mm256_max_ps((__m256)a, (__m256)b);
+#elif defined(INFLIGHT_ISA_NEON)
+    return (vf)vmaxq_f32((float32x4_t)a, (float32x4_t)b);
+#else
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = a[i] > b[i] ? a[i] : b[i];
+    return r;
+#endif
+}
+
+/* sum of the lanes, in a fixed order per ISA (pairwise halves) */
+static inline float vf_reduce_add(vf a) {
+#if VL == 16
+    return _mm512_reduce_add_ps((__m512)a);
+#elif defined(INFLIGHT_ISA_NEON)
+    return vaddvq_f32((float32x4_t)a);
+#else
+    float t[VL];
+    vf_store(t, a);
+    for (int w = VL / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; i++) t[i] += t[i + w];
+    return t[0];
+#endif
+}
+
+static inline float vf_reduce_max(vf a) {
+    float t[VL];
+    vf_store(t, a);
+    float m = t[0];
+    for (int i = 1; i < VL; i++) m = t[i] > m ? t[i] : m;
+    return m;
+}
+
+static inline vf vf_min(vf a, vf b) { return -vf_max(-a, -b); }
+
+/* round to the nearest integer (ties to even) per lane */
+static inline vf vf_round(vf a) {
+#if VL == 16
+    return (vf)_mm512_roundscale_ps((__m512)a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(INFLIGHT_ISA_AVX2)
+    return (vf)_mm256_round_ps((__m256)a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(INFLIGHT_ISA_NEON)
+    return (vf)vrndnq_f32((float32x4_t)a);
+#else
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = nearbyintf(a[i]);
+    return r;
+#endif
+}
+
+/* e^x per lane: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 Taylor
+ * (relative error ~1e-7). Inputs below -100 give 0 (-inf included), above 88 saturate. */
+static inline vf vf_exp(vf x) {
+    x = vf_min(vf_max(x, vf_set1(-100.f)), vf_set1(88.f));
+    const vf n = vf_round(x * 1.44269504089f);
+    vf r = x - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187e-06f;
+    vf p = vf_set1(1.f / 720);
+    p = vf_fma(p, r, vf_set1(1.f / 120));
+    p = vf_fma(p, r, vf_set1(1.f / 24));
+    p = vf_fma(p, r, vf_set1(1.f / 6));
+    p = vf_fma(p, r, vf_set1(0.5f));
+    p = vf_fma(p, r, vf_set1(1.f));
+    p = vf_fma(p, r, vf_set1(1.f));
+    /* 2^n from the exponent field, in two factors so n down to -145 (subnormal results) works */
+    const vi ni = __builtin_convertvector(n, vi);
+    const vi h = ni / 2;
+    const vi e1 = (h + 127) << 23, e2 = (ni - h + 127) << 23;
+    vf s1, s2;
+    memcpy(&s1, &e1, sizeof s1);
+    memcpy(&s2, &e2, sizeof s2);
+    return p * s1 * s2;
+}
+
+/* silu(x) = x / (1 + e^-x) */
+static inline vf vf_silu(vf x) { return x / (1.f + vf_exp(-x)); }
+
+/* VL bf16 values widened to fp32 (exact) */
+static inline vf vf_load_bf16(const uint16_t* p) {
+    uint16_t h[VL];
+    memcpy(h, p, sizeof h);
+    vi u;
+    for (int i = 0; i < VL; i++) u[i] = (int32_t)((uint32_t)h[i] << 16);
+    vf r;
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+
+#endif

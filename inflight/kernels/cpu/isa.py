@@ -1,0 +1,102 @@
+"""The CPU's vector ISA level, detected once from its flags, and the compiler flags
+that build a kernel for each level.
+
+Levels, lowest first: ``scalar`` (portable C, whatever the compiler vectorizes for the
+architecture's baseline), ``avx2`` (AVX2 + FMA: 8 fp32 lanes), ``avx512`` (AVX-512F/BW/VL/DQ:
+16 lanes), ``avx512_bf16`` (plus the bf16 dot product), and ``neon`` on aarch64 (4 lanes).
+``INFLIGHT_CPU_ISA`` forces a lower level, so one machine tests every build it can run.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class IsaLevel:
+    """One vector ISA level: its name, fp32 lanes per vector, and the flags that target it."""
+
+    name: str
+    arch: str  # platform.machine() family: "x86_64" or "aarch64"
+    rank: int  # higher runs everything a lower rank of the same arch runs
+    lanes: int
+    cflags: tuple[str, ...]
+    cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags the level needs
+
+    @property
+    def has_bf16_dot(self) -> bool:
+        return self.name == "avx512_bf16"
+
+
+_AVX512 = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
+LEVELS: tuple[IsaLevel, ...] = (
+    IsaLevel("scalar", "x86_64", 0, 1, ("-mtune=generic",), ()),
+    IsaLevel("avx2", "x86_64", 1, 8, ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
+    IsaLevel("avx512", "x86_64", 2, 16, (*_AVX512, "-mprefer-vector-width=512"),
+             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    IsaLevel("avx512_bf16", "x86_64", 3, 16, (*_AVX512, "-mavx512bf16", "-mprefer-vector-width=512"),
+             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+    IsaLevel("scalar", "aarch64", 0, 1, ("-march=armv8-a+nosimd",), ()),
+    IsaLevel("neon", "aarch64", 1, 4, ("-march=armv8-a",), ("asimd",)),
+)
+
+
+def get_level(name: str, arch: str | None = None) -> IsaLevel:
+    """The level called ``name`` on ``arch`` (this machine's by default)."""
+    arch = arch or machine_arch()
+    for lv in LEVELS:
+        if lv.name == name and lv.arch == arch:
+            return lv
+    names = ", ".join(lv.name for lv in LEVELS if lv.arch == arch)
+    raise ValueError(f"no ISA level {name!r} on {arch}; the levels are {names}")
+
+
+def machine_arch() -> str:
+    m = platform.machine().lower()
+    return "aarch64" if m in ("aarch64", "arm64") else "x86_64" if m in ("x86_64", "amd64") else m
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        line = ""
+    return frozenset(line.split(":", 1)[-1].split())
+
+
+def supported_levels(arch: str | None = None, flags: frozenset[str] | None = None) -> list[IsaLevel]:
+    """Every level this CPU runs, lowest first."""
+    arch = arch or machine_arch()
+    flags = cpu_flags() if flags is None else flags
+    if arch == "aarch64" and not flags:
+        flags = frozenset({"asimd"})  # NEON is part of every aarch64 CPU (macOS has no /proc)
+    levels = [lv for lv in LEVELS if lv.arch == arch and set(lv.cpu_flags) <= flags]
+    return sorted(levels, key=lambda lv: lv.rank)
+
+
+def _forced() -> str:
+    return os.environ.get("INFLIGHT_CPU_ISA", "").strip().lower()
+
+
+@functools.lru_cache(maxsize=None)
+def _detect(forced: str) -> IsaLevel | None:
+    levels = supported_levels()
+    if not levels:
+        return None
+    if not forced or forced == "native":
+        return levels[-1]
+    level = get_level(forced)
+    if level not in levels:
+        raise ValueError(f"INFLIGHT_CPU_ISA={forced!r}: this CPU runs only {', '.join(lv.name for lv in levels)}")
+    return level
+
+
+def current_level() -> IsaLevel | None:
+    """The level kernels are built for: the highest this CPU runs, or ``INFLIGHT_CPU_ISA``;
+    None on an architecture with no kernels (the engine then runs plain torch)."""
+    return _detect(_forced())
