@@ -15,7 +15,7 @@ class KVCacheBlock:
     ref_cnt: int = 0
     # Set once the block is full and its content is known; kept after the block
     # is freed so a later request with the same prefix can reuse it.
-    block_hash: Optional[int] = None
+    block_hash: Optional[bytes] = None
 
 
 class BlockPool:
@@ -31,14 +31,14 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         # OrderedDict as LRU: popitem(last=False) gives the least recently freed.
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
-        self.cached: dict[int, KVCacheBlock] = {}
+        self.cached: dict[bytes, KVCacheBlock] = {}
         self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
 
-    def get_cached_block(self, block_hash: int) -> Optional[KVCacheBlock]:
+    def get_cached_block(self, block_hash: bytes) -> Optional[KVCacheBlock]:
         return self.cached.get(block_hash)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -72,7 +72,7 @@ class BlockPool:
         writer was preempted before the step ran)."""
         self._evict(block)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
+    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
         """Register a full block under its hash; an existing entry wins."""
         if not self.enable_caching or block.block_hash is not None:
             return

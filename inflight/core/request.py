@@ -67,14 +67,14 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = field(default_factory=time.time)
     priority: int = 0
-    cache_salt: Optional[str] = None
+    cache_salt: Optional[str] = None  # separates tenants in the prefix cache (vLLM's cache_salt)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens served from the prefix cache, set on first schedule
     num_preemptions: int = 0
     stop_reason: Any = None
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chained sha256 of each full block
     spec_token_ids: list[int] = field(default_factory=list)  # drafts for the next step (speculative decoding)
     times: RequestTimes = field(init=False)
     # Token ids after the prompt, including the ones generated so far.
