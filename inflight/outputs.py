@@ -74,3 +74,7 @@ class RequestOutput:
     finished: bool
     metrics: Optional[RequestMetrics] = None
     num_cached_tokens: int = 0
+    # Set when the request failed on its own (finish_reason "error"): what went wrong,
+    # and whether its input caused it (a client error) rather than the server.
+    error: Optional[str] = None
+    error_is_bad_input: bool = False

@@ -60,6 +60,9 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, LogprobEntry] = field(default_factory=dict)
+    # Requests whose own sampling failed this step (no token for them); the engine
+    # finishes them with an error and every other request goes on.
+    failed: dict[str, Exception] = field(default_factory=dict)
 
 
 @dataclass

@@ -23,6 +23,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = 5
     FINISHED_ABORTED = 6
     FINISHED_IGNORED = 7
+    FINISHED_ERROR = 8  # this request alone failed on the step thread (vLLM's FinishReason.ERROR)
 
     @property
     def is_finished(self) -> bool:
@@ -38,6 +39,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

@@ -18,7 +18,7 @@ import time
 from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 from inflight.engine.async_stream import (Command, EngineDeadError, RequestStream, StepObserver, log_abort_failure,
-                                          put_all)
+                                          put_all, request_error)
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
 
@@ -45,6 +45,9 @@ class AsyncLLMEngine:
         self._pending_adds = 0  # guarded by _cond
         self._stopping = False  # guarded by _cond
         self._dead: Optional[BaseException] = None  # set once, under _cond
+        self.crash: Optional[BaseException] = None  # what killed the step loop, unless it was shut down
+        self._idle = True  # the step thread waits with nothing to do (guarded by _cond)
+        self._last_progress = time.monotonic()  # when the step thread last finished a step or a wait
         self._accepting = True
         self._streams: dict[str, RequestStream] = {}  # owned by the step thread
         self._thread: Optional[threading.Thread] = None
@@ -96,6 +99,14 @@ class AsyncLLMEngine:
     def is_alive(self) -> bool:
         """True while the step loop runs and has not crashed."""
         return self._dead is None and self._thread is not None and self._thread.is_alive()
+
+    def seconds_without_progress(self) -> float:
+        """How long the step loop has been busy without finishing a step (0 while idle):
+        a hung forward pass or a wedged thread shows here while ``is_alive`` stays true."""
+        with self._cond:
+            if self._idle and not self._commands:
+                return 0.0
+            return time.monotonic() - self._last_progress
 
     @property
     def num_unfinished(self) -> int:
@@ -167,17 +178,18 @@ class AsyncLLMEngine:
 
     # ------------------------------------------------------------- requests
     async def add_request(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
-                          arrival_time: Optional[float] = None) -> RequestStream:
+                          arrival_time: Optional[float] = None, cache_salt: Optional[str] = None) -> RequestStream:
         """Queue a request and return its output stream once the engine accepted it.
 
         Raises ValueError for input the engine rejects (the caller answers 400),
-        EngineDeadError when the loop is dead or shutting down.
+        EngineDeadError when the loop is dead or shutting down. A request that later
+        fails on its own ends its stream with InvalidRequestError or RequestError.
         """
         if not self._accepting:
             raise EngineDeadError("the server is shutting down")
         stream = RequestStream(self, request_id)
         arrival = arrival_time if arrival_time is not None else time.time()
-        add = self._submit(lambda: self._do_add(stream, prompt, params, arrival, priority), is_add=True)
+        add = self._submit(lambda: self._do_add(stream, prompt, params, arrival, priority, cache_salt), is_add=True)
         try:
             await asyncio.wrap_future(add)
         except asyncio.CancelledError:
@@ -186,9 +198,10 @@ class AsyncLLMEngine:
         return stream
 
     async def generate(self, prompt: Any, params: SamplingParams, request_id: str, priority: int = 0,
-                       arrival_time: Optional[float] = None) -> AsyncIterator[RequestOutput]:
+                       arrival_time: Optional[float] = None,
+                       cache_salt: Optional[str] = None) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its outputs until it finishes; leaving early aborts it."""
-        stream = await self.add_request(request_id, prompt, params, priority, arrival_time)
+        stream = await self.add_request(request_id, prompt, params, priority, arrival_time, cache_salt)
         try:
             async for out in stream:
                 yield out
@@ -197,10 +210,11 @@ class AsyncLLMEngine:
 
     # ------------------------------------------------ step thread internals
     def _do_add(self, stream: RequestStream, prompt: Any, params: SamplingParams,
-                arrival: float, priority: int) -> None:
+                arrival: float, priority: int, cache_salt: Optional[str]) -> None:
         if stream.request_id in self._streams:
             raise ValueError(f"request id {stream.request_id!r} is already in use")
-        self.engine.add_request(stream.request_id, prompt, params, arrival_time=arrival, priority=priority)
+        kw = {"cache_salt": cache_salt} if cache_salt is not None else {}
+        self.engine.add_request(stream.request_id, prompt, params, arrival_time=arrival, priority=priority, **kw)
         self._streams[stream.request_id] = stream
         self.num_waiting = len(self.engine.scheduler.waiting)
 
@@ -227,8 +241,11 @@ class AsyncLLMEngine:
     def _next_commands(self) -> Optional[list[Command]]:
         """Block until there is a command or work; None means stop."""
         with self._cond:
+            self._idle = True
             while not (self._commands or self._stopping or self.engine.has_unfinished_requests()):
                 self._cond.wait()
+            self._idle = False
+            self._last_progress = time.monotonic()
             if self._stopping and not self._commands:
                 return None
             commands, self._commands = self._commands, []
@@ -251,6 +268,8 @@ class AsyncLLMEngine:
                     self._observe("on_step", [], 0.0)  # refresh gauges after aborts
         except BaseException as e:
             logger.exception("the engine step loop crashed; failing every pending request")
+            self.crash = e
+            self._free_all()
             self._die(e)
         else:
             self._die(EngineDeadError("the engine loop was shut down"))
@@ -259,12 +278,13 @@ class AsyncLLMEngine:
         t0 = time.perf_counter()
         outputs = self.engine.step()
         step_time = time.perf_counter() - t0
-        batch = []
+        self._last_progress = time.monotonic()
+        batch: list[tuple[RequestStream, Any]] = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            batch.append((stream, out))
+            batch.append((stream, out if out.error is None else request_error(out)))
             if out.finished:
                 del self._streams[out.request_id]
         # NOTE: gauges first, outputs second: a client that sees its request finish
@@ -284,6 +304,13 @@ class AsyncLLMEngine:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
+    def _free_all(self) -> None:
+        # Best effort after a crash: return the KV blocks, so the gauges read true while the process drains.
+        try:
+            self.engine.abort_request(list(self._streams))
+        except Exception:
+            logger.exception("could not free the requests of the crashed engine")
+
     def _die(self, error: BaseException) -> None:
         with self._cond:
             if not isinstance(error, EngineDeadError):
@@ -295,3 +322,4 @@ class AsyncLLMEngine:
             command.fail(EngineDeadError(str(error)))
         streams, self._streams = list(self._streams.values()), {}
         self._deliver([(s, error) for s in streams])
+

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from inflight.errors import InvalidRequestError, RequestError
 from inflight.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -106,3 +107,11 @@ def log_abort_failure(future: concurrent.futures.Future) -> None:
     if not future.cancelled() and future.exception() is not None \
             and not isinstance(future.exception(), EngineDeadError):
         logger.error("abort failed", exc_info=future.exception())
+
+
+def request_error(out: RequestOutput) -> Exception:
+    """What the stream of a request that failed alone raises: a client error when its input was to blame."""
+    message = out.error or "the request failed"
+    if out.error_is_bad_input:
+        return InvalidRequestError(message)
+    return RequestError(out.request_id, message)

@@ -14,6 +14,7 @@ from inflight.core.request import Request, RequestStatus
 from inflight.core.scheduler import Scheduler
 from inflight.core.static_scheduler import StaticScheduler
 from inflight.engine.output_processor import OutputProcessor
+from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
 
@@ -75,8 +76,11 @@ class LLMEngine:
         return None, list(prompt)
 
     def add_request(self, request_id: Optional[str], prompt: PromptType, params: Optional[SamplingParams] = None,
-                    arrival_time: Optional[float] = None, priority: int = 0) -> str:
-        """Validate and queue a request; raises ValueError naming the limit it breaks."""
+                    arrival_time: Optional[float] = None, priority: int = 0,
+                    cache_salt: Optional[str] = None) -> str:
+        """Validate and queue a request; raises ValueError naming the limit it breaks.
+
+        ``cache_salt`` (vLLM's): only requests with the same salt share prefix-cache blocks."""
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.output_processor.parents:
@@ -90,7 +94,7 @@ class LLMEngine:
         for i in range(params.n):
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
             p = params if params.n == 1 else replace(params, n=1, seed=None if params.seed is None else params.seed + i)
-            children.append(Request(cid, ids, p, self.eos_token_ids, arrival, priority))
+            children.append(Request(cid, ids, p, self.eos_token_ids, arrival, priority, cache_salt=cache_salt))
         for child in children:
             self.scheduler.check_feasible(child)
         for child in children:
@@ -130,15 +134,38 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         self.last_num_scheduled_tokens = sched.total_num_scheduled_tokens
         batch = self._trace_batch(sched) if self._trace is not None else None
-        result = self.runner.execute(sched)
+        result = self.runner.execute(sched)  # raises when the forward pass fails: no request is to blame
         core_outputs = self.scheduler.update_from_output(sched, result)
-        outputs, stopped = self.output_processor.process(core_outputs)
+        outputs, stopped, failed = self.output_processor.process(core_outputs)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if result.failed or failed:
+            outputs += self._fail_requests({**result.failed, **failed})
         if batch:
             self._write_trace(sched, batch, core_outputs, t0)
         self.step_count += 1
         return outputs
+
+    def _fail_requests(self, errors: dict[str, Exception]) -> list[RequestOutput]:
+        """Finish the requests (all samples) whose own processing raised; free their blocks."""
+        by_parent: dict[str, Exception] = {}
+        for child_id, exc in errors.items():
+            parent_id = self.output_processor.child_to_parent.get(child_id, (child_id, 0))[0]
+            by_parent.setdefault(parent_id, exc)
+        outs = []
+        for parent_id, exc in by_parent.items():
+            bad_input = isinstance(exc, InvalidRequestError)
+            if bad_input:
+                logger.warning("request %s failed: %s", parent_id, exc)
+            else:
+                logger.error("request %s failed; the engine goes on without it", parent_id, exc_info=exc)
+            self.scheduler.finish_requests(self.output_processor.child_ids(parent_id) or [parent_id],
+                                           RequestStatus.FINISHED_ERROR)
+            message = str(exc) if bad_input else f"{type(exc).__name__} while processing the request"
+            out = self.output_processor.fail(parent_id, message, bad_input)
+            if out is not None:
+                outs.append(out)
+        return outs
 
     @staticmethod
     def _trace_batch(sched: SchedulerOutput) -> list[dict]:

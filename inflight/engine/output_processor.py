@@ -51,11 +51,14 @@ class OutputProcessor:
         st = self.parents.get(parent_id)
         return [s.request.request_id for s in st.samples] if st else []
 
-    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the step's RequestOutputs and child ids stopped by a stop string
-        (the engine must finish those in the scheduler)."""
+    def process(self, outputs: list[EngineCoreOutput]
+                ) -> tuple[list[RequestOutput], list[str], dict[str, Exception]]:
+        """Returns the step's RequestOutputs, child ids stopped by a stop string (the
+        engine must finish those in the scheduler), and child ids whose detokenization
+        or stop check raised, with the error (the engine fails their requests alone)."""
         touched: dict[str, _ParentState] = {}
         stopped: list[str] = []
+        failed: dict[str, Exception] = {}
         for parent in self.parents.values():
             for s in parent.samples:
                 s.completion.delta_token_ids = []
@@ -67,11 +70,16 @@ class OutputProcessor:
                 continue
             parent = self.parents[key[0]]
             sample = parent.samples[key[1]]
-            if self._apply(sample, o):
-                stopped.append(o.request_id)
+            try:
+                if self._apply(sample, o):
+                    stopped.append(o.request_id)
+            except Exception as e:  # this request's text alone: it fails, the step goes on
+                failed[o.request_id] = e
+                continue
             touched[parent.request_id] = parent
-        results = [self._make_output(p) for p in touched.values()]
-        return results, stopped
+        failed_parents = {self.child_to_parent[c][0] for c in failed}
+        results = [self._make_output(p) for p in touched.values() if p.request_id not in failed_parents]
+        return results, stopped, failed
 
     def _apply(self, s: _SampleState, o: EngineCoreOutput) -> bool:
         comp = s.completion
@@ -114,6 +122,18 @@ class OutputProcessor:
             if not s.completion.finished:
                 s.completion.finish_reason = "abort"
         return self._make_output(parent)
+
+    def fail(self, parent_id: str, error: str, bad_input: bool) -> Optional[RequestOutput]:
+        """Finish every sample of a request with finish_reason "error"; returns the final output."""
+        parent = self.parents.get(parent_id)
+        if parent is None:
+            return None
+        for s in parent.samples:
+            s.completion.delta_token_ids, s.completion.delta_text = [], ""
+            s.completion.finish_reason, s.completion.stop_reason = "error", None
+        out = self._make_output(parent)
+        out.error, out.error_is_bad_input = error, bad_input
+        return out
 
     def _make_output(self, parent: _ParentState) -> RequestOutput:
         comps = [s.completion for s in parent.samples]

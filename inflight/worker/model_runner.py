@@ -2,15 +2,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from inflight.attention.base import AttentionMetadata
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.core.spec_decode import accept_greedy
+from inflight.errors import InvalidRequestError
 from inflight.worker.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
 from inflight.worker.swap import Swapper
+
+
+# torch.Generator.manual_seed takes any int64 or uint64 value
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+@dataclass
+class _Group:
+    """The logits rows of one request that samples this step."""
+
+    sched: ScheduledRequest
+    first: int  # its first row among the step's logits indices
+    rows: list[SamplingRow]
 
 
 @dataclass
@@ -80,26 +94,33 @@ class ModelRunner:
         return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), md,
                           torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling)
 
-    def _sampling_rows(self, sampling: list[ScheduledRequest]) -> list[SamplingRow]:
-        rows = []
-        for s in sampling:
-            req = s.request
-            p = req.sampling_params
-            gen: Optional[torch.Generator] = None
-            if p.seed is not None and not p.greedy:
-                gen = self.generators.get(req.request_id)
-                if gen is None:
-                    gen = torch.Generator(device=self.device).manual_seed(p.seed)
-                    self.generators[req.request_id] = gen
-            eos = [] if p.ignore_eos else list(req.eos_token_ids)
-            # draft rows: only plain greedy requests draft, so the rows share one setting
-            rows.extend([SamplingRow(p, req.prompt_token_ids, req.output_token_ids, eos, gen)]
-                        * (1 + len(s.spec_token_ids)))
-        return rows
+    def _request_rows(self, s: ScheduledRequest) -> list[SamplingRow]:
+        """The rows one request samples this step; raises for settings that cannot be sampled."""
+        req = s.request
+        p = req.sampling_params
+        gen: Optional[torch.Generator] = None
+        if p.seed is not None and not p.greedy:
+            gen = self.generators.get(req.request_id)
+            if gen is None:
+                gen = self._generator(p.seed)
+                self.generators[req.request_id] = gen
+        eos = [] if p.ignore_eos else list(req.eos_token_ids)
+        # draft rows: only plain greedy requests draft, so the rows share one setting
+        return [SamplingRow(p, req.prompt_token_ids, req.output_token_ids, eos, gen)] * (1 + len(s.spec_token_ids))
+
+    def _generator(self, seed: int) -> torch.Generator:
+        # manual_seed raises a RuntimeError outside this range: the seed is the client's fault
+        if not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX:
+            raise InvalidRequestError(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {seed!r}")
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step: forward the whole batch, then sample the rows that need it."""
+        """Run one step: forward the whole batch, then sample the rows that need it.
+
+        A failure of the forward pass raises (no request is to blame); a request
+        whose own sampling fails lands in ``out.failed`` and the others get their tokens.
+        """
         self.swapper.apply(sched)  # swap preemption's block copies, before the forward pass (even if empty)
         for rid in sched.finished_req_ids:
             self.generators.pop(rid, None)
@@ -111,26 +132,75 @@ class ModelRunner:
             hidden = self.graph_runner.run(inp.input_ids, inp.positions, inp.md)
         else:
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
-        if not inp.sampling:
-            return ModelRunnerOutput()
-        md = SamplingMetadata.from_rows(self._sampling_rows(inp.sampling), self.vocab_size, self.device)
-        result = self._sample(hidden[inp.logits_indices], md)
         out = ModelRunnerOutput()
-        row = 0
+        groups = self._groups(inp, out)
+        if groups:
+            self._sample_groups(hidden[inp.logits_indices], groups, out)
+        return out
+
+    def _groups(self, inp: StepInputs, out: ModelRunnerOutput) -> list[_Group]:
+        groups, first = [], 0
         for s in inp.sampling:
+            try:
+                groups.append(_Group(s, first, self._request_rows(s)))
+            except Exception as e:
+                out.failed[s.request.request_id] = e
+            first += 1 + len(s.spec_token_ids)
+        return groups
+
+    def _sample_groups(self, hidden: torch.Tensor, groups: list[_Group], out: ModelRunnerOutput) -> None:
+        """Sample every group's rows of ``hidden`` (one row per logits index) in one batch.
+
+        NOTE: the sampling metadata and the sampler depend on each request's settings;
+        when the batch fails, each request is tried alone to find the ones to blame.
+        The model's own part (logits, the fused greedy argmax) is outside: its
+        failure is nobody's and raises.
+        """
+        try:
+            md = self._metadata(groups)
+        except Exception:
+            groups = [g for g in groups if _try(lambda: self._metadata([g]), g, out)]
+            if not groups:
+                return
+            md = self._metadata(groups)
+        h = hidden[[g.first + i for g in groups for i in range(len(g.rows))]]
+        greedy = getattr(self.model, "greedy_tokens", None)
+        if md.greedy_only and greedy is not None:
+            tokens = greedy(h, self.vocab_size)  # argmax inside the logits GEMM: no logits written
+            if tokens is not None:
+                self._record(groups, SamplerOutput(tokens.tolist(), None), out)
+                return
+        logits = self.model.compute_logits(h)
+        try:
+            self._record(groups, self.sampler(logits, md), out)
+        except Exception:
+            row = 0
+            for g in groups:
+                rows = logits[row:row + len(g.rows)]
+                row += len(g.rows)
+                _try(lambda: self._record([g], self.sampler(rows, self._metadata([g])), out), g, out)
+
+    def _metadata(self, groups: list[_Group]) -> SamplingMetadata:
+        return SamplingMetadata.from_rows([r for g in groups for r in g.rows], self.vocab_size, self.device)
+
+    @staticmethod
+    def _record(groups: list[_Group], result: SamplerOutput, out: ModelRunnerOutput) -> None:
+        row = 0
+        for g in groups:
+            s = g.sched
             rid = s.request.request_id
             k = len(s.spec_token_ids)
             out.sampled_token_ids[rid] = accept_greedy(s.spec_token_ids, result.sampled_token_ids[row:row + k + 1])
             if result.logprobs is not None and s.request.sampling_params.logprobs is not None:
                 out.logprobs[rid] = result.logprobs[row]
             row += k + 1
-        return out
 
-    def _sample(self, hidden: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        """Tokens (and logprobs) for the hidden states of the rows that sample."""
-        greedy = getattr(self.model, "greedy_tokens", None)
-        if md.greedy_only and greedy is not None:
-            tokens = greedy(hidden, self.vocab_size)  # argmax inside the logits GEMM: no logits written
-            if tokens is not None:
-                return SamplerOutput(tokens.tolist(), None)
-        return self.sampler(self.model.compute_logits(hidden), md)
+
+def _try(fn: Callable[[], object], group: _Group, out: ModelRunnerOutput) -> bool:
+    """Run ``fn`` for one request; a failure is that request's (recorded in ``out.failed``)."""
+    try:
+        fn()
+        return True
+    except Exception as e:
+        out.failed[group.sched.request.request_id] = e
+        return False
