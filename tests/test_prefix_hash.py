@@ -73,3 +73,32 @@ def test_the_same_salt_shares_its_prefix():
     assert cached == 12 and len(blocks_a & blocks_b) == 3
     cached, _, _ = _serve_twice(None, None)
     assert cached == 12
+
+
+def test_cached_tokens_only_within_the_request_salt():
+    """Over HTTP: a tenant learns nothing of another salt's prefixes from cached_tokens."""
+    import httpx
+
+    from inflight.entrypoints.openai.server_thread import ServerThread
+    from test_async_engine import make_fake_engine
+
+    engine = make_fake_engine(num_blocks=256, block_size=4, max_model_len=128, max_num_seqs=8,
+                              max_num_batched_tokens=256)
+    prompt = "A prefix that spans several KV blocks, sent by two tenants. "
+
+    def cached(h: httpx.Client, salt=None, chat: bool = False) -> int:
+        body = {"max_tokens": 2, **({"cache_salt": salt} if salt else {})}
+        if chat:
+            r = h.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": prompt}]})
+        else:
+            r = h.post("/v1/completions", json={**body, "prompt": prompt})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with ServerThread(engine, "fake", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        assert cached(h, "tenant-a") == 0
+        assert cached(h, "tenant-b") == 0  # same prompt, other tenant: no hit, nothing learned
+        assert cached(h) == 0
+        assert cached(h, "tenant-a") >= 40  # its own prefix still hits
+        assert cached(h, "tenant-a", chat=True) == 0 and cached(h, "tenant-a", chat=True) >= 40
+        assert cached(h, "tenant-b", chat=True) == 0

@@ -91,8 +91,8 @@ def test_idle_server_uses_no_cpu(server, client):
 
 
 # ---------------------------------------------------------------------- crash
-def test_engine_crash_fails_requests_with_500_and_health_503():
-    engine = make_fake_engine()
+def test_engine_crash_fails_requests_with_500_and_the_server_exits_non_zero():
+    engine = make_fake_engine(max_num_seqs=64, max_num_batched_tokens=512)
     with ServerThread(engine, MODEL, log_stats=False) as srv:
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0, timeout=10)
         assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].text == "he"
@@ -108,7 +108,26 @@ def test_engine_crash_fails_requests_with_500_and_health_503():
         assert e.value.status_code == 500 and "Traceback" not in str(e.value) and "simulated" not in str(e.value)
         with pytest.raises(openai.APIError, match="engine is not running"):
             list(stream)  # an in-band error event ends the stream instead of a hang
-        with httpx.Client(base_url=srv.base_url) as h:
-            assert h.get("/health").status_code == 503
-            r = h.post(C, json={"prompt": "Hi"})
-            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
+        # No process that answers 503 forever: the server drains and exits with status 1 (under
+        # `inflight serve` the process ends and a supervisor restarts it; here the uvicorn thread ends).
+        srv._thread.join(15)
+        assert not srv._thread.is_alive() and srv.server.exit_code == 1
+        assert engine.scheduler.kv.num_free_blocks == engine.scheduler.kv.num_blocks
+
+
+def test_health_fails_while_a_step_makes_no_progress():
+    engine = make_fake_engine(max_num_seqs=64, max_num_batched_tokens=512)
+    with ServerThread(engine, MODEL, log_stats=False, health_stall_timeout_s=0.3) as srv:
+        with httpx.Client(base_url=srv.base_url, timeout=10) as h, ThreadPoolExecutor(1) as pool:
+            assert h.get("/health").status_code == 200  # idle for longer than the timeout: healthy
+            time.sleep(0.4)
+            assert h.get("/health").status_code == 200
+            engine.runner.step_delay = 1.0  # a wedged forward pass, as far as /health can tell
+            pending = pool.submit(httpx.post, srv.base_url + C, json={"prompt": "Hi", "max_tokens": 2}, timeout=10)
+            time.sleep(0.7)
+            r = h.get("/health")
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stalled"
+            engine.runner.step_delay = 0.0
+            assert pending.result().status_code == 200
+            assert h.get("/health").status_code == 200
+    assert srv.server.exit_code == 0  # a plain stop is not a crash

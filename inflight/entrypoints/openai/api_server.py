@@ -85,11 +85,16 @@ public = APIRouter()
 
 @public.get("/health")
 async def health(request: Request) -> Response:
-    """200 while the engine loop is alive, 503 once it died or stopped."""
+    """200 while the engine loop is alive and making progress; 503 once it died or
+    stopped, or while work has waited ``--health-stall-timeout`` seconds for a step to end."""
     engine = _state(request).engine
-    if engine.is_alive:
-        return Response(status_code=200)
-    return OpenAIError(503, "the inference engine is not running", code="engine_dead").response()
+    if not engine.is_alive:
+        return OpenAIError(503, "the inference engine is not running", code="engine_dead").response()
+    stalled = engine.seconds_without_progress()
+    if stalled > request.app.state.health_stall_timeout_s:
+        return OpenAIError(503, f"the inference engine has made no progress for {stalled:.0f} s",
+                           code="engine_stalled").response()
+    return Response(status_code=200)
 
 
 @public.get("/version")
@@ -143,9 +148,10 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     return JSONResponse(dump(DetokenizeResponse(prompt=state.tokenizer.decode(body.tokens))))
 
 
-def build_app(state: ServerState, shutdown_grace_s: float = 5.0) -> FastAPI:
+def build_app(state: ServerState, shutdown_grace_s: float = 5.0, health_stall_timeout_s: float = 60.0) -> FastAPI:
     """The app: starts the step thread on startup; on shutdown stops admitting,
-    lets running requests finish for ``shutdown_grace_s``, aborts the rest."""
+    lets running requests finish for ``shutdown_grace_s``, aborts the rest.
+    ``/health`` fails after ``health_stall_timeout_s`` seconds of pending work without a finished step."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -157,6 +163,7 @@ def build_app(state: ServerState, shutdown_grace_s: float = 5.0) -> FastAPI:
 
     app = FastAPI(title="inflight", version=inflight.__version__, lifespan=lifespan)
     app.state.server = state
+    app.state.health_stall_timeout_s = health_stall_timeout_s
     install_error_handlers(app)
     app.include_router(public)
     app.include_router(protected)
@@ -171,6 +178,15 @@ def make_uvicorn_server(app: FastAPI, host: str, port: int, *, log_level: str = 
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
+        exit_code = 0  # 1 once the engine crashed: the process must end so a supervisor restarts it
+
+        async def on_tick(self, counter: int) -> bool:
+            # uvicorn calls this every 0.1 s; a crashed engine is never answered with 503s forever
+            if app.state.server.engine.crash is not None and not self.should_exit:
+                logger.critical("the engine crashed: draining connections, then exiting with status 1")
+                self.exit_code, self.should_exit = 1, True
+            return await super().on_tick(counter)
+
         async def shutdown(self, sockets: Any = None) -> None:
             engine: AsyncLLMEngine = app.state.server.engine
             engine.stop_accepting()

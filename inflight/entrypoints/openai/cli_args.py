@@ -24,6 +24,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="answer 503 + Retry-After while this many requests wait (default: no limit)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds running requests may take to finish after SIGTERM before being aborted")
+    p.add_argument("--health-stall-timeout", type=float, default=60.0,
+                   help="/health answers 503 when work has waited this many seconds for an engine step to end")
     p.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput log line")
     p.add_argument("--log-stats-interval", type=float, default=5.0, help="seconds between stats log lines")
     p.add_argument("--uvicorn-log-level", default="info",
@@ -50,7 +52,7 @@ def run_serve(args: argparse.Namespace) -> int:
     state = build_state(async_engine, model_name, api_key=args.api_key,
                         max_waiting_requests=args.max_waiting_requests,
                         log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval)
-    app = build_app(state, shutdown_grace_s=args.shutdown_timeout)
+    app = build_app(state, shutdown_grace_s=args.shutdown_timeout, health_stall_timeout_s=args.health_stall_timeout)
     server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,
                                  shutdown_grace_s=args.shutdown_timeout)
     logger.info("serving %s as %r on http://%s:%d/v1", engine.model_source, model_name, args.host, args.port)
@@ -62,5 +64,8 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    logger.info("server stopped")
-    return 0
+    if server.exit_code:
+        logger.error("server stopped after an engine crash (exit status %d)", server.exit_code)
+    else:
+        logger.info("server stopped")
+    return server.exit_code

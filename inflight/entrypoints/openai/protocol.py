@@ -51,6 +51,8 @@ class SamplingRequest(OpenAIBaseModel):
     stream_options: Optional[StreamOptions] = None
     priority: int = 0
     user: Optional[str] = None  # accepted, ignored
+    # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks (and see cached_tokens)
+    cache_salt: Optional[str] = Field(default=None, min_length=1, max_length=1024)
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> "SamplingRequest":

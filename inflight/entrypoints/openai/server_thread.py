@@ -17,9 +17,9 @@ class ServerThread:
     """
 
     def __init__(self, engine: Any, model_name: str, host: str = "127.0.0.1", port: int = 0,
-                 shutdown_grace_s: float = 1.0, **state_kwargs: Any) -> None:
+                 shutdown_grace_s: float = 1.0, health_stall_timeout_s: float = 60.0, **state_kwargs: Any) -> None:
         self.state: ServerState = build_state(engine, model_name, **state_kwargs)
-        self.app = build_app(self.state, shutdown_grace_s=shutdown_grace_s)
+        self.app = build_app(self.state, shutdown_grace_s=shutdown_grace_s, health_stall_timeout_s=health_stall_timeout_s)
         self.server = make_uvicorn_server(self.app, host, port, log_level="warning",
                                           shutdown_grace_s=shutdown_grace_s)
         self.host = host

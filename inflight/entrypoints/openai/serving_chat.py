@@ -55,7 +55,7 @@ class ChatHandler:
         params = state.admit(req)
         prompt = render_chat(state.tokenizer, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
         request_id, created = random_id("chatcmpl"), int(time.time())
-        streams = await add_requests(state, request_id, [prompt], params, req.priority)
+        streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt)
         if req.stream:
             return stream_response(streams, self._events(req, request_id, created, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))

@@ -68,12 +68,12 @@ class ServerState:
 
 
 async def add_requests(state: ServerState, base_id: str, prompts: list[Any], params: SamplingParams,
-                       priority: int) -> list[RequestStream]:
+                       priority: int, cache_salt: Optional[str] = None) -> list[RequestStream]:
     """Add one engine request per prompt, all in the same step; all or none.
 
     Raises OpenAIError (400 for input the engine rejects)."""
     ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
-    results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority)
+    results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority, cache_salt=cache_salt)
                                      for rid, p in zip(ids, prompts)), return_exceptions=True)
     streams = [r for r in results if isinstance(r, RequestStream)]
     errors = [r for r in results if not isinstance(r, RequestStream)]

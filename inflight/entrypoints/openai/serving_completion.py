@@ -44,7 +44,7 @@ class CompletionHandler:
         params = state.admit(req)
         prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in req.prompts()]
         request_id, created = random_id("cmpl"), int(time.time())
-        streams = await add_requests(state, request_id, prompts, params, req.priority)
+        streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt)
         if req.stream:
             return stream_response(streams, self._events(req, request_id, created, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))
