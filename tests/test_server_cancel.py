@@ -30,7 +30,7 @@ def test_streaming_client_disconnect_aborts_and_frees_blocks(server):
     assert metric(text, "inflight:num_requests_running") == 0
 
 
-def test_non_streaming_client_timeout_aborts_and_frees_blocks(server):
+def test_non_streaming_client_timeout_aborts_and_frees_blocks(server, caplog):
     server.engine.runner.step_delay = 0.02
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=0.3)
     aborted = metric(httpx.get(server.base_url + "/metrics").text, "inflight:request_success_total",
@@ -40,6 +40,7 @@ def test_non_streaming_client_timeout_aborts_and_frees_blocks(server):
     wait_until_idle(server, timeout=0.5)  # finishing would take 2 s
     text = httpx.get(server.base_url + "/metrics").text
     assert metric(text, "inflight:request_success_total", finished_reason="abort") == aborted + 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # a client leaving is no server error
 
 
 def test_concurrent_streams_get_exact_counts_and_dropped_ones_free_their_blocks(server):

@@ -139,7 +139,9 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> Optional[
         watcher.cancel()
         if not task.done():
             task.cancel()
-    if task.cancelled():
+    # NOTE: a task cancelled just now is not done yet (it ends at its next await): asking
+    # for its result would raise InvalidStateError, and the gone client would "get" a 500.
+    if not task.done() or task.cancelled():
         logger.info("client disconnected; request aborted")
         return None
     return task.result()
