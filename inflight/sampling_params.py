@@ -1,8 +1,19 @@
 """Per-request sampling settings, named as in vLLM."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Union
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from inflight.errors import InvalidRequestError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Stop strings are scanned on every generated token and stop ids checked per token,
+# all on the step thread: their number bounds every request's per-token cost.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 @dataclass
@@ -42,30 +53,72 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
+        self._validate_types()
+        self._validate_ranges()
+        self._validate_stops()
+
+    def _validate_types(self) -> None:
+        # NaN compares false against every bound, so finiteness is checked before the ranges.
+        for name in _FLOATS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidRequestError(f"{name} must be a finite number, got {_short(value)}")
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed"):
+            value = getattr(self, name)
+            if value is None and name in ("max_tokens", "logprobs", "prompt_logprobs", "seed"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX:
+                raise InvalidRequestError(f"{name} must be an integer within int64, got {_short(value)}")
+        if self.seed is not None and self.seed + self.n - 1 > INT64_MAX:
+            # Sample i is seeded with seed + i: the last one must still be an int64.
+            raise InvalidRequestError(f"seed + n - 1 must be at most {INT64_MAX} (int64), "
+                                      f"got seed={self.seed}, n={self.n}")
+
+    def _validate_stops(self) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        for s in self.stop:
+            if not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_STRING_CHARS:
+                raise InvalidRequestError(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters long")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, "
+                             f"got {len(self.stop_token_ids)}")
+        for t in self.stop_token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT64_MAX:
+                raise InvalidRequestError(f"stop_token_ids must be non-negative integers, got {_short(t)}")
+
+    def verify_vocab(self, vocab_size: int) -> None:
+        """Raise InvalidRequestError unless every stop token id is inside the vocabulary
+        (the engine would otherwise never see them, silently)."""
+        for t in self.stop_token_ids:
+            if not t < vocab_size:
+                raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size}), got {t}")
+
+    def _validate_ranges(self) -> None:
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+            raise InvalidRequestError(f"n must be at least 1, got {self.n}")
         if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+            raise InvalidRequestError(f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 (disabled) or positive, got {self.top_k}")
+            raise InvalidRequestError(f"top_k must be 0 (disabled) or positive, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}")
         if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+            raise InvalidRequestError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+            raise InvalidRequestError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
+            raise InvalidRequestError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be non-negative, got {self.min_tokens}")
+            raise InvalidRequestError(f"min_tokens must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be non-negative, got {self.logprobs}")
+            raise InvalidRequestError(f"logprobs must be non-negative, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -75,3 +128,9 @@ class SamplingParams:
     def needs_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+
+def _short(value: Any, limit: int = 50) -> str:
+    """A value for an error message, never longer than ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -15,11 +15,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import inflight
 from inflight.engine.async_engine import AsyncLLMEngine
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, install_error_handlers
+from inflight.entrypoints.openai.limits import ServerLimits
+from inflight.entrypoints.openai.middleware import RequestGuard, timed_h11_protocol
 from inflight.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                                   TokenizeRequest)
 from inflight.entrypoints.openai.responses import (DetokenizeResponse, ModelCard, ModelList, TokenizeResponse,
                                                    dump)
-from inflight.entrypoints.openai.serving_chat import ChatHandler, render_chat
+from inflight.entrypoints.openai.serving_chat import ChatHandler
 from inflight.entrypoints.openai.serving_common import ServerState
 from inflight.entrypoints.openai.serving_completion import CompletionHandler
 from inflight.metrics import EngineMetrics
@@ -39,7 +41,7 @@ def default_model_name(model: Optional[str]) -> str:
 
 def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                 max_waiting_requests: Optional[int] = None, log_stats: bool = True,
-                log_interval_s: float = 5.0) -> ServerState:
+                log_interval_s: float = 5.0, limits: Optional[ServerLimits] = None) -> ServerState:
     """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one) for serving:
     metrics observer, async engine, settings.
 
@@ -51,7 +53,14 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
     return ServerState(engine=async_engine, tokenizer=engine.tokenizer, model_name=model_name,
                        max_model_len=engine.max_model_len, metrics=metrics,
                        model_root=getattr(engine, "model_source", None), api_key=api_key,
-                       max_waiting_requests=max_waiting_requests)
+                       max_waiting_requests=max_waiting_requests, limits=limits or ServerLimits(),
+                       vocab_size=_vocab_size(engine))
+
+
+def _vocab_size(engine: Any) -> Optional[int]:
+    arch = getattr(engine, "arch", None)
+    size = getattr(arch, "vocab_size", None)
+    return int(size) if size else None
 
 
 async def require_api_key(request: Request) -> None:
@@ -110,7 +119,8 @@ async def metrics(request: Request) -> Response:
 @protected.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
-    card = ModelCard(id=state.model_name, root=state.model_root, max_model_len=state.max_model_len)
+    # The served name, never model_root: the filesystem layout is nobody's business.
+    card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=state.max_model_len)
     return JSONResponse(dump(ModelList(data=[card])))
 
 
@@ -130,10 +140,10 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state.check_model(body.model)
     tok = state.tokenizer
     if body.messages is not None:
-        ids = render_chat(tok, body.messages, body.add_generation_prompt)["prompt_token_ids"]
+        ids = (await state.render_chat(body, body.add_generation_prompt))["prompt_token_ids"]
     else:
-        ids = tok(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
-    strs = tok.convert_ids_to_tokens(ids) if hasattr(tok, "convert_ids_to_tokens") else None
+        ids = await state.tokenize(body.prompt, body.add_special_tokens)
+    strs = await state.pool.run(tok.convert_ids_to_tokens, ids) if hasattr(tok, "convert_ids_to_tokens") else None
     return JSONResponse(dump(TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids,
                                               token_strs=strs)))
 
@@ -145,7 +155,8 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     vocab = len(state.tokenizer)
     if any(not 0 <= t < vocab for t in body.tokens):
         raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
-    return JSONResponse(dump(DetokenizeResponse(prompt=state.tokenizer.decode(body.tokens))))
+    text = await state.pool.run(state.tokenizer.decode, body.tokens)
+    return JSONResponse(dump(DetokenizeResponse(prompt=text)))
 
 
 def build_app(state: ServerState, shutdown_grace_s: float = 5.0, health_stall_timeout_s: float = 60.0) -> FastAPI:
@@ -160,6 +171,7 @@ def build_app(state: ServerState, shutdown_grace_s: float = 5.0, health_stall_ti
             yield
         finally:
             await state.engine.shutdown(shutdown_grace_s)
+            state.pool.shutdown()
 
     app = FastAPI(title="inflight", version=inflight.__version__, lifespan=lifespan)
     app.state.server = state
@@ -167,6 +179,7 @@ def build_app(state: ServerState, shutdown_grace_s: float = 5.0, health_stall_ti
     install_error_handlers(app)
     app.include_router(public)
     app.include_router(protected)
+    app.add_middleware(RequestGuard, limits=state.limits)
     return app
 
 
@@ -197,7 +210,14 @@ def make_uvicorn_server(app: FastAPI, host: str, port: int, *, log_level: str = 
             finally:
                 timer.cancel()
 
+    limits: ServerLimits = app.state.server.limits
     # uvicorn's own deadline (after which it cancels handlers) only backs ours up.
+    # Its limit_concurrency (connections included) backs up --max-concurrent-requests,
+    # leaving room for probes and idle kept-alive connections.
+    backstop = None if limits.max_concurrent_requests is None else 2 * limits.max_concurrent_requests + 64
+    kwargs.setdefault("limit_concurrency", backstop)
+    kwargs.setdefault("timeout_keep_alive", limits.timeout_keep_alive)
+    kwargs.setdefault("http", timed_h11_protocol(limits.header_timeout_s))
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=int(shutdown_grace_s) + 5, **kwargs)
     return GracefulServer(config)

@@ -2,10 +2,13 @@
 
 Every failure the server answers goes through here, so clients (the openai
 package maps status codes to exception classes) always get the same body, and
-a 500 never reveals a traceback.
+a 500 never reveals a traceback. Only InvalidRequestError (our validation)
+becomes a 400 with its message; any other exception is a 500, logged with the
+request id.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 from typing import Any, Iterable, Optional
@@ -16,12 +19,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inflight.engine.async_engine import EngineDeadError
+from inflight.entrypoints.openai.limits import clip
+from inflight.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_error", 500: "server_error", 503: "server_overloaded"}
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_error", 431: "invalid_request_error",
+          500: "server_error", 503: "server_overloaded"}
+# Error messages quote input; this bounds the whole message whatever slipped in.
+MAX_MESSAGE_CHARS = 1000
+
+# Set per HTTP request by the middleware, so a 500 in the log names its request.
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("inflight_request_id", default="-")
 
 
 class OpenAIError(Exception):
@@ -42,11 +53,12 @@ class OpenAIError(Exception):
 
 def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
     """The OpenAI error object for an HTTP status."""
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+    return {"error": {"message": clip(message, MAX_MESSAGE_CHARS), "type": _TYPES.get(status, "invalid_request_error"),
                       "param": param, "code": code}}
 
 
 def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
+    """A 400 (invalid_request_error) naming ``param``."""
     return OpenAIError(400, message, param)
 
 
@@ -54,13 +66,14 @@ def engine_error(exc: BaseException) -> OpenAIError:
     """Map an exception from the engine to the error the client sees."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, (ValueError, TypeError)):
-        return bad_request(str(exc))
+    if isinstance(exc, InvalidRequestError):
+        return bad_request(str(exc), param_of(str(exc)))
     if isinstance(exc, EngineDeadError):
         return OpenAIError(500, "the inference engine is not running; the request could not be completed",
                            code="engine_dead")
-    logger.exception("internal error while serving a request", exc_info=exc)
-    return OpenAIError(500, "internal server error", code="internal_error")
+    rid = request_id_var.get()
+    logger.error("internal error while serving request %s", rid, exc_info=exc)
+    return OpenAIError(500, f"internal server error (request id {rid})", code="internal_error")
 
 
 _UNION_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
@@ -83,13 +96,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     msgs = list(dict.fromkeys(e.get("msg", "invalid value").removeprefix("Value error, ")
                               for e in errors if path(e) == path(first)))
     msg = msgs[0] if len(msgs) == 1 else "invalid value: " + "; or ".join(msgs)
-    return (f"{param}: {msg}" if param else msg), param
+    if param:
+        return f"{param}: {msg}", param
+    return msg, param_of(msg)  # a model-level check names its field first: "logit_bias: ..."
 
 
-def param_of(message: str, fields: Iterable[str]) -> Optional[str]:
-    """The request field a message like "top_p must be in (0, 1]" is about, if any."""
-    m = re.match(r"(\w+)", message)
-    return m.group(1) if m and m.group(1) in fields else None
+def param_of(message: str, fields: Optional[Iterable[str]] = None) -> Optional[str]:
+    """The request field a message like "top_p must be in (0, 1]" or "n: at most 16"
+    is about: the leading word if it is in ``fields``, or (without ``fields``) if a colon follows it."""
+    m = re.match(r"([\w.]+)(:?)", message)
+    if not m:
+        return None
+    if fields is None:
+        return m.group(1) if m.group(2) else None
+    return m.group(1) if m.group(1) in fields else None
 
 
 def install_error_handlers(app: FastAPI) -> None:

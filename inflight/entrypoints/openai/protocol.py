@@ -2,15 +2,20 @@
 
 Field names, defaults and ranges follow OpenAI's API, plus vLLM's sampling
 extensions (top_k, min_p, repetition_penalty, ignore_eos, ...). Unknown fields
-are accepted and ignored, as OpenAI and vLLM do, so newer clients keep working.
+are accepted and ignored, as OpenAI and vLLM do, so newer clients keep working,
+except those that would change the output (validation.check_unsupported).
+Floats must be finite and integers within int64.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inflight.sampling_params import SamplingParams
+from inflight.entrypoints.openai.limits import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_CHARS, clip
+from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_message, check_prompt_count,
+                                                    check_template_kwargs, check_unsupported)
+from inflight.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 MAX_LOGPROBS = 20
 
@@ -18,7 +23,11 @@ MAX_LOGPROBS = 20
 class OpenAIBaseModel(BaseModel):
     """Base of every request/response model: extra fields are kept, not rejected."""
 
-    model_config = ConfigDict(extra="allow")
+    # NaN compares false against every bound: refuse it (and infinities) at parse time.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -31,17 +40,17 @@ class StreamOptions(OpenAIBaseModel):
 class SamplingRequest(OpenAIBaseModel):
     """Fields shared by completions and chat completions."""
 
-    model: Optional[str] = None
+    model: Optional[SafeStr] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
-    top_k: Optional[int] = None
+    top_k: Optional[Int64] = None
     min_p: Optional[float] = None
-    n: int = 1
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
+    n: int = Field(default=1, ge=1, le=INT64_MAX)
+    seed: Optional[Int64] = None
+    stop: Optional[Union[SafeStr, list[SafeStr]]] = None
+    stop_token_ids: Optional[list[Int64]] = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
@@ -49,15 +58,16 @@ class SamplingRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    priority: int = 0
-    user: Optional[str] = None  # accepted, ignored
+    priority: Int64 = 0
+    user: Optional[SafeStr] = None  # accepted, ignored
     # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks (and see cached_tokens)
-    cache_salt: Optional[str] = Field(default=None, min_length=1, max_length=1024)
+    cache_salt: Optional[Annotated[SafeStr, Field(min_length=1, max_length=1024)]] = None
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> "SamplingRequest":
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options can only be set when stream is true")
+        check_unsupported(self)
         return self
 
     @property
@@ -83,14 +93,14 @@ class SamplingRequest(OpenAIBaseModel):
         )
 
 
-PromptInput = Union[str, list[str], list[int], list[list[int]]]
+PromptInput = Union[SafeStr, list[SafeStr], list[int], list[list[int]]]
 
 
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``."""
 
     prompt: PromptInput
-    max_tokens: Optional[int] = 16
+    max_tokens: Optional[Int64] = 16
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
 
@@ -99,6 +109,8 @@ class CompletionRequest(SamplingRequest):
         p = self.prompt
         if isinstance(p, list) and (not p or any(isinstance(x, list) and not x for x in p)):
             raise ValueError("prompt must not be empty")
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            check_prompt_count(len(p))
         return self
 
     def prompts(self) -> list[Union[str, list[int]]]:
@@ -117,26 +129,35 @@ class CompletionRequest(SamplingRequest):
 class ContentPart(OpenAIBaseModel):
     """One part of a multi-part message; only text parts are understood."""
 
-    type: str
-    text: Optional[str] = None
+    type: SafeStr
+    text: Optional[SafeStr] = None
 
 
 class ChatMessage(OpenAIBaseModel):
     """A conversation turn."""
 
-    role: str
-    content: Optional[Union[str, list[ContentPart]]] = None
-    name: Optional[str] = None
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    content: Optional[Union[SafeStr, list[ContentPart]]] = None
+    name: Optional[SafeStr] = Field(default=None, max_length=256)
+
+    @model_validator(mode="after")
+    def _check_content(self) -> "ChatMessage":
+        check_message(self.role, self.content)
+        if isinstance(self.content, list):
+            kinds = {part.type for part in self.content} - {"text"}
+            if kinds:
+                raise ValueError(f"unsupported message content part type(s): {clip(sorted(kinds)[:4], 100)}; "
+                                 f"only text is supported")
+        return self
 
     def template_dict(self) -> dict[str, Any]:
         """The message as the chat template sees it: text parts joined into one string."""
         content = self.content
-        if isinstance(content, list):
-            kinds = {part.type for part in content} - {"text"}
-            if kinds:
-                raise ValueError(f"unsupported message content part type(s): {sorted(kinds)}; only text is supported")
+        if isinstance(content, list):  # only text parts: checked at parse time
             content = "".join(part.text or "" for part in content)
-        msg: dict[str, Any] = {"role": self.role, "content": content or ""}
+        # Templates know system, rarely developer: OpenAI treats the two alike.
+        role = "system" if self.role == "developer" else self.role
+        msg: dict[str, Any] = {"role": role, "content": content or ""}
         if self.name:
             msg["name"] = self.name
         return msg
@@ -146,8 +167,8 @@ class ChatCompletionRequest(SamplingRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = None
-    max_tokens: Optional[int] = None  # deprecated by OpenAI, still sent by many clients
+    max_completion_tokens: Optional[Int64] = None
+    max_tokens: Optional[Int64] = None  # deprecated by OpenAI, still sent by many clients
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
@@ -157,6 +178,7 @@ class ChatCompletionRequest(SamplingRequest):
     def _check_logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        check_template_kwargs(self.chat_template_kwargs)
         return self
 
     def to_sampling_params(self) -> SamplingParams:
@@ -167,8 +189,8 @@ class ChatCompletionRequest(SamplingRequest):
 class TokenizeRequest(OpenAIBaseModel):
     """``POST /tokenize``: a prompt or a chat conversation."""
 
-    model: Optional[str] = None
-    prompt: Optional[str] = None
+    model: Optional[SafeStr] = None
+    prompt: Optional[SafeStr] = Field(default=None, max_length=MAX_TOKENIZE_CHARS)
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -183,6 +205,6 @@ class TokenizeRequest(OpenAIBaseModel):
 class DetokenizeRequest(OpenAIBaseModel):
     """``POST /detokenize``."""
 
-    model: Optional[str] = None
-    tokens: list[int]
+    model: Optional[SafeStr] = None
+    tokens: list[Int64] = Field(max_length=MAX_DETOKENIZE_TOKENS)
 

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import AsyncIterator, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
-from inflight.entrypoints.openai.errors import bad_request
-from inflight.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from inflight.entrypoints.openai.protocol import ChatCompletionRequest
 from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChunk, ChatCompletionResponse,
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
                                                    DeltaMessage, TokenLogprob, TopLogprob, dump, random_id)
@@ -19,22 +18,6 @@ from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, a
                                                         unless_disconnected, usage_of)
 from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
-
-
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Apply the chat template; returns an engine prompt with text and token ids.
-
-    Raises OpenAIError(400) for messages the template cannot render."""
-    try:
-        dicts = [m.template_dict() for m in messages]
-        text = tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             **(template_kwargs or {}))
-    except Exception as e:  # jinja raises for roles/orders the template rejects
-        raise bad_request(f"cannot apply the chat template to these messages: {e}", "messages") from None
-    # The template already wrote any BOS token: do not let the tokenizer add another.
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    return {"prompt": text, "prompt_token_ids": ids}
 
 
 @dataclass
@@ -53,7 +36,7 @@ class ChatHandler:
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         state = self.state
         params = state.admit(req)
-        prompt = render_chat(state.tokenizer, req.messages, req.add_generation_prompt, req.chat_template_kwargs)
+        prompt = await state.render_chat(req, req.add_generation_prompt, req.chat_template_kwargs)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt)
         if req.stream:

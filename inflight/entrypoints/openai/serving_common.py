@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 from fastapi import Request
@@ -13,8 +13,12 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from inflight.engine.async_engine import AsyncLLMEngine, RequestStream
+from inflight.errors import InvalidRequestError
+from inflight.entrypoints.openai.chat_render import ChatRenderer, TokenizerPool
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, param_of
+from inflight.entrypoints.openai.limits import ServerLimits, clip
 from inflight.entrypoints.openai.responses import UsageInfo
+from inflight.entrypoints.openai.validation import check_server_limits
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
@@ -36,25 +40,50 @@ class ServerState:
     model_root: Optional[str] = None
     api_key: Optional[str] = None
     max_waiting_requests: Optional[int] = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    vocab_size: Optional[int] = None
+    # Requests admitted whose adds are not yet queued: counted against max_waiting_requests.
+    reserved: int = 0
+
+    def __post_init__(self) -> None:
+        self.renderer = ChatRenderer(self.tokenizer, self.limits.chat_template,
+                                     self.limits.allow_special_tokens_in_content)
+        self.pool = TokenizerPool(self.limits.tokenizer_timeout_s)
 
     def check_model(self, name: Optional[str]) -> None:
         """404 for a model this server does not serve (an absent name means ours)."""
         if name is not None and name != self.model_name:
-            raise OpenAIError(404, f"The model `{name}` does not exist. This server serves `{self.model_name}`.",
-                              param="model", code="model_not_found")
+            raise OpenAIError(404, f"The model `{clip(name)}` does not exist. This server serves "
+                                   f"`{self.model_name}`.", param="model", code="model_not_found")
 
-    def admit(self, req: Any):
-        """Checks every request shares (model name, capacity) and returns its SamplingParams;
-        invalid sampling values become a 400 naming the field."""
+    def admit(self, req: Any, num_prompts: int = 1) -> SamplingParams:
+        """Checks every request shares (model name, limits, capacity) and returns its
+        SamplingParams; invalid values become a 400 naming the field."""
         self.check_model(req.model)
-        self.check_capacity()
         try:
-            return req.to_sampling_params()
-        except ValueError as e:
+            params = req.to_sampling_params()
+            check_server_limits(req, params, self.limits.max_n, self.vocab_size)
+        except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
+        self.check_capacity(num_prompts * params.n)
+        return params
 
-    def check_capacity(self) -> None:
-        """503 + Retry-After while the waiting queue is full or the engine is down."""
+    async def render_chat(self, req: Any, add_generation_prompt: bool = True,
+                          template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """The engine prompt of a conversation, rendered and tokenized on the tokenizer pool."""
+        try:
+            dicts = [m.template_dict() for m in req.messages]
+            return await self.pool.run(self.renderer.render, dicts, add_generation_prompt, template_kwargs)
+        except InvalidRequestError as e:
+            raise bad_request(str(e), "messages") from None
+
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (special-token text parsed: the prompt is the client's own), off the loop."""
+        return await self.pool.run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def check_capacity(self, new: int = 1) -> None:
+        """503 + Retry-After while the waiting queue has no room for ``new`` more
+        requests (a batch counts whole) or the engine is down."""
         if not self.engine.is_alive:
             raise OpenAIError(503, "the inference engine is not running", code="engine_unavailable",
                               headers={"Retry-After": "5"})
@@ -62,7 +91,12 @@ class ServerState:
             raise OpenAIError(503, "the server is shutting down", code="shutting_down",
                               headers={"Retry-After": "5"})
         limit = self.max_waiting_requests
-        if limit is not None and self.engine.num_waiting_total >= limit:
+        if limit is None:
+            return
+        if 0 < limit < new:
+            raise bad_request(f"this request adds {new} requests (prompts x n), more than the server lets wait "
+                              f"(--max-waiting-requests {limit})", "n")
+        if self.engine.num_waiting_total + self.reserved + new > limit:
             raise OpenAIError(503, f"the server is overloaded: {limit} requests are already waiting",
                               code="server_overloaded", headers={"Retry-After": "1"})
 
@@ -71,15 +105,25 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
                        priority: int, cache_salt: Optional[str] = None) -> list[RequestStream]:
     """Add one engine request per prompt, all in the same step; all or none.
 
-    Raises OpenAIError (400 for input the engine rejects)."""
+    Capacity is checked and reserved here, with no await in between, so concurrent
+    batches cannot all pass the check. Raises OpenAIError (400 for input the engine
+    rejects: its add_request raises ValueError only for that)."""
+    new = len(prompts) * params.n
+    state.check_capacity(new)
+    state.reserved += new
     ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
-    results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority, cache_salt=cache_salt)
-                                     for rid, p in zip(ids, prompts)), return_exceptions=True)
+    try:
+        results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority, cache_salt=cache_salt)
+                                         for rid, p in zip(ids, prompts)), return_exceptions=True)
+    finally:
+        state.reserved -= new
     streams = [r for r in results if isinstance(r, RequestStream)]
     errors = [r for r in results if not isinstance(r, RequestStream)]
     if errors:
         for s in streams:
             s.close()
+        if isinstance(errors[0], ValueError):
+            raise bad_request(clip(str(errors[0]), 500), "prompt") from None
         raise engine_error(errors[0])
     return streams
 

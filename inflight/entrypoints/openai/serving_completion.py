@@ -3,18 +3,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
+from inflight.entrypoints.openai.errors import bad_request
 from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                                    CompletionStreamResponse, dump, random_id)
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
+from inflight.entrypoints.openai.validation import check_token_prompt
+from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 
 # Status nginx uses for "client closed the request"; nobody reads it, but logs do.
@@ -41,8 +44,9 @@ class CompletionHandler:
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         """Validate, add every prompt to the engine, then answer (SSE or JSON)."""
         state = self.state
-        params = state.admit(req)
-        prompts = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in req.prompts()]
+        raw_prompts = req.prompts()
+        params = state.admit(req, len(raw_prompts))
+        prompts = [await self._engine_prompt(p) for p in raw_prompts]
         request_id, created = random_id("cmpl"), int(time.time())
         streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt)
         if req.stream:
@@ -55,6 +59,20 @@ class CompletionHandler:
         body = CompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
                                   usage=usage_of(outputs))
         return JSONResponse(dump(body))
+
+    async def _engine_prompt(self, prompt: Union[str, list[int]]) -> dict[str, Any]:
+        """Text and token ids, tokenized here (on the tokenizer pool) rather than on the step thread."""
+        state = self.state
+        if isinstance(prompt, str):
+            ids = await state.tokenize(prompt)
+            text: Optional[str] = prompt
+        else:
+            ids, text = prompt, None
+        try:
+            check_token_prompt(ids, state.max_model_len, state.vocab_size)
+        except InvalidRequestError as e:
+            raise bad_request(str(e), "prompt") from None
+        return {"prompt": text, "prompt_token_ids": ids}
 
     def _prompt_text(self, out: RequestOutput) -> str:
         if out.prompt is not None:

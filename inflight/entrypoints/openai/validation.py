@@ -1,0 +1,107 @@
+"""Request checks beyond field types: unsupported features, template arguments,
+and the limits that depend on the server (``--max-n``, the vocabulary).
+
+Every failure raises InvalidRequestError (a 400 naming the field and the limit).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+from pydantic import AfterValidator
+
+from inflight.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
+from inflight.errors import InvalidRequestError
+from inflight.sampling_params import MAX_STOP_STRING_CHARS
+
+
+def _no_lone_surrogates(value: str) -> str:
+    # JSON may spell "\ud800"; such text cannot be encoded, tokenized or echoed.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (it contains a lone surrogate)") from None
+    return value
+
+
+SafeStr = Annotated[str, AfterValidator(_no_lone_surrogates)]
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES_NEEDING_CONTENT = ("system", "developer", "user", "tool")
+
+# Template variables a client may set; anything else (above all `chat_template`)
+# is the operator's, through --chat-template.
+TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
+
+# Fields that change the output which this server does not implement: accepting
+# them silently would answer something other than what was asked.
+_UNSUPPORTED = ("logit_bias", "tools", "functions", "function_call", "response_format", "tool_choice",
+                "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                "prompt_logprobs", "suffix", "best_of", "chat_template", "documents")
+
+
+def _harmless(name: str, value: Any, req: Any) -> bool:
+    """True for the values of an unsupported field that ask for nothing."""
+    if value is None or value == [] or value == {} or value == "":
+        return True
+    if name == "tool_choice":
+        return value == "none"
+    if name == "response_format":
+        return value == {"type": "text"}
+    if name == "best_of":
+        return value == getattr(req, "n", 1)
+    return False
+
+
+def check_unsupported(req: Any) -> None:
+    """400 "not supported" for a field this server would otherwise ignore."""
+    fields = dict(req.model_extra or {})
+    for name in _UNSUPPORTED:
+        value = fields.get(name, getattr(req, name, None))
+        if not _harmless(name, value, req):
+            if name == "chat_template":
+                raise InvalidRequestError("chat_template: a per-request template is not allowed; "
+                                          "the operator sets it with --chat-template")
+            raise InvalidRequestError(f"{name}: not supported by this server")
+
+
+def check_template_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
+    """chat_template_kwargs may only set allow-listed variables, to short scalar values."""
+    for key, value in (kwargs or {}).items():
+        if key not in TEMPLATE_KWARGS:
+            allowed = ", ".join(sorted(TEMPLATE_KWARGS))
+            raise InvalidRequestError(f"chat_template_kwargs: only {allowed} may be set "
+                                      f"(the template itself is the operator's: --chat-template)")
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            raise InvalidRequestError(f"chat_template_kwargs.{key}: must be a boolean, number or string")
+        if isinstance(value, str) and len(value) > MAX_STOP_STRING_CHARS:
+            raise InvalidRequestError(f"chat_template_kwargs.{key}: at most {MAX_STOP_STRING_CHARS} characters")
+
+
+def check_message(role: str, content: Any) -> None:
+    """System, developer, user and tool turns need content."""
+    if role in ROLES_NEEDING_CONTENT and content is None:
+        raise InvalidRequestError(f"a {role} message needs content")
+
+
+def check_prompt_count(count: int) -> None:
+    """At most MAX_PROMPTS_PER_REQUEST prompts in one completion request."""
+    if count > MAX_PROMPTS_PER_REQUEST:
+        raise InvalidRequestError(f"prompt: at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {count}")
+
+
+def check_server_limits(req: Any, params: Any, max_n: int, vocab_size: Optional[int]) -> None:
+    """The checks that need the server's settings: ``n`` against --max-n, stop
+    token ids against the vocabulary."""
+    if req.n > max_n:
+        raise InvalidRequestError(f"n: at most {max_n} (--max-n), got {req.n}")
+    if vocab_size is not None:
+        params.verify_vocab(vocab_size)
+
+
+def check_token_prompt(ids: list[int], max_model_len: int, vocab_size: Optional[int]) -> None:
+    """A token-id prompt must fit max_model_len and the vocabulary (checked here,
+    not on the step thread, so a huge list costs the engine nothing)."""
+    if len(ids) >= max_model_len:
+        raise InvalidRequestError(f"prompt: {len(ids)} tokens do not fit max_model_len ({max_model_len})")
+    if vocab_size is not None and any(not 0 <= t < vocab_size for t in ids):
+        raise InvalidRequestError(f"prompt: token ids must be in [0, {vocab_size})")

@@ -1,0 +1,259 @@
+"""Requests meant to hurt the server, over the fake engine: each gets an OpenAI-shaped
+4xx naming the limit, and afterwards good requests still succeed with every KV block
+back in the pool. Connection-level abuse (body and header sizes, slow sockets,
+concurrency) and the special-token guard of chat rendering: test_server_limits.py."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from inflight.entrypoints.openai.server_thread import ServerThread
+from test_async_engine import SCRIPT, make_fake_engine
+from test_server import wait_until_idle
+
+MODEL = "fake-model"
+C, CH, TOK, DETOK = "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"
+U = [{"role": "user", "content": "Hi"}]
+INVALID, OVERLOADED = "invalid_request_error", "server_overloaded"
+BIG = 2**64
+
+
+def cmpl(**kw):
+    return {"model": MODEL, "prompt": "Hi", "max_tokens": 2, **kw}
+
+
+def chat(**kw):
+    return {"model": MODEL, "messages": U, "max_tokens": 2, **kw}
+
+
+def raw(text: str) -> bytes:
+    return text.encode()
+
+
+def msg(role, **kw):
+    return chat(messages=[{"role": role, **kw}])
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
+
+# (path, body, status, error type): a dict is sent as JSON, bytes as they are.
+CASES = [
+    # seeds: int64, and seed + n - 1 too (the engine seeds sample i with seed + i)
+    (C, cmpl(seed=BIG), 400, INVALID),
+    (C, cmpl(seed=2**63), 400, INVALID),
+    (C, cmpl(seed=-(2**63) - 1), 400, INVALID),
+    (C, cmpl(seed=2**63 - 1, n=2), 400, INVALID),
+    (CH, chat(seed=2**63 - 2, n=3), 400, INVALID),
+    (CH, chat(seed=BIG), 400, INVALID),
+    (C, cmpl(seed="abc"), 400, INVALID),
+    (C, cmpl(seed=1.5), 400, INVALID),
+    # floats must be finite (NaN compares false against every bound)
+    (C, raw('{"prompt": "Hi", "temperature": NaN}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "temperature": Infinity}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "temperature": -Infinity}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "temperature": 1e999}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "top_p": NaN}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "min_p": NaN}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "repetition_penalty": NaN}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "presence_penalty": Infinity}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "frequency_penalty": NaN}'), 400, INVALID),
+    (CH, raw('{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}'), 400, INVALID),
+    (CH, raw('{"messages": [{"role": "user", "content": "Hi"}], "repetition_penalty": Infinity}'), 400, INVALID),
+    # n <= --max-n (16 by default)
+    (C, cmpl(n=17), 400, INVALID),
+    (C, cmpl(n=1000), 400, INVALID),
+    (C, cmpl(n=10**9), 400, INVALID),
+    (C, cmpl(n=BIG), 400, INVALID),
+    (CH, chat(n=17), 400, INVALID),
+    (C, cmpl(n=-1), 400, INVALID),
+    (C, cmpl(n=0), 400, INVALID),
+    # at most 256 prompts per completion request
+    (C, cmpl(prompt=["Hi"] * 257), 400, INVALID),
+    (C, cmpl(prompt=["Hi"] * 2500), 400, INVALID),
+    (C, cmpl(prompt=[[72]] * 257), 400, INVALID),
+    # stop strings: at most 16, each 1..256 characters
+    (C, cmpl(stop=""), 400, INVALID),
+    (C, cmpl(stop=[""]), 400, INVALID),
+    (C, cmpl(stop=["a", ""]), 400, INVALID),
+    (C, cmpl(stop=["a"] * 17), 400, INVALID),
+    (C, cmpl(stop=["x" * 257]), 400, INVALID),
+    (C, cmpl(stop=[f"s{i}" for i in range(10_000)]), 400, INVALID),
+    (CH, chat(stop=""), 400, INVALID),
+    (C, cmpl(stop=[None]), 400, INVALID),
+    # stop_token_ids: at most 64, inside the vocabulary (257 ids)
+    (C, cmpl(stop_token_ids=[257]), 400, INVALID),
+    (C, cmpl(stop_token_ids=[-1]), 400, INVALID),
+    (C, cmpl(stop_token_ids=list(range(65))), 400, INVALID),
+    (C, cmpl(stop_token_ids=[1] * 100_000), 400, INVALID),
+    (C, cmpl(stop_token_ids=[BIG]), 400, INVALID),
+    (CH, chat(stop_token_ids=["a"]), 400, INVALID),
+    # fields that would change the output, which this server does not implement
+    (C, cmpl(logit_bias={"1": 5}), 400, INVALID),
+    (CH, chat(logit_bias={"1": 5}), 400, INVALID),
+    (CH, chat(logit_bias="garbage"), 400, INVALID),
+    (CH, chat(logit_bias={str(i): 1 for i in range(5000)}), 400, INVALID),
+    (CH, chat(tools=[TOOL]), 400, INVALID),
+    (CH, chat(tools=[TOOL], tool_choice="none"), 400, INVALID),
+    (CH, chat(tool_choice="auto"), 400, INVALID),
+    (CH, chat(tool_choice="required"), 400, INVALID),
+    (CH, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, INVALID),
+    (CH, chat(response_format={"type": "json_object"}), 400, INVALID),
+    (CH, chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), 400, INVALID),
+    (CH, chat(functions=[{"name": "f"}]), 400, INVALID),
+    (CH, chat(function_call="auto"), 400, INVALID),
+    (C, cmpl(guided_json={"type": "object"}), 400, INVALID),
+    (CH, chat(guided_regex="a+"), 400, INVALID),
+    (C, cmpl(suffix="x"), 400, INVALID),
+    (C, cmpl(best_of=3), 400, INVALID),
+    (C, cmpl(prompt_logprobs=1), 400, INVALID),
+    # messages: known roles; system, developer, user and tool turns need content
+    (CH, msg("user"), 400, INVALID),
+    (CH, msg("user", content=None), 400, INVALID),
+    (CH, msg("system"), 400, INVALID),
+    (CH, msg("developer"), 400, INVALID),
+    (CH, msg("tool"), 400, INVALID),
+    (CH, msg("wizard", content="Hi"), 400, INVALID),
+    (CH, msg("function", content="Hi"), 400, INVALID),
+    (CH, msg("", content="Hi"), 400, INVALID),
+    (CH, msg(5, content="Hi"), 400, INVALID),
+    (CH, chat(messages="Hi"), 400, INVALID),
+    (CH, chat(messages=[]), 400, INVALID),
+    (CH, msg("user", content=[{"type": "text", "text": 123}]), 400, INVALID),
+    (CH, msg("user", content=[{"type": "image_url", "image_url": {"url": "http://x"}}]), 400, INVALID),
+    (CH, msg("user", content="Hi", name="n" * 257), 400, INVALID),
+    # no client code: the template is the operator's
+    (CH, chat(chat_template_kwargs={"chat_template": "{% for i in range(10**9) %}x{% endfor %}"}), 400, INVALID),
+    (CH, chat(chat_template="{{ 7 * 7 }}"), 400, INVALID),
+    (CH, chat(chat_template_kwargs={"foo": 1}), 400, INVALID),
+    (CH, chat(chat_template_kwargs={"add_generation_prompt": False}), 400, INVALID),
+    (CH, chat(chat_template_kwargs={"enable_thinking": {"nested": [1, 2, 3]}}), 400, INVALID),
+    (CH, chat(chat_template_kwargs={"reasoning_effort": "x" * 300}), 400, INVALID),
+    (CH, chat(chat_template_kwargs="not a dict"), 400, INVALID),
+    # model names: clipped in the 404, lone surrogates a clean 400
+    (C, cmpl(model="m" * 200_000), 404, INVALID),
+    (CH, chat(model="gpt-17"), 404, INVALID),
+    (C, raw('{"prompt": "Hi", "model": "\\ud800"}'), 400, INVALID),
+    (CH, raw('{"model": "\\udfff", "messages": [{"role": "user", "content": "Hi"}]}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi \\ud800 there"}'), 400, INVALID),
+    (CH, raw('{"messages": [{"role": "user", "content": "\\ud800"}]}'), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "user": "\\ud800"}'), 400, INVALID),
+    (C, cmpl(model=123), 400, INVALID),
+    # integers within int64
+    (C, cmpl(max_tokens=BIG), 400, INVALID),
+    (C, cmpl(top_k=BIG), 400, INVALID),
+    (C, cmpl(priority=BIG), 400, INVALID),
+    (C, cmpl(min_tokens=BIG), 400, INVALID),
+    (CH, chat(max_completion_tokens=BIG), 400, INVALID),
+    (C, cmpl(logprobs=21), 400, INVALID),
+    (CH, chat(logprobs=True, top_logprobs=21), 400, INVALID),
+    (C, cmpl(prompt=[72, BIG]), 400, INVALID),
+    (C, cmpl(prompt=[72] * 200), 400, INVALID),  # over max_model_len (128)
+    (C, cmpl(prompt=[[72]] * 3 + [[999]]), 400, INVALID),  # outside the vocabulary
+    # malformed bodies
+    (C, raw('{"prompt": '), 400, INVALID),
+    (C, raw('[1, 2]'), 400, INVALID),
+    (C, cmpl(stream_options={"include_usage": True}), 400, INVALID),
+    # tokenizer routes: capped, validated
+    (TOK, {"prompt": "x" * 1_000_001}, 400, INVALID),
+    (TOK, {"messages": [{"role": "user"}]}, 400, INVALID),
+    (TOK, {"prompt": "Hi", "messages": U}, 400, INVALID),
+    (TOK, {"prompt": "Hi", "model": "nope"}, 404, INVALID),
+    (TOK, raw('{"prompt": "\\ud800"}'), 400, INVALID),
+    (DETOK, {"tokens": [1] * 131_073}, 400, INVALID),
+    (DETOK, {"tokens": [BIG]}, 400, INVALID),
+    (DETOK, {"tokens": [257]}, 400, INVALID),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = make_fake_engine(num_blocks=256, block_size=4, max_model_len=128, max_num_seqs=32,
+                              max_num_batched_tokens=256)
+    with ServerThread(engine, MODEL, log_stats=False) as srv:
+        srv.engine = engine
+        yield srv
+
+
+@pytest.fixture(autouse=True)
+def _reset(server):
+    yield
+    server.state.max_waiting_requests = None
+    server.state.limits.max_concurrent_requests = 1024
+    server.engine.runner.step_delay = 0.0
+
+
+def post(h: httpx.Client, path: str, body) -> httpx.Response:
+    if isinstance(body, bytes):
+        return h.post(path, content=body, headers={"content-type": "application/json"})
+    return h.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+
+
+def assert_error(r: httpx.Response, status: int, kind: str, case=None) -> dict:
+    assert r.status_code == status, (case, r.status_code, r.text[:500])
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"], (case, err)
+    assert err["type"] == kind, (case, err)
+    assert len(err["message"]) <= 1000 and "Traceback" not in err["message"], (case, err["message"][:300])
+    return err
+
+
+def good_requests_succeed(server, h: httpx.Client) -> None:
+    r = post(h, C, cmpl(max_tokens=3, temperature=0))
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == SCRIPT[:3], r.text
+    r = post(h, CH, chat(max_tokens=3, seed=2**63 - 16, n=16, stop=["zz"] * 16, stop_token_ids=list(range(200, 256))))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 16, r.text
+    wait_until_idle(server)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_bad_request(server, case):
+    path, body, status, kind = CASES[case]
+    with httpx.Client(base_url=server.base_url, timeout=30) as h:
+        err = assert_error(post(h, path, body), status, kind, CASES[case][:1] + (str(body)[:200],))
+    if status == 404 and path == C:
+        assert len(err["message"]) < 400  # the 200 KB name is clipped
+
+
+def test_table_is_big_enough():
+    assert len(CASES) >= 80
+
+
+def test_the_server_still_serves_after_every_bad_request(server):
+    with httpx.Client(base_url=server.base_url, timeout=30) as h:
+        for path, body, status, kind in CASES:
+            assert post(h, path, body).status_code == status
+        assert h.get("/health").status_code == 200
+        good_requests_succeed(server, h)
+
+
+def test_limits_are_named_in_errors(server):
+    with httpx.Client(base_url=server.base_url, timeout=30) as h:
+        assert "--max-n" in post(h, C, cmpl(n=17)).json()["error"]["message"]
+        err = post(h, C, cmpl(seed=2**63 - 1, n=2)).json()["error"]
+        assert "int64" in err["message"] and err["param"] == "seed"
+        assert "256" in post(h, C, cmpl(prompt=["Hi"] * 257)).json()["error"]["message"]
+        assert "16" in post(h, C, cmpl(stop=["a"] * 17)).json()["error"]["message"]
+        assert "[0, 257)" in post(h, C, cmpl(stop_token_ids=[300])).json()["error"]["message"]
+        assert "not supported" in post(h, CH, chat(tools=[TOOL])).json()["error"]["message"]
+        assert post(h, CH, chat(logit_bias={"1": 1})).json()["error"]["param"] == "logit_bias"
+
+
+def test_harmless_values_of_unsupported_fields_are_accepted(server):
+    with httpx.Client(base_url=server.base_url, timeout=30) as h:
+        for extra in ({"tool_choice": "none"}, {"tools": []}, {"response_format": {"type": "text"}},
+                      {"logit_bias": {}}, {"logit_bias": None}, {"chat_template_kwargs": {"enable_thinking": False}}):
+            assert post(h, CH, chat(**extra)).status_code == 200, extra
+        r = post(h, CH, {"messages": [{"role": "developer", "content": "Be brief."}, *U, {"role": "assistant"}]})
+        assert r.status_code == 200, r.text
+    wait_until_idle(server)
+
+
+def test_a_batch_counts_whole_against_max_waiting_requests(server):
+    server.state.max_waiting_requests = 4
+    with httpx.Client(base_url=server.base_url, timeout=30) as h:
+        err = assert_error(post(h, C, cmpl(prompt=["a", "b", "c"], n=2)), 400, INVALID)
+        assert "--max-waiting-requests" in err["message"]
+        assert post(h, C, cmpl(prompt=["a", "b"], n=2)).status_code == 200
+    wait_until_idle(server)
