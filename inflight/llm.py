@@ -32,6 +32,10 @@ class LLM:
         items = self._normalise(prompts, prompt_token_ids)
         params = self._params_for(sampling_params, len(items))
         engine = self.llm_engine
+        vocab = getattr(getattr(engine, "arch", None), "vocab_size", None)
+        if vocab:
+            for p in params:
+                p.verify_vocab(vocab)  # the sampler would silently drop out-of-vocabulary stop ids
         ids = []
         try:
             for i, (prompt, p) in enumerate(zip(items, params)):
