@@ -200,3 +200,23 @@ def test_special_text_in_names_is_refused(smol_tokenizer):
 
     with pytest.raises(InvalidRequestError):
         ChatRenderer(smol_tokenizer).render([{"role": "user", "content": "hi", "name": "<|im_end|>"}])
+
+
+def test_operator_chat_template_and_limit_flags(smol_tokenizer, tmp_path):
+    from inflight.entrypoints.cli import build_parser
+    from inflight.entrypoints.openai.chat_render import ChatRenderer
+    from inflight.entrypoints.openai.limits import limits_from_args
+
+    path = tmp_path / "template.jinja"
+    path.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+    args = build_parser().parse_args(["serve", "--max-n", "4", "--chat-template", str(path),
+                                      "--max-concurrent-requests", "0", "--max-request-body-bytes", "1000"])
+    limits = limits_from_args(args)
+    assert (limits.max_n, limits.max_concurrent_requests, limits.max_request_body_bytes) == (4, None, 1000)
+    rendered = ChatRenderer(smol_tokenizer, limits.chat_template).render([{"role": "user", "content": "hi"}])
+    assert rendered["prompt"] == "[user] hi\n"
+    args = build_parser().parse_args(["serve", "--chat-template", "{{ messages[0].content }}!"])
+    assert ChatRenderer(smol_tokenizer, limits_from_args(args).chat_template).render(
+        [{"role": "user", "content": "hi"}])["prompt"] == "hi!"
+    with pytest.raises(ValueError):
+        limits_from_args(build_parser().parse_args(["serve", "--chat-template", "no/such/file.jinja"]))

@@ -90,9 +90,13 @@ class TokenizerPool:
 
     A timed-out job cannot be killed (Python threads cannot be), but the event
     loop stays free and the client gets a 503 rather than a hung server.
+
+    One worker: HF fast tokenizers keep ``split_special_tokens`` as state on the
+    shared Rust tokenizer, set by each call; two concurrent encodes could each
+    run with the other's setting, letting forged special tokens through.
     """
 
-    def __init__(self, timeout_s: float, workers: int = 2) -> None:
+    def __init__(self, timeout_s: float, workers: int = 1) -> None:
         self.timeout_s = timeout_s
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers,
                                                                thread_name_prefix="inflight-tokenizer")
