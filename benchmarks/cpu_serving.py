@@ -1,7 +1,7 @@
-"""CPU serving benchmark (issue 7): every request of a workload sent at once to
+"""CPU serving benchmark: every request of a workload sent at once to
 `inflight serve`, streaming, ignore_eos; output tok/s, TTFT/TPOT p99 and model
-FLOPs utilisation against the bf16 matmul peak measured in the same run (the
-higher of a burst just before and one just after each workload).
+FLOPs utilisation against the matmul peak, in the dtype the server runs, measured
+in the same run (the higher of a burst just before and one just after each workload).
 
     python benchmarks/cpu_serving.py [--workloads chat decode longprompt prefix] [--out out/cpu_serving.json]
 
@@ -25,14 +25,19 @@ import torch
 from inflight.bench.sweep import free_port, wait_healthy
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workloads")
-DEFAULT_SERVER_FLAGS = ["--dtype", "bfloat16", "--max-num-seqs", "128", "--max-num-batched-tokens", "512"]
+DEFAULT_SERVER_FLAGS: list[str] = []  # the defaults a newcomer runs
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 20, warmup_s: float = 1.0) -> float:
-    """Median bf16 GEMM rate of a large square matmul on this machine, now (after a
-    warm-up: the first calls run at a fraction of the steady rate)."""
-    a = torch.randn(n, n, dtype=torch.bfloat16)
-    b = torch.randn(n, n, dtype=torch.bfloat16)
+def matmul_peak_gflops(n: int = 2048, repeats: int = 20, warmup_s: float = 1.0,
+                       dtype: torch.dtype | None = None) -> float:
+    """Median GEMM rate of a large square torch matmul on this machine, now (after a
+    warm-up: the first calls run at a fraction of the steady rate), in ``dtype``
+    (default: what dtype "auto" picks here: bf16 with bf16 units, else fp32)."""
+    if dtype is None:
+        from inflight.platforms import current_platform
+        dtype = current_platform("cpu").resolve_dtype("auto")
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
     end = time.perf_counter() + warmup_s
     while time.perf_counter() < end:
         a @ b

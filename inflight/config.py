@@ -39,8 +39,10 @@ class CacheConfig:
 class SchedulerConfig:
     """Per-step budget and admission limits."""
 
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    # None: the platform's default (EngineConfig.from_kwargs leaves them None when not given;
+    # Platform.check_and_update_config fills them in before the scheduler is built).
+    max_num_seqs: Optional[int] = 64
+    max_num_batched_tokens: Optional[int] = 512
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: no per-request chunk cap
     scheduling_policy: str = "fcfs"  # fcfs | priority
@@ -134,6 +136,8 @@ class EngineConfig:
                     break
             else:
                 raise TypeError(f"unknown engine argument: {key!r}")
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            groups["sched"].setdefault(key, None)
         if "speculative_config" in groups["top"]:
             groups["top"]["speculative_config"] = SpeculativeConfig.parse(groups["top"]["speculative_config"])
         cfg = cls(ModelConfig(**groups["model"]), CacheConfig(**groups["cache"]),
@@ -143,9 +147,9 @@ class EngineConfig:
 
     def validate(self) -> None:
         s, c = self.scheduler_config, self.cache_config
-        if s.max_num_seqs < 1:
+        if s.max_num_seqs is not None and s.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {s.max_num_seqs}")
-        if s.max_num_batched_tokens < 1:
+        if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {s.max_num_batched_tokens}")
         if c.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {c.block_size}")

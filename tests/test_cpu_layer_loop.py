@@ -1,12 +1,11 @@
-"""The one-call C layer loop (models/cpu_layers.py) runs the same kernels as the
+"""The one-call C layer loop (kernels/cpu/layer_loop.py) runs the same kernels as the
 Python layer loop, so a mixed step (decodes and prefill chunks, with and without
-a cached prefix) gives bit-identical logprobs either way."""
+a cached prefix) gives bit-identical logprobs either way, in float32 and bfloat16."""
 import pytest
 import torch
 
 from inflight import LLM, SamplingParams
 from inflight.kernels.cpu.layer_loop import CpuLayerLoop
-from inflight.kernels.cpu.packing import can_pack
 
 PROMPTS = ["The capital of France is", "Here is a long story about a lighthouse keeper. " * 12, "1, 2, 3,",
            "Here is a long story about a lighthouse keeper. " * 12 + "His name was"]
@@ -17,16 +16,15 @@ def logprob_table(outputs):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no bf16 CPU fast path")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fused_silu", [True, False])  # False: gate_up then silu_mul, as for odd MLP widths
-def test_layer_loop_is_bit_identical_to_the_python_loop(fused_silu):
+def test_layer_loop_is_bit_identical_to_the_python_loop(fused_silu, dtype):
     # 64-token chunks: the long prompts prefill over several steps (each chunk over
     # its cached prefix) next to running decodes. No prefix caching, so the second
     # run computes exactly what the first did.
-    llm = LLM(dtype="bfloat16", max_num_batched_tokens=64, max_num_seqs=4, enable_prefix_caching=False)
+    llm = LLM(dtype=dtype, max_num_batched_tokens=64, max_num_seqs=4, enable_prefix_caching=False)
     model = llm.llm_engine.runner.model
-    if not isinstance(model.layer_loop, CpuLayerLoop):
-        pytest.skip("the C layer loop does not run on this machine")
+    assert isinstance(model.layer_loop, CpuLayerLoop)  # every CPU with kernels runs it
     assert model.layer_loop.kernels.gemm_silu is not None  # SmolLM2's 1536-wide MLP splits on a panel
     if not fused_silu:
         model.layer_loop.kernels.gemm_silu = None
@@ -42,12 +40,10 @@ def test_layer_loop_is_bit_identical_to_the_python_loop(fused_silu):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no bf16 CPU fast path")
 def test_profile_attributes_the_loop_time_to_kernels():
-    llm = LLM(dtype="bfloat16", max_num_batched_tokens=64)
+    llm = LLM(max_num_batched_tokens=64)
     loop = llm.llm_engine.runner.model.layer_loop
-    if loop is None:
-        pytest.skip("the C layer loop does not run on this machine")
+    assert loop is not None
     loop.profile()
     llm.generate(["Here is a long story about a lighthouse keeper. " * 6], SamplingParams(max_tokens=4),
                  use_tqdm=False)
@@ -60,6 +56,10 @@ def test_profile_attributes_the_loop_time_to_kernels():
 
 
 def test_build_declines_models_off_the_fast_path():
-    assert CpuLayerLoop.build(torch.nn.Module()) is None
-    llm = LLM(dtype="float32")  # float32: plain torch linears, no fused ops
-    assert llm.llm_engine.runner.model.layer_loop is None
+    llm = LLM(attention_backend="torch")  # the plain-torch reference path: no kernels at all
+    model = llm.llm_engine.runner.model
+    assert model.layer_loop is None
+    assert type(model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert CpuLayerLoop.build(model.layer_plan(), torch.float32) is None  # torch linears, torch attention
+    assert CpuLayerLoop.build(model.layer_plan()._replace(layers=[]), torch.float32) is None
+    assert CpuLayerLoop.build(model.layer_plan(), torch.float16) is None  # no float16 kernels

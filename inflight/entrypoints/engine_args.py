@@ -12,8 +12,8 @@ _HELP = {
     "dtype": "auto | float32 | bfloat16 | float16",
     "max_model_len": "longest prompt + output in tokens (default: the model's)",
     "kv_cache_memory": "bytes for the KV pool on CPU (default 2 GiB)",
-    "max_num_seqs": "most requests running at once",
-    "max_num_batched_tokens": "token budget of one step",
+    "max_num_seqs": "most requests running at once (default: the platform's; CPU 256, CUDA 256)",
+    "max_num_batched_tokens": "token budget of one step (default: the platform's; CPU 1024, CUDA 2048)",
     "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
     "scheduling_policy": "fcfs | priority",
     "preemption_mode": "recompute | swap",
@@ -22,6 +22,7 @@ _HELP = {
     "enable_chunked_prefill": "split long prompts across steps",
 }
 _SKIP = {"model"}  # positional / handled by the subcommand
+_PLATFORM_DEFAULT = {"max_num_seqs", "max_num_batched_tokens"}  # None: inflight/platforms decides
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             if f.name in _SKIP:
                 continue
             flag = "--" + f.name.replace("_", "-")
-            default = f.default if f.default is not MISSING else None
+            default = f.default if f.default is not MISSING and f.name not in _PLATFORM_DEFAULT else None
             if isinstance(default, bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                     help=_HELP.get(f.name))

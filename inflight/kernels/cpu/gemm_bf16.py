@@ -49,13 +49,16 @@ def pack_panels(weight: torch.Tensor, panel: int) -> torch.Tensor:
 class PanelLinear(nn.Module):
     """Drop-in for a bf16 ``nn.Linear`` on the CPU, holding the weight packed in panels."""
 
+    packed_dtype = torch.bfloat16  # what the C layer loop checks before it takes the weights
+
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
         super().__init__()
         self.lib = load_gemm()
         if self.lib is None:
             raise RuntimeError("the bf16 GEMM kernel is not available on this machine")
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("packed", pack_panels(weight, self.lib.gemm_bf16_panel()), persistent=False)
+        self.panel = self.lib.gemm_bf16_panel()
+        self.register_buffer("packed", pack_panels(weight, self.panel), persistent=False)
         b = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
         self.register_buffer("bias", b, persistent=False)
 

@@ -1,13 +1,14 @@
-"""The decoder layers of a bf16 Llama-family model in one C call (csrc/llama_layers.c).
+"""The decoder layers of a Llama-family model in one C call (csrc/llama_layers.c).
 
 On the CPU fast path every layer runs seven C kernels (panel GEMMs, fused norms,
 RoPE, SiLU, the paged K/V write, decode and prefill attention). Driving them from
-the Python layer loop costs ~25 dispatches per layer: a 2-sequence decode step took
-13.9 ms that way and takes 7.6 ms here, where Python builds the step's arguments
-once and one call runs every layer.
+the Python layer loop costs ~25 dispatches per layer; here Python builds the step's
+arguments once and one call runs every layer. The loop reads the model's
+``layer_plan()`` (models/layer_plan.py) and runs bf16 or fp32 models alike: the
+kernels of each dtype take the same arguments.
 Same kernels, same order, same buffers: the hidden states are bit-identical to
-the Python loop's, which stays the path for everything else (float32, the torch
-reference backend, fp8 KV caches, machines without the kernels).
+the Python loop's, which stays the path for everything else (the torch reference
+backend, fp8 KV caches, machines without the kernels).
 """
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ import ctypes
 from typing import Optional
 
 import torch
-from torch import nn
 
 from inflight.attention.base import AttentionMetadata
-from inflight.kernels.cpu.build import load_library
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
 from inflight.attention.kv_quant import is_quantized
-from inflight.kernels.cpu.gemm_bf16 import PanelLinear
+from inflight.kernels.cpu.build import load_library
+from inflight.models.layer_plan import LayerPlan
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+# the C symbol of each kernel, by dtype suffix
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 class _Kernels(ctypes.Structure):
@@ -32,7 +34,8 @@ class _Kernels(ctypes.Structure):
 
 
 class _Dims(ctypes.Structure):
-    _fields_ = [(n, _I64) for n in ("hidden", "inter", "num_heads", "num_kv_heads", "head_dim", "block_size")] \
+    _fields_ = [(n, _I64) for n in ("hidden", "inter", "num_heads", "num_kv_heads", "head_dim", "block_size",
+                                    "elem_size")] \
         + [("eps", _F32), ("scale", _F32)]
 
 
@@ -56,51 +59,52 @@ def _addr(lib: ctypes.CDLL, name: str) -> int:
 
 
 class CpuLayerLoop:
-    """Runs ``model.layers`` in one C call; ``build`` returns None where it cannot."""
+    """Runs a model's decoder layers in one C call; ``build`` returns None where it cannot."""
 
-    def __init__(self, model: nn.Module, lib: ctypes.CDLL, attn: CpuPagedAttentionBackend) -> None:
-        cfg, first = model.cfg, model.layers[0]
-        self.model, self.lib, self.attn = model, lib, attn
-        gemm = first.mlp.down_proj.lib
-        fused = first.input_layernorm.fused.lib
-        self.kernels = _Kernels(_addr(gemm, "gemm_bf16"), _addr(fused, "add_rmsnorm_bf16"), _addr(fused, "rope_bf16"),
-                                _addr(fused, "silu_mul_bf16"), _addr(attn.lib, "write_kv_rows"),
-                                _addr(attn.lib, "paged_decode_bf16"), _addr(attn.prefill_lib, "paged_prefill_bf16"),
-                                # SiLU in the gate_up GEMM's epilogue when gate and up split on a panel boundary
-                                _addr(gemm, "gemm_bf16_silu") if cfg.intermediate_size % gemm.gemm_bf16_panel() == 0
-                                and first.mlp.gate_up_proj.bias is None else None)
-        self.dims = _Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                          cfg.head_dim, 0, cfg.rms_norm_eps, first.self_attn.scale)
-        self.inter = cfg.intermediate_size
+    def __init__(self, plan: LayerPlan, dtype: torch.dtype, lib: ctypes.CDLL, attn: CpuPagedAttentionBackend,
+                 fused: ctypes.CDLL) -> None:
+        first, sfx = plan.layers[0], _SUFFIX[dtype]
+        self.plan, self.dtype, self.lib, self.attn = plan, dtype, lib, attn
+        gemm = first.down_proj.lib
+        # SiLU in the gate_up GEMM's epilogue when gate and up split on a panel boundary
+        silu_ok = plan.intermediate_size % first.gate_up_proj.panel == 0 and first.gate_up_proj.bias is None
+        self.kernels = _Kernels(_addr(gemm, f"gemm_{sfx}"), _addr(fused, f"add_rmsnorm_{sfx}"),
+                                _addr(fused, f"rope_{sfx}"), _addr(fused, f"silu_mul_{sfx}"),
+                                _addr(attn.lib, "write_kv_rows"), _addr(attn.lib, f"paged_decode_{sfx}"),
+                                _addr(attn.prefill_lib, f"paged_prefill_{sfx}"),
+                                _addr(gemm, f"gemm_{sfx}_silu") if silu_ok else None)
+        self.dims = _Dims(plan.hidden_size, plan.intermediate_size, plan.num_heads, plan.num_kv_heads,
+                          plan.head_dim, 0, dtype.itemsize, plan.rms_norm_eps, plan.scale)
+        self.inter = plan.intermediate_size
         self._layers = None  # (kv_caches list id, ctypes array): the pools do not move
         if lib.llama_layers_ticks() != len(KERNELS):
-            raise RuntimeError("csrc/llama_layers.c and cpu_layers.KERNELS disagree")
+            raise RuntimeError("csrc/llama_layers.c and layer_loop.KERNELS disagree")
         self.ticks: Optional[torch.Tensor] = None  # set by profile(): time-stamp counter totals per kernel
-        lib.llama_layers_bf16.argtypes = [_P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
+        lib.llama_layers.argtypes = [_P, _P, _P, ctypes.c_int, _P, ctypes.c_int]
 
     @classmethod
-    def build(cls, model: nn.Module) -> Optional["CpuLayerLoop"]:
-        """The loop for a bf16 Llama-family model whose every layer is on the C fast path."""
-        layers = getattr(model, "layers", None)
-        if not layers:
+    def build(cls, plan: LayerPlan, dtype: torch.dtype) -> Optional["CpuLayerLoop"]:
+        """The loop for a stack whose every layer is on the C fast path for ``dtype``."""
+        sfx = _SUFFIX.get(dtype)
+        if sfx is None or not plan.layers:
             return None
-        first = layers[0]
-        attn = getattr(getattr(first, "self_attn", None), "backend", None)
+        attn = getattr(plan.layers[0].attention, "backend", None)
         if not isinstance(attn, CpuPagedAttentionBackend) or attn.prefill_lib is None:
             return None
-        cfg = model.cfg
-        if not attn.prefill_lib.paged_prefill_supported(ctypes.c_int(cfg.head_dim)):
+        if not hasattr(attn.prefill_lib, f"paged_prefill_{sfx}") \
+                or not attn.prefill_lib.paged_prefill_supported(ctypes.c_int(plan.head_dim)):
             return None
-        for layer in layers:
-            lins = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            if not all(isinstance(m, PanelLinear) for m in lins) or layer.self_attn.o_proj.bias is not None:
+        fused = load_library("fused_ops")
+        if fused is None or not hasattr(fused, f"add_rmsnorm_{sfx}"):
+            return None
+        for layer in plan.layers:
+            lins = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+            if not all(getattr(m, "packed_dtype", None) == dtype for m in lins) or layer.o_proj.bias is not None:
                 return None
-            if layer.input_layernorm.fused is None or layer.self_attn.fused is None or layer.mlp.fused is None:
-                return None
-            if layer.input_layernorm.weight.dtype != torch.bfloat16:
+            if layer.input_norm.dtype != dtype:
                 return None
         lib = load_library("llama_layers")
-        return None if lib is None else cls(model, lib, attn)
+        return None if lib is None else cls(plan, dtype, lib, attn, fused)
 
     def profile(self, on: bool = True) -> None:
         """Start (zeroed) or stop adding each kernel's time-stamp-counter ticks to ``self.ticks``."""
@@ -113,18 +117,16 @@ class CpuLayerLoop:
 
     def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
         k = kv_caches[0][0]
-        return x.dtype == torch.bfloat16 and not is_quantized(k) and k.dtype == torch.bfloat16 and k.is_contiguous()
+        return x.dtype == self.dtype and not is_quantized(k) and k.dtype == self.dtype and k.is_contiguous()
 
     def _layer_array(self, kv_caches: list):
         if self._layers is None or self._layers[0] is not kv_caches:
-            arr = (_Layer * len(self.model.layers))()
-            for a, layer, (kc, vc) in zip(arr, self.model.layers, kv_caches):
-                at, mlp = layer.self_attn, layer.mlp
-                a.input_norm = layer.input_layernorm.weight.data_ptr()
-                a.post_norm = layer.post_attention_layernorm.weight.data_ptr()
-                a.qkv, a.o = at.qkv_proj.packed.data_ptr(), at.o_proj.packed.data_ptr()
-                a.qkv_bias = None if at.qkv_proj.bias is None else at.qkv_proj.bias.data_ptr()
-                a.gate_up, a.down = mlp.gate_up_proj.packed.data_ptr(), mlp.down_proj.packed.data_ptr()
+            arr = (_Layer * len(self.plan.layers))()
+            for a, layer, (kc, vc) in zip(arr, self.plan.layers, kv_caches):
+                a.input_norm, a.post_norm = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
+                a.qkv, a.o = layer.qkv_proj.packed.data_ptr(), layer.o_proj.packed.data_ptr()
+                a.qkv_bias = None if layer.qkv_proj.bias is None else layer.qkv_proj.bias.data_ptr()
+                a.gate_up, a.down = layer.gate_up_proj.packed.data_ptr(), layer.down_proj.packed.data_ptr()
                 a.k_cache, a.v_cache = kc.data_ptr(), vc.data_ptr()
             self._layers = (kv_caches, arr)
             self.dims.block_size = kv_caches[0][0].shape[1]
@@ -135,13 +137,13 @@ class CpuLayerLoop:
         """Every layer over the step; returns (last layer's output, residual stream),
         what the Python loop hands to the final norm. ``x`` becomes the residual."""
         layers = self._layer_array(kv_caches)
-        cfg, T = self.model.cfg, x.shape[0]
-        nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        p, T = self.plan, x.shape[0]
+        nh, nkv, hd = p.num_heads, p.num_kv_heads, p.head_dim
         nd = md.num_decodes
         npf = md.num_reqs - nd
         res = x.contiguous()
-        new = lambda *shape: torch.empty(shape, dtype=torch.bfloat16)  # noqa: E731
-        y, h, qkv, attn = new(T, cfg.hidden_size), new(T, cfg.hidden_size), new(T, (nh + 2 * nkv) * hd), new(T, nh * hd)
+        new = lambda *shape: torch.empty(shape, dtype=self.dtype)  # noqa: E731
+        y, h, qkv, attn = new(T, p.hidden_size), new(T, p.hidden_size), new(T, (nh + 2 * nkv) * hd), new(T, nh * hd)
         act = new(T, self.inter)
         gate_up = new(T, 2 * self.inter) if self.kernels.gemm_silu is None else None
         cos, sin = rope[0].contiguous(), rope[1].contiguous()
@@ -157,8 +159,8 @@ class CpuLayerLoop:
         s.res, s.y, s.h, s.qkv, s.attn = res.data_ptr(), y.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr()
         s.gate_up, s.act = None if gate_up is None else gate_up.data_ptr(), act.data_ptr()
         s.ticks = None if self.ticks is None else self.ticks.data_ptr()
-        rc = self.lib.llama_layers_bf16(ctypes.byref(self.kernels), ctypes.byref(self.dims), layers,
-                                        len(self.model.layers), ctypes.byref(s), 0)
+        rc = self.lib.llama_layers(ctypes.byref(self.kernels), ctypes.byref(self.dims), layers,
+                                   len(self.plan.layers), ctypes.byref(s), 0)
         if rc != 0:
-            raise RuntimeError(f"llama_layers_bf16 failed ({rc})")
+            raise RuntimeError(f"llama_layers failed ({rc})")
         return y, res

@@ -56,18 +56,31 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
-def packed_linear_class() -> type[nn.Module]:
-    """``PanelLinear`` where our kernel runs, else oneDNN's ``PackedLinear``."""
+def packed_linear_class(dtype: torch.dtype = torch.bfloat16) -> Optional[type[nn.Module]]:
+    """The packed linear for ``dtype`` on this CPU, or None where packing does not pay:
+    bf16: ``PanelLinear`` where our kernel runs, else oneDNN's ``PackedLinear``;
+    fp32: ``PanelLinearF32`` where the fp32 kernel builds."""
+    if dtype == torch.float32:
+        try:  # TEMP until gemm_f32 lands
+            from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
+        except ImportError:
+            return None
+        return PanelLinearF32 if load_gemm_f32() is not None else None
+    if not can_pack(torch.device("cpu"), dtype):
+        return None
     return PanelLinear if load_gemm() is not None else PackedLinear
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` in ``model`` by a packed one; returns how many.
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Replace every ``nn.Linear`` in ``model`` by a packed one for ``dtype``; returns how
+    many (0 where packing does not pay for ``dtype`` on this CPU).
 
     A model with ``pack_lm_head`` also gets a packed projection for its logits
     (a copy of the tied embedding when the weights are tied).
     """
-    cls = packed_linear_class()
+    cls = packed_linear_class(dtype)
+    if cls is None:
+        return 0
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):

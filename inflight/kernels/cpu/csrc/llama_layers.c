@@ -1,12 +1,12 @@
 /*
- * Every decoder layer of a bf16 Llama-family model in one call: the same kernels,
+ * Every decoder layer of a Llama-family model (bf16 or fp32) in one call: the same kernels,
  * in the same order and on the same buffers, as the Python layer loop of
  * models/llama.py drives through ctypes on the CPU fast path, without its ~25
  * Python dispatches per layer (2-3 ms of a decode step). The kernels live in their
  * own libraries; Python hands their addresses in (struct kernels), so this file
  * only sequences them.
  *
- * Buffers (row-major bf16): res [T, hidden] holds the residual stream (the
+ * Buffers (row-major, the model's dtype): res [T, hidden] holds the residual stream (the
  * embeddings on entry), y [T, hidden] each layer's output (the MLP's; on entry
  * ignored when has_residual is 0). On return, the final norm of y + res is left
  * to the caller, as in the Python loop.
@@ -26,19 +26,19 @@ static inline uint64_t now_ticks(void) {
 }
 #endif
 
-typedef int (*gemm_fn)(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*,
-                       uint16_t*, int64_t);
-typedef void (*rmsnorm_fn)(uint16_t*, uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, float, int);
-typedef void (*rope_fn)(uint16_t*, int64_t, int64_t, int, int, int, const uint16_t*, const uint16_t*);
-typedef void (*silu_fn)(const uint16_t*, uint16_t*, int64_t, int64_t);
+/* Kernel signatures: the bf16 and fp32 kernels take the same arguments; element
+ * pointers are void* here, and the element size comes in struct dims. */
+typedef int (*gemm_fn)(const void*, int64_t, int64_t, int64_t, const void*, int64_t, const void*, void*, int64_t);
+typedef void (*rmsnorm_fn)(void*, void*, const void*, void*, int64_t, int64_t, float, int);
+typedef void (*rope_fn)(void*, int64_t, int64_t, int, int, int, const void*, const void*);
+typedef void (*silu_fn)(const void*, void*, int64_t, int64_t);
 typedef void (*write_fn)(const char*, int64_t, const char*, int64_t, char*, char*, const int64_t*, int64_t,
                          int64_t);
-typedef void (*decode_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
-                          const int64_t*, uint16_t*, int, int, int, int, int, float, int);
-typedef int (*gemm_silu_fn)(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, uint16_t*,
-                            int64_t);
-typedef int (*prefill_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
-                          const int64_t*, const int64_t*, const int64_t*, uint16_t*, int, int, int, int, int,
+typedef void (*decode_fn)(const void*, int64_t, const void*, const void*, const int64_t*, int64_t,
+                          const int64_t*, void*, int, int, int, int, int, float, int);
+typedef int (*gemm_silu_fn)(const void*, int64_t, int64_t, int64_t, const void*, int64_t, void*, int64_t);
+typedef int (*prefill_fn)(const void*, int64_t, const void*, const void*, const int64_t*, int64_t,
+                          const int64_t*, const int64_t*, const int64_t*, void*, int, int, int, int, int,
                           float, void*);
 
 struct kernels {
@@ -53,14 +53,14 @@ struct kernels {
 };
 
 struct dims {
-    int64_t hidden, inter, num_heads, num_kv_heads, head_dim, block_size;
+    int64_t hidden, inter, num_heads, num_kv_heads, head_dim, block_size, elem_size;
     float eps, scale;
 };
 
-/* one layer: packed projection panels (cpu_gemm.py), norm weights, its KV pool */
+/* one layer: packed projection panels (gemm_*.py), norm weights, its KV pool */
 struct layer {
-    const uint16_t *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
-    uint16_t *k_cache, *v_cache;
+    const void *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
+    void *k_cache, *v_cache;
 };
 
 /* one step: decodes are rows [0, num_decodes), one token each; prefill request i
@@ -69,8 +69,8 @@ struct step {
     int64_t T, num_decodes, num_prefills, bt_stride, max_decode_len;
     const int64_t *slots, *block_tables, *seq_lens, *q_start, *q_len, *pf_seq_len;
     void* workspace;
-    const uint16_t *cos, *sin;                    /* [T, head_dim] each */
-    uint16_t *res, *y, *h, *qkv, *attn, *gate_up, *act;
+    const void *cos, *sin;                    /* [T, head_dim] each */
+    void *res, *y, *h, *qkv, *attn, *gate_up, *act;
     uint64_t* ticks;  /* NULL, or per-kernel time-stamp counter totals (enum tick) to add to */
 };
 
@@ -86,10 +86,10 @@ static inline void tick(uint64_t* ticks, int kind, uint64_t* last) {
 
 int llama_layers_ticks(void) { return T_COUNT; }
 
-int llama_layers_bf16(const struct kernels* k, const struct dims* d, const struct layer* layers, int num_layers,
+int llama_layers(const struct kernels* k, const struct dims* d, const struct layer* layers, int num_layers,
                       const struct step* s, int has_residual) {
     const int64_t T = s->T, hd = d->head_dim, nh = d->num_heads, nkv = d->num_kv_heads;
-    const int64_t qkv_dim = (nh + 2 * nkv) * hd, attn_dim = nh * hd, row_bytes = nkv * hd * 2;
+    const int64_t qkv_dim = (nh + 2 * nkv) * hd, attn_dim = nh * hd, es = d->elem_size, row_bytes = nkv * hd * es;
     uint64_t* tk = s->ticks;
     uint64_t last = tk ? now_ticks() : 0;
     for (int l = 0; l < num_layers; l++) {
@@ -103,8 +103,8 @@ int llama_layers_bf16(const struct kernels* k, const struct dims* d, const struc
         tick(tk, T_QKV, &last);
         k->rope(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, s->cos, s->sin);
         tick(tk, T_ROPE, &last);
-        k->write_kv((const char*)(s->qkv + attn_dim), qkv_dim * 2, (const char*)(s->qkv + attn_dim + nkv * hd),
-                    qkv_dim * 2, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes);
+        k->write_kv((const char*)s->qkv + attn_dim * es, qkv_dim * es, (const char*)s->qkv + (attn_dim + nkv * hd) * es,
+                    qkv_dim * es, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes);
         tick(tk, T_WRITE, &last);
         if (s->num_decodes)
             k->decode(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables, s->bt_stride, s->seq_lens, s->attn,

@@ -1,0 +1,38 @@
+"""RMSNorm with the residual add fused in (vLLM's ``fused_add_rms_norm``)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from inflight.kernels.cpu.ops import cpu_fused_ops
+from inflight.layers.custom_op import CustomOp
+
+
+class RMSNorm(CustomOp):
+    """RMSNorm computed in float32, as transformers does, then cast back; adds the
+    residual first when given one."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward_native(self, x: torch.Tensor,
+                       residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (norm(x + residual), x + residual)."""
+        if residual is not None:
+            x = x + residual
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype), x
+
+    def forward_cpu(self, x: torch.Tensor,
+                    residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``forward_native``; NOTE: the C kernel writes x + residual into ``residual``."""
+        ops = cpu_fused_ops(x.dtype)
+        if ops is None:
+            return self.forward_native(x, residual)
+        return ops.add_rmsnorm(x, residual, self.weight, self.eps)

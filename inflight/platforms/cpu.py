@@ -1,0 +1,70 @@
+"""The CPU platform: kernels compiled for the CPU's vector ISA (kernels/cpu/isa.py)."""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from inflight.attention import AttentionBackend, get_attention_backend
+from inflight.kernels.cpu.isa import current_level
+from inflight.layers.custom_op import dispatch_custom_ops
+from inflight.platforms.interface import Platform, parse_dtype
+from inflight.worker.cpu_malloc import keep_freed_memory
+
+if TYPE_CHECKING:
+    from inflight.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+class CpuPlatform(Platform):
+    """x86-64 (AVX2, AVX-512, AVX-512-BF16) and aarch64 (NEON) CPUs, and a portable C fallback."""
+
+    device_type = "cpu"
+    # Every request of a burst gets a seat at once (a queue behind 64 seats cost the
+    # decode workload's TTFT p99 5x), and a step budget large enough that the GEMMs
+    # run near the matmul peak; measured in benchmarks/README.md.
+    default_max_num_seqs = 256
+    default_max_num_batched_tokens = 1024
+
+    def __init__(self) -> None:
+        self.isa = current_level()
+
+    def resolve_dtype(self, name: str) -> torch.dtype:
+        """"auto" is bfloat16 only where the CPU has bf16 dot-product units: elsewhere
+        torch's bf16 matmul runs ~100x slower than fp32, and our fp32 kernels run at
+        the fp32 peak."""
+        if name == "auto":
+            return torch.bfloat16 if self.isa is not None and self.isa.has_bf16_dot else torch.float32
+        return parse_dtype(name)
+
+    def attention_backend(self, name: str) -> AttentionBackend:
+        return get_attention_backend(name, torch.device("cpu"))
+
+    def prepare_process(self) -> None:
+        keep_freed_memory()
+
+    def optimize_model(self, model: nn.Module, dtype: torch.dtype, config: "EngineConfig") -> list[str]:
+        """Packed linears, the C element-wise ops and the one-call layer loop, where the
+        kernels run for ``dtype``. NOTE: attention_backend="torch" is the plain-torch
+        reference path everywhere (tests compare the fast path against it): no kernels."""
+        if config.attention_backend == "torch" or self.isa is None:
+            return []
+        from inflight.kernels.cpu.layer_loop import CpuLayerLoop
+        from inflight.kernels.cpu.packing import pack_linears
+
+        done = []
+        packed = pack_linears(model, dtype)
+        if packed:
+            done.append(f"{packed} packed linears")
+        done.append(f"{dispatch_custom_ops(model, 'cpu')} CPU ops")
+        if hasattr(model, "layer_plan") and hasattr(model, "layer_loop"):
+            model.layer_loop = CpuLayerLoop.build(model.layer_plan(), dtype)
+            if model.layer_loop is not None:
+                done.append("layers in one C call")
+        return done
+
+    def describe(self) -> str:
+        return f"cpu ({self.isa.name if self.isa else 'no kernels'})"
