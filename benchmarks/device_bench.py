@@ -1,4 +1,4 @@
-"""GPU benchmark of issue 8: decode speed and HBM bandwidth, chat throughput, serving
+"""GPU benchmark: decode speed and HBM bandwidth, chat throughput, serving
 latencies, static vs continuous batching, greedy parity; one JSON report.
 
     python benchmarks/device_bench.py [--models smollm2-135m,llama-1b,llama-8b] [--out DIR]

@@ -1,4 +1,4 @@
-"""Scheduling under pressure (issue 4): a chat-shaped workload on a KV pool too small
+"""Scheduling under pressure: a chat-shaped workload on a KV pool too small
 for it, offline through LLM.generate on the embedded model (bfloat16).
 
     python benchmarks/preemption.py [--num-requests 48] [--num-blocks 160] [--out out/preemption.json]

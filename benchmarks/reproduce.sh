@@ -36,7 +36,7 @@ knee() {  # max_num_seqs sweep on a reduced workload (64 requests, short outputs
   $PY benchmarks/results_table.py --knee "$OUT/knee/sweep.json"
 }
 
-cpu() {  # issue 7: the four CPU serving workloads, this tree against BEFORE_REF, plus transformers
+cpu() {  # the four CPU serving workloads, this tree against BEFORE_REF, plus transformers
   local ref=${BEFORE_REF:-f611355} wl=../shared/workloads
   git worktree add -f "$OUT/before-src" "$ref" >/dev/null
   $PY benchmarks/cpu_serving.py --out "$OUT/cpu_serving_after.json"

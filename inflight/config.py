@@ -166,7 +166,7 @@ class EngineConfig:
         self._validate_pressure()
 
     def _validate_pressure(self) -> None:
-        """Settings of issue 4: swap, watermark, preemption cap, fairness, KV dtype."""
+        """Settings for scheduling under pressure: swap, watermark, preemption cap, fairness, KV dtype."""
         s, c = self.scheduler_config, self.cache_config
         if c.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got {c.kv_cache_dtype!r}")

@@ -15,7 +15,6 @@ def get_attention_backend(name: str = "auto", device: Optional[torch.device] = N
     ``torch``: always the reference; ``cpu``: the C kernel or an error;
     ``triton``: the Triton kernels, or an error if Triton is missing (they run on CUDA, and on
     CPU tensors under TRITON_INTERPRET=1; anything else goes through the torch reference)."""
-    # --- Triton backend (issue 8) ---
     on_cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
     if name == "triton" or (name == "auto" and on_cuda):
         from inflight.attention import triton as triton_attn
@@ -23,7 +22,6 @@ def get_attention_backend(name: str = "auto", device: Optional[torch.device] = N
             return triton_attn.TritonAttentionBackend()
         if name == "triton":
             raise RuntimeError("attention_backend='triton' needs Triton: pip install triton")
-    # --- end Triton backend ---
     if name in ("auto", "cpu"):
         from inflight.attention.cpu_paged import CpuPagedAttentionBackend
         try:

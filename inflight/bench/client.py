@@ -158,7 +158,7 @@ def make_session(cfg: ClientConfig, connections: int):
 
     NOTE: aiohttp, as vLLM's serving benchmark uses, not httpx: on a 2-core machine the
     client shares the cores with the server it measures, and httpx's pure-Python stream
-    parsing took ~25% more CPU over the chat workload (2.8 against 2.2 s)."""
+    parsing took about a quarter more CPU over the chat workload."""
     aiohttp = import_aiohttp()
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     connector = aiohttp.TCPConnector(limit=max(connections, 1))

@@ -67,11 +67,9 @@ def resolve_num_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype
     (after the peak of a profiled forward pass, when ``profiled_peak_bytes`` is given)."""
     if override:
         return override
-    # --- GPU sizing after profiling (issue 8) ---
     if device.type == "cuda" and kv_cache_memory is None and profiled_peak_bytes is not None:
         budget = gpu_kv_budget(device, gpu_memory_utilization, profiled_peak_bytes)
         return num_blocks_for_memory(cfg, block_size, dtype, max(budget, 0), kv_cache_dtype)
-    # --- end GPU sizing after profiling ---
     if device.type == "cuda" and kv_cache_memory is None:
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
@@ -81,7 +79,6 @@ def resolve_num_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype
                                  kv_cache_dtype)
 
 
-# --- GPU memory profiling (issue 8) ---
 def gpu_kv_budget(device: torch.device, gpu_memory_utilization: float, peak_bytes: int) -> int:
     """Bytes left for the KV pool: ``utilization * total`` minus this process's profiled peak
     (weights + activations) minus memory outside torch's allocator (CUDA context, other processes)."""
@@ -133,4 +130,3 @@ def profile_forward_peak(model: torch.nn.Module, cfg: ModelArchConfig, block_siz
     torch.cuda.synchronize(device)
     # The dummy pool is freed before the real pool exists: not part of the steady state.
     return torch.cuda.max_memory_allocated(device) - 2 * kv[0].numel() * kv[0].element_size()
-# --- end GPU memory profiling ---

@@ -3,9 +3,8 @@
 Each weight is packed once into panels of 32 output columns, K pairs interleaved:
 the operand layout of the bf16 dot-product instruction, so a decode step streams
 every weight byte once at close to DRAM speed and a prefill step keeps a panel in
-L2 for all its rows. On this project's 2-core AVX-512-BF16 machine it runs SmolLM2's
-projections 1.3-1.6x faster than oneDNN's prepacked linear at 1-64 rows and
-~1.1x at 512 (``benchmarks/linear_kernels.py``).
+L2 for all its rows (measured against oneDNN's prepacked linear by
+``benchmarks/linear_kernels.py``; figures in benchmarks/README.md).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
  * Every decoder layer of a Llama-family model (bf16 or fp32) in one call: the same kernels,
  * in the same order and on the same buffers, as the Python layer loop of
  * models/llama.py drives through ctypes on the CPU fast path, without its ~25
- * Python dispatches per layer (2-3 ms of a decode step). The kernels live in their
+ * Python dispatches per layer. The kernels live in their
  * own libraries; Python hands their addresses in (struct kernels), so this file
  * only sequences them.
  *
