@@ -13,6 +13,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs; top-N is computed per token on the step thread
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -117,8 +118,11 @@ class SamplingParams:
             raise InvalidRequestError(f"min_tokens must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise InvalidRequestError(f"logprobs must be non-negative, got {self.logprobs}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            # The engine computes no prompt logprobs: accepting the field would answer without them.
+            raise InvalidRequestError("prompt_logprobs: not supported")
 
     @property
     def greedy(self) -> bool:

@@ -257,3 +257,19 @@ def test_a_batch_counts_whole_against_max_waiting_requests(server):
         assert "--max-waiting-requests" in err["message"]
         assert post(h, C, cmpl(prompt=["a", "b"], n=2)).status_code == 200
     wait_until_idle(server)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"seed": BIG}, {"seed": -(2**63) - 1}, {"seed": 2**63 - 1, "n": 2}, {"temperature": float("nan")},
+    {"top_p": float("inf")}, {"repetition_penalty": float("nan")}, {"presence_penalty": float("-inf")},
+    {"n": 1.5}, {"n": 0}, {"max_tokens": BIG}, {"stop": ""}, {"stop": ["a"] * 17}, {"stop": ["x" * 257]},
+    {"stop_token_ids": [-1]}, {"stop_token_ids": list(range(65))}, {"logprobs": 21}, {"prompt_logprobs": 1},
+])
+def test_sampling_params_check_the_same_for_offline_use(kwargs):
+    from inflight.errors import InvalidRequestError
+    from inflight.sampling_params import SamplingParams
+
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**kwargs)
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(stop_token_ids=[257]).verify_vocab(257)

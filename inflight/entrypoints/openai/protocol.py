@@ -15,9 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from inflight.entrypoints.openai.limits import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_CHARS, clip
 from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_message, check_prompt_count,
                                                     check_template_kwargs, check_unsupported)
-from inflight.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
-
-MAX_LOGPROBS = 20
+from inflight.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, SamplingParams
 
 
 class OpenAIBaseModel(BaseModel):
