@@ -1,0 +1,175 @@
+"""The fp32 CPU kernels on every ISA level, through one C driver (tests/csrc/kernel_check.c).
+
+The driver is linked with the kernel sources built with a level's flags (build.py's
+compile_flags without -shared/-fPIC) and checks each kernel against a plain C
+reference in double. It runs natively for every level this CPU runs, and, on x86-64,
+cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-user for the
+aarch64 levels (neon and scalar): the ``emulated`` tests, which skip, saying why, when
+those packages are missing (``make cross-tools`` installs them; .ci/run does).
+The levels the CPU cannot run are still compiled, so a build error on any level fails.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from inflight.kernels.cpu import build
+from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
+
+CSRC = Path(build.__file__).parent / "csrc"
+DRIVER_DIR = Path(__file__).parent / "csrc"
+DRIVER = DRIVER_DIR / "kernel_check.c"
+# the sources of the kernels the driver checks (kernels.h); one not there yet is left out
+KERNEL_SOURCES = ("gemm_f32.c", "fused_ops.c", "paged_decode.c", "paged_prefill.c")
+CROSS_CC = "aarch64-linux-gnu-gcc"
+AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
+HERE = machine_arch()
+SUPPORTED = supported_levels()
+
+
+def _flags(level: IsaLevel, opt: str = "-O3") -> list[str]:
+    """build.py's flags for ``level`` for an executable: no -shared/-fPIC; ``opt`` in place of
+    -O3 (a compile-only check of a level the CPU cannot run needs no optimised code)."""
+    return [opt if f == "-O3" else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def _compile_all(cmds: list[list[str]]) -> subprocess.CompletedProcess | None:
+    """Run the compiler commands at once (they are independent); the first that failed, or None."""
+    procs = [(cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) for cmd in cmds]
+    failed = None
+    for cmd, p in procs:
+        out, err = p.communicate()
+        if p.returncode != 0 and failed is None:
+            failed = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    return failed
+
+
+def build_driver(level: IsaLevel, cc: str, out: Path, static: bool = False, opt: str = "-O3") -> subprocess.CompletedProcess:
+    """kernel_check for ``level``: each kernel source compiled with kernels.h force-included
+    (a drifted signature is a compile error), then linked with the driver. Returns the
+    first failing compiler run, or the link."""
+    flags = _flags(level, opt)
+    cmds, objs = [], []
+    for src in [CSRC / n for n in KERNEL_SOURCES if (CSRC / n).exists()] + [DRIVER]:
+        obj = out.with_name(f"{out.name}.{src.stem}.o")
+        extra = ["-Wall", f"-I{DRIVER_DIR}"] if src == DRIVER else ["-include", str(DRIVER_DIR / "kernels.h")]
+        cmds.append([cc, *flags, f"-I{CSRC}", *extra, "-c", str(src), "-o", str(obj)])
+        objs.append(str(obj))
+    failed = _compile_all(cmds)
+    if failed is not None:
+        return failed
+    return _run([cc, *flags, *objs, "-o", str(out), "-lm", *(["-static"] if static else [])])
+
+
+def check_output(res: subprocess.CompletedProcess, what: str) -> None:
+    """All checks passed, and none skipped for a kernel whose source defines it."""
+    out = res.stdout + res.stderr
+    m = re.search(r"^(\d+) passed, (\d+) failed, (\d+) skipped$", res.stdout, re.M)
+    assert m, f"{what}: no summary line\n{out[-4000:]}"
+    assert res.returncode == 0 and m.group(2) == "0", f"{what}: {m.group(0)}\n{out[-4000:]}"
+    text = "\n".join((CSRC / n).read_text() for n in KERNEL_SOURCES if (CSRC / n).exists())
+    skipped = re.findall(r"^SKIP (\w+):", res.stdout, re.M)
+    defined = [s for s in skipped if re.search(rf"^[A-Za-z_][\w \t\*]*\b{s}\s*\(", text, re.M)]
+    assert not defined, f"{what}: kernels defined in csrc but not checked: {defined}"
+    assert int(m.group(1)) >= 12, f"{what}: too few checks ran\n{out[-4000:]}"
+
+
+def _env() -> dict[str, str]:
+    # 3 threads: an odd split of the GEMM panels and attention items
+    return {**os.environ, "OMP_NUM_THREADS": "3"}
+
+
+# ---- native: every level of this architecture is built; those the CPU runs are run ----
+
+@pytest.mark.parametrize("level", [lv for lv in LEVELS if lv.arch == HERE], ids=lambda lv: lv.name)
+def test_kernel_check_native(level, tmp_path):
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    exe = tmp_path / f"kernel_check_{level.name}"
+    runs = level in SUPPORTED
+    res = build_driver(level, cc, exe, opt="-O3" if runs else "-O1")
+    assert res.returncode == 0, f"building kernel_check for {level.name} failed:\n{res.stderr[-4000:]}"
+    if not runs:
+        return  # it builds; this CPU cannot run it (an AVX-512 level on an AVX2 machine)
+    check_output(_run([str(exe)], env=_env(), timeout=300), f"{level.name} (native)")
+
+
+@pytest.mark.parametrize("level", [lv for lv in LEVELS if lv.arch == HERE], ids=lambda lv: lv.name)
+def test_vec_h_warning_free(level, tmp_path):
+    """vec.h, with every primitive instantiated, compiles without a -Wall warning."""
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    res = _vec_h_compile(cc, level, tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+
+def _vec_h_compile(cc: str, level: IsaLevel, tmp: Path) -> subprocess.CompletedProcess:
+    src = tmp / "use_vec.c"
+    src.write_text('#include "vec.h"\n'
+                   "float use(const float* p, float* q, const uint16_t* h) {\n"
+                   "    vf x = vf_load(p), y = vf_load_n(p + VL, 3);\n"
+                   "    vf_store_n(q, vf_fma(x, y, vf_set1(1.f)), 2);\n"
+                   "    vf_store(q + VL, vf_round(vf_min(vf_max(x, y), vf_zero())));\n"
+                   "    return vf_reduce_add(vf_exp(x)) + vf_reduce_max(vf_silu(y)) + vf_reduce_add(vf_load_bf16(h));\n"
+                   "}\n")
+    return _run([cc, *_flags(level), "-Wall", "-Werror", f"-I{CSRC}", "-c", str(src), "-o", str(tmp / "use_vec.o")])
+
+
+# ---- emulated: aarch64 under qemu-user ----
+
+def _qemu() -> str | None:
+    return shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
+
+
+def _cross_cc() -> str:
+    if HERE == "aarch64":
+        pytest.skip("this machine is aarch64: the native tests run these levels")
+    if not shutil.which(CROSS_CC):
+        pytest.skip(f"aarch64 kernels not built: no {CROSS_CC} (Debian: gcc-aarch64-linux-gnu, "
+                    "libc6-dev-arm64-cross; make cross-tools)")
+    return CROSS_CC
+
+
+AARCH64_LEVELS = [lv for lv in LEVELS if lv.arch == "aarch64"]
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("level", AARCH64_LEVELS, ids=lambda lv: f"aarch64-{lv.name}")
+def test_kernel_check_aarch64(level, tmp_path):
+    cc = _cross_cc()
+    exe = tmp_path / f"kernel_check_aarch64_{level.name}"
+    # static: runs under qemu with no sysroot; a dynamic build with -L the cross sysroot otherwise
+    res = build_driver(level, cc, exe, static=True)
+    qemu = [_qemu()]
+    if res.returncode != 0 and "cannot find" in res.stderr:
+        res = build_driver(level, cc, exe)
+        qemu += ["-L", AARCH64_SYSROOT]
+    assert res.returncode == 0, f"cross-building kernel_check for aarch64 {level.name} failed:\n{res.stderr[-4000:]}"
+    if qemu[0] is None:
+        pytest.skip("aarch64 kernels built but not run: no qemu-aarch64 (Debian: qemu-user; make cross-tools)")
+    check_output(_run([*qemu, str(exe)], env=_env(), timeout=600), f"aarch64 {level.name} (qemu)")
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("level", AARCH64_LEVELS, ids=lambda lv: f"aarch64-{lv.name}")
+def test_csrc_compiles_aarch64(level, tmp_path):
+    """vec.h without a -Wall warning, and the kernel sources the driver does not link (the
+    bf16 ones, the layer loop) compile for aarch64."""
+    cc = _cross_cc()
+    res = _vec_h_compile(cc, level, tmp_path)
+    assert res.returncode == 0, f"vec.h for aarch64 {level.name}:\n{res.stderr[-4000:]}"
+    others = [src for src in sorted(CSRC.glob("*.c")) if src.name not in KERNEL_SOURCES]
+    failed = _compile_all([[cc, *_flags(level, "-O1"), f"-I{CSRC}", "-c", str(src), "-o", str(tmp_path / f"{src.stem}.o")]
+                           for src in others])
+    assert failed is None, f"{failed.args[-3]} for aarch64 {level.name}:\n{failed.stderr[-4000:]}"
