@@ -42,7 +42,7 @@ class NextTokenModel(torch.nn.Module):
 
 
 def make_engine():
-    eng = make_fake_engine(num_blocks=64, block_size=4, max_num_seqs=16)
+    eng = make_fake_engine(num_blocks=64, block_size=4, max_num_seqs=16, max_num_batched_tokens=512)
     eng.runner = ModelRunner(NextTokenModel(), [], block_size=4, vocab_size=V, device=torch.device("cpu"))
     return eng
 
@@ -173,3 +173,36 @@ def test_a_forward_failure_fails_everyone_and_marks_the_engine_crashed():
         with pytest.raises(EngineDeadError):
             await a.add_request("late", PROMPT, _params())
     run(main())
+
+
+def test_over_http_the_faulty_request_gets_a_500_and_the_others_their_tokens(monkeypatch, caplog):
+    import concurrent.futures
+
+    import httpx
+
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    real = IncrementalDetokenizer._find_stop
+
+    def find_stop(self, start):
+        if "boom" in self.stop:
+            raise RuntimeError("injected stop-check fault")
+        return real(self, start)
+    monkeypatch.setattr(IncrementalDetokenizer, "_find_stop", find_stop)
+    engine = make_engine()
+    body = {"prompt": PROMPT, "max_tokens": 6, "ignore_eos": True, "temperature": 0}
+    with ServerThread(engine, "tiny", log_stats=False) as srv, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        def post(extra):
+            return httpx.post(srv.base_url + "/v1/completions", json={**body, **extra}, timeout=30)
+        futures = [pool.submit(post, {"stop": ["boom"]})] + [pool.submit(post, {"seed": i}) for i in range(3)]
+        bad, *good = [f.result() for f in futures]
+        assert bad.status_code == 500 and "injected" not in bad.text
+        assert [r.json()["choices"][0]["text"] for r in good] == [expected(6)] * 3
+        with httpx.stream("POST", srv.base_url + "/v1/completions", json={**body, "stop": ["boom"], "stream": True},
+                          timeout=30) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert '"error"' in events[-2] and events[-1] == "data: [DONE]"  # in-band, then the end
+        assert srv.state.engine.is_alive
+        srv.state.engine.call_sync(assert_blocks_all_free, timeout=10)
+    assert any("failed; the engine goes on" in r.getMessage() and "cmpl-" in r.getMessage()
+               for r in caplog.records)  # the request id is in the log

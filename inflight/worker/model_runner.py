@@ -163,7 +163,8 @@ class ModelRunner:
             if not groups:
                 return
             md = self._metadata(groups)
-        h = hidden[[g.first + i for g in groups for i in range(len(g.rows))]]
+        rows = [g.first + i for g in groups for i in range(len(g.rows))]
+        h = hidden if len(rows) == hidden.shape[0] else hidden[rows]  # no copy unless a request dropped out
         greedy = getattr(self.model, "greedy_tokens", None)
         if md.greedy_only and greedy is not None:
             tokens = greedy(h, self.vocab_size)  # argmax inside the logits GEMM: no logits written
@@ -176,9 +177,9 @@ class ModelRunner:
         except Exception:
             row = 0
             for g in groups:
-                rows = logits[row:row + len(g.rows)]
+                part = logits[row:row + len(g.rows)]
                 row += len(g.rows)
-                _try(lambda: self._record([g], self.sampler(rows, self._metadata([g])), out), g, out)
+                _try(lambda: self._record([g], self.sampler(part, self._metadata([g])), out), g, out)
 
     def _metadata(self, groups: list[_Group]) -> SamplingMetadata:
         return SamplingMetadata.from_rows([r for g in groups for r in g.rows], self.vocab_size, self.device)
