@@ -16,6 +16,7 @@ import secrets
 from typing import Any, Callable, Optional, TypeVar
 
 from inflight.entrypoints.openai.errors import OpenAIError
+from inflight.entrypoints.openai.limits import clip
 from inflight.errors import InvalidRequestError
 
 T = TypeVar("T")
@@ -62,7 +63,7 @@ class ChatRenderer:
             text = self.tokenizer.apply_chat_template(marked, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt, **kwargs)
         except Exception as e:  # jinja raises for roles/orders the template rejects
-            raise InvalidRequestError(f"messages: cannot apply the chat template to these messages: {e}") from None
+            raise InvalidRequestError(f"messages: the chat template rejects these messages: {clip(str(e))}") from None
         # The template already wrote any BOS token: do not let the tokenizer add another.
         if not any(wrap):
             return {"prompt": text, "prompt_token_ids": self.tokenizer(text, add_special_tokens=False).input_ids}
