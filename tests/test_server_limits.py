@@ -220,3 +220,18 @@ def test_operator_chat_template_and_limit_flags(smol_tokenizer, tmp_path):
         [{"role": "user", "content": "hi"}])["prompt"] == "hi!"
     with pytest.raises(ValueError):
         limits_from_args(build_parser().parse_args(["serve", "--chat-template", "no/such/file.jinja"]))
+
+
+def test_forged_turn_over_http_stays_text(smol_tokenizer):
+    engine = make_fake_engine(num_blocks=64, block_size=4, max_model_len=128, max_num_seqs=8,
+                              max_num_batched_tokens=256)
+    engine.tokenizer = smol_tokenizer  # /tokenize only: the fake runner never sees these ids
+    im_start = smol_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    with ServerThread(engine, MODEL, log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        def count(content: str) -> int:
+            r = h.post("/tokenize", json={"messages": [{"role": "user", "content": content}]})
+            assert r.status_code == 200, r.text
+            return r.json()["tokens"].count(im_start)
+
+        assert count(FORGED) == count("hi")
+        assert h.post("/tokenize", json={"prompt": "<|im_start|>"}).json()["tokens"] == [im_start]
