@@ -1,13 +1,15 @@
-"""CPU attention kernels against the torch reference backend, bf16, SmolLM2's shape
+"""CPU attention kernels against the torch reference backend, SmolLM2's shape
 (9 query heads over 3 kv heads, head_dim 64, 16-token blocks at random places).
 
-    python benchmarks/attention_kernels.py
+    python benchmarks/attention_kernels.py            # bf16 (the C kernels need AVX-512-BF16)
+    python benchmarks/attention_kernels.py --fp32     # float32 (the C kernels on every ISA level)
 
 Prints the median time of each backend's decode and prefill calls and the
 GFLOP/s they reach (4 x heads x head_dim per query-key pair; causal pairs only).
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -20,12 +22,15 @@ from inflight.attention.torch_ref import TorchAttentionBackend
 H, KVH, D, BS = 9, 3, 64, 16
 
 
+DTYPE = torch.bfloat16
+
+
 def layout(ctx: list[int], new: list[int]) -> tuple:
     """Random pool and block tables for requests with ``ctx`` tokens after this step, ``new`` of them queries."""
     per = max(-(-c // BS) for c in ctx)
     nb = len(ctx) * per + 1
-    kc = torch.randn(nb, BS, KVH, D).to(torch.bfloat16)
-    vc = torch.randn(nb, BS, KVH, D).to(torch.bfloat16)
+    kc = torch.randn(nb, BS, KVH, D).to(DTYPE)
+    vc = torch.randn(nb, BS, KVH, D).to(DTYPE)
     tables = torch.randperm(nb)[:len(ctx) * per].view(len(ctx), per)
     qsl = [0]
     for n in new:
@@ -34,7 +39,7 @@ def layout(ctx: list[int], new: list[int]) -> tuple:
                            seq_lens=torch.tensor(ctx), query_start_loc_list=qsl, seq_lens_list=ctx,
                            num_decodes=sum(1 for n in new if n == 1), block_size=BS,
                            max_decode_seq_len=max([c for c, n in zip(ctx, new) if n == 1], default=0))
-    return torch.randn(qsl[-1], H, D).to(torch.bfloat16), kc, vc, md
+    return torch.randn(qsl[-1], H, D).to(DTYPE), kc, vc, md
 
 
 def median_time(fn, repeats: int = 7) -> float:
@@ -48,14 +53,22 @@ def median_time(fn, repeats: int = 7) -> float:
 
 
 def main() -> None:
+    global DTYPE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fp32", action="store_true", help="float32 q and caches (default bf16)")
+    DTYPE = torch.float32 if ap.parse_args().fp32 else torch.bfloat16
     ref, fast = TorchAttentionBackend(), CpuPagedAttentionBackend()
     cases = [("decode", [300] * 64, [1] * 64), ("decode", [1000] * 16, [1] * 16),
              ("prefill", [512], [512]), ("prefill", [1024], [512]), ("prefill", [3072], [512]),
              ("prefill", [128] * 4, [128] * 4)]
+    if DTYPE == torch.float32:
+        cases = [("decode", [512] * 32, [1] * 32), *cases[:2], ("prefill", [512], [512]), ("prefill", [1536], [512]),
+                 *cases[4:]]
+    print(f"{DTYPE}, {torch.get_num_threads()} threads; median of 7")
     for kind, ctx, new in cases:
         q, kc, vc, md = layout(ctx, new)
         flops = sum(4 * H * D * n * (c - n + (n + 1) / 2) for c, n in zip(ctx, new))
-        k = v = torch.randn(q.shape[0], KVH, D).to(torch.bfloat16)  # the chunk's own K/V (timing only)
+        k = v = torch.randn(q.shape[0], KVH, D).to(DTYPE)  # the chunk's own K/V (timing only)
         row = []
         for name, be in (("torch", ref), ("C", fast)):
             out = torch.empty_like(q)

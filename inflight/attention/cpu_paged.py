@@ -1,6 +1,7 @@
 """CPU attention: decode rows through the C paged-decode kernel, prefill chunks
-through the C paged-prefill kernel (bf16 on AVX-512-BF16), both reading K/V from
-the block pool in place; anything else through the torch reference path."""
+through the C paged-prefill kernel (bf16 on AVX-512-BF16; float32 on every ISA level),
+both reading K/V from the block pool in place; anything else through the torch
+reference path."""
 from __future__ import annotations
 
 import ctypes
@@ -18,6 +19,7 @@ _i32, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_
 # Declared argument types let the per-layer calls pass plain ints (no wrapper objects).
 _DECODE_ARGS = [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i32, _i32, _i32, _i32, _i32, _f32, _i32]
 _WRITE_ARGS = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]
+_PREFILL_ARGS = [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32, _i32, _f32, _ptr]
 
 
 class CpuPagedAttentionBackend(TorchAttentionBackend):
@@ -30,6 +32,8 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         self.prefill_lib = prefill_lib or load_library("paged_prefill")
         if self.prefill_lib is not None:
             self.prefill_lib.paged_prefill_workspace.restype = ctypes.c_int64
+            self.prefill_lib.paged_prefill_f32.argtypes = _PREFILL_ARGS
+            self.prefill_lib.paged_prefill_f32_supported.argtypes = [_i32, _i32]
         self._workspace = torch.empty(0, dtype=torch.uint8)
         for name in _FNS.values():
             getattr(self.lib, name).argtypes = _DECODE_ARGS
@@ -84,13 +88,16 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             k_cache.shape[1], scale, md.max_decode_seq_len)
 
     def prefill_args(self, md: AttentionMetadata, num_heads: int, num_kv_heads: int,
-                     head_dim: int) -> tuple[torch.Tensor, ...]:
+                     head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
         """The prefill kernel's per-request arrays (query start, query length, context
-        length) for the step's prefill requests; grows ``self._workspace`` to fit them."""
+        length) for the step's prefill requests; for bf16 grows ``self._workspace`` to fit
+        them (paged_prefill_f32 needs none)."""
         nd, qsl = md.num_decodes, md.query_start_loc_list
         q_start = torch.tensor(qsl[nd:-1], dtype=torch.int64)
         q_len = torch.tensor([qsl[i + 1] - qsl[i] for i in range(nd, md.num_reqs)], dtype=torch.int64)
         seq_len = torch.tensor(md.seq_lens_list[nd:], dtype=torch.int64)
+        if dtype == torch.float32:
+            return q_start, q_len, seq_len
         need = self.prefill_lib.paged_prefill_workspace(ptr(seq_len), ptr(q_len), ctypes.c_int(md.num_reqs - nd),
                                                         ctypes.c_int(num_heads), ctypes.c_int(num_kv_heads),
                                                         ctypes.c_int(head_dim))
@@ -100,6 +107,9 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
 
     def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
         lib = self.prefill_lib
+        if (lib is not None and q.dtype == torch.float32 and self.supports(q, k_cache) and out.is_contiguous()
+                and lib.paged_prefill_f32_supported(q.shape[2], q.shape[1] // k_cache.shape[2])):
+            return self._prefills_f32(q, k_cache, v_cache, md, scale, out)
         if (lib is None or q.dtype != torch.bfloat16 or not self.supports(q, k_cache) or not out.is_contiguous()
                 or not lib.paged_prefill_supported(ctypes.c_int(q.shape[2]))):
             return super()._prefills(q, k, v, k_cache, v_cache, md, scale, out)
@@ -116,3 +126,18 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             ptr(self._workspace))
         if rc != 0:
             raise RuntimeError(f"paged_prefill_bf16 failed ({rc})")
+
+    def _prefills_f32(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        """Every prefill chunk of the step in one paged_prefill_f32 call (K/V already in the pool)."""
+        nd, n = md.num_decodes, md.num_reqs - md.num_decodes
+        kvh, d = k_cache.shape[2], q.shape[2]
+        q_start, q_len, seq_len = self.prefill_args(md, q.shape[1], kvh, d, torch.float32)
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
+        bt = md.block_tables[nd:]
+        rc = self.prefill_lib.paged_prefill_f32(
+            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
+            q_start.data_ptr(), q_len.data_ptr(), seq_len.data_ptr(), out.data_ptr(), n, q.shape[1], kvh, d,
+            k_cache.shape[1], scale, None)
+        if rc != 0:
+            raise RuntimeError(f"paged_prefill_f32 failed ({rc})")

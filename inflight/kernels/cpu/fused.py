@@ -1,9 +1,11 @@
-"""Fused element-wise ops of a Llama layer for bfloat16 on the CPU (csrc/fused_ops.c).
+"""Fused element-wise ops of a Llama layer on the CPU (csrc/fused_ops.c), bfloat16 and float32.
 
 A decode step runs about thirty small torch ops per layer (RMSNorm's float32
 round trip, RoPE's rotate-half, SiLU times up, the residual adds); at the batch
 sizes of a CPU server their dispatch costs as much as their arithmetic. Each op
-here does one such chain in one pass, rounding to bf16 where torch does.
+here does one such chain in one pass, rounding to bf16 where torch does. Each method
+dispatches on the tensor dtype: bf16 to the ``*_bf16`` kernels (AVX-512-BF16 or scalar),
+float32 to the ``*_f32`` ones (vec.h: every ISA level).
 """
 from __future__ import annotations
 
@@ -22,15 +24,26 @@ logger = logging.getLogger(__name__)
 _i32, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
 class CpuFusedOps:
-    """ctypes front of the fused kernels; every tensor is bf16 and row-contiguous."""
+    """ctypes front of the fused kernels; the tensors of a call share one dtype (bf16 or
+    float32) and are row-contiguous."""
+
+    dtypes = tuple(_SUFFIX)
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         # Declared argument types: the ~90 calls a step pass plain ints, no wrapper objects.
-        lib.add_rmsnorm_bf16.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _i32]
-        lib.rope_bf16.argtypes = [_ptr, _i64, _i64, _i32, _i32, _i32, _ptr, _ptr]
-        lib.silu_mul_bf16.argtypes = [_ptr, _ptr, _i64, _i64]
+        self._add_rmsnorm, self._rope, self._silu_mul = {}, {}, {}
+        for dtype, sfx in _SUFFIX.items():
+            self._add_rmsnorm[dtype] = fn = getattr(lib, f"add_rmsnorm_{sfx}")
+            fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _i32]
+            self._rope[dtype] = fn = getattr(lib, f"rope_{sfx}")
+            fn.argtypes = [_ptr, _i64, _i64, _i32, _i32, _i32, _ptr, _ptr]
+            self._silu_mul[dtype] = fn = getattr(lib, f"silu_mul_{sfx}")
+            fn.argtypes = [_ptr, _ptr, _i64, _i64]
 
     def add_rmsnorm(self, x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,26 +51,28 @@ class CpuFusedOps:
         x = x.contiguous()
         out = torch.empty_like(x)
         rows, dim = x.numel() // x.shape[-1], x.shape[-1]
-        self.lib.add_rmsnorm_bf16(x.data_ptr(), (residual if residual is not None else x).data_ptr(),
-                                  weight.data_ptr(), out.data_ptr(), rows, dim, eps, residual is not None)
+        self._add_rmsnorm[x.dtype](x.data_ptr(), (residual if residual is not None else x).data_ptr(),
+                                   weight.data_ptr(), out.data_ptr(), rows, dim, eps, residual is not None)
         return out, (residual if residual is not None else x)
 
     def rope_(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """Rotate the q and k heads of the fused qkv rows in place; cos/sin: [T, 1, d] bf16."""
-        self.lib.rope_bf16(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nh, nkv, d, cos.contiguous().data_ptr(),
-                           sin.contiguous().data_ptr())
+        """Rotate the q and k heads of the fused qkv rows in place; cos/sin: [T, 1, d] of qkv's dtype."""
+        self._rope[qkv.dtype](qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nh, nkv, d,
+                              cos.contiguous().data_ptr(), sin.contiguous().data_ptr())
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for rows [gate | up]."""
         gate_up = gate_up.contiguous()
         inter = gate_up.shape[-1] // 2
         out = gate_up.new_empty(*gate_up.shape[:-1], inter)
-        self.lib.silu_mul_bf16(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // gate_up.shape[-1], inter)
+        self._silu_mul[gate_up.dtype](gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // gate_up.shape[-1],
+                                      inter)
         return out
 
 
-def load_fused_ops() -> Optional[CpuFusedOps]:
-    lib = load_library("fused_ops")
+def load_fused_ops(level=None) -> Optional[CpuFusedOps]:
+    """The fused ops built for ``level`` (an isa.IsaLevel; the CPU's by default)."""
+    lib = load_library("fused_ops", level)
     return None if lib is None else CpuFusedOps(lib)
 
 

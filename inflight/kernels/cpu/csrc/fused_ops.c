@@ -108,3 +108,96 @@ void silu_mul_bf16(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t
         }
     }
 }
+
+/* ---- float32: the same ops written once against vec.h (every ISA level) ----
+ * No rounding between steps: they match torch's float32 ops to float rounding
+ * (the sum of squares is summed in another order, the exp is vec.h's). */
+#include "vec.h"
+
+/* plain dereferences of the under-aligned vf type: vec.h's memcpy-based vf_load went
+ * through the stack under GCC 12's generic tuning (see attn_f32.h) */
+#define FV_LD(p) (*(const vf*)(const void*)(p))
+#define FV_ST(p, v) (*(vf*)(void*)(p) = (v))
+
+/* residual += x (when add), then out = weight * (residual * rsqrt(mean(residual^2) + eps)).
+ * Without add the norm is of x itself and residual is not touched. x and out may alias. */
+void add_rmsnorm_f32(float* x, float* residual, const float* weight, float* out, int64_t rows, int64_t dim,
+                     float eps, int add) {
+    #pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* xr = x + r * dim;
+        float* hr = add ? residual + r * dim : x + r * dim;
+        float* orow = out + r * dim;
+        vf acc0 = vf_zero(), acc1 = vf_zero();
+        int64_t i = 0;
+        for (; i + 2 * VL <= dim; i += 2 * VL) {
+            vf h0 = FV_LD(xr + i), h1 = FV_LD(xr + i + VL);
+            if (add) {
+                h0 = h0 + FV_LD(hr + i);
+                h1 = h1 + FV_LD(hr + i + VL);
+                FV_ST(hr + i, h0);
+                FV_ST(hr + i + VL, h1);
+            }
+            acc0 = vf_fma(h0, h0, acc0);
+            acc1 = vf_fma(h1, h1, acc1);
+        }
+        for (; i < dim; i += VL) {
+            vf h = vf_load_n(xr + i, dim - i);
+            if (add) {
+                h = h + vf_load_n(hr + i, dim - i);
+                vf_store_n(hr + i, h, dim - i);
+            }
+            acc0 = vf_fma(h, h, acc0);
+        }
+        const vf inv = vf_set1(1.f / sqrtf(vf_reduce_add(acc0 + acc1) / (float)dim + eps));
+        for (i = 0; i + VL <= dim; i += VL)  /* weight * (h * inv), in torch's order */
+            FV_ST(orow + i, FV_LD(weight + i) * (FV_LD(hr + i) * inv));
+        if (i < dim) vf_store_n(orow + i, vf_load_n(weight + i, dim - i) * (vf_load_n(hr + i, dim - i) * inv), dim - i);
+    }
+}
+
+/* Rotate-half RoPE on the q and k heads of fused qkv rows in place (row stride
+ * `stride` floats; nh q heads then nkv k heads of d), cos/sin rows [rows, d]:
+ * x1' = x1 cos1 - x2 sin1, x2' = x2 cos2 + x1 sin2. */
+void rope_f32(float* qkv, int64_t rows, int64_t stride, int nh, int nkv, int d, const float* cos_rows,
+              const float* sin_rows) {
+    const int half = d / 2;
+    #pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        float* row = qkv + r * stride;
+        const float* c = cos_rows + r * d;
+        const float* s = sin_rows + r * d;
+        for (int h = 0; h < nh + nkv; h++) {
+            float* x = row + (int64_t)h * d;
+            int i = 0;
+            for (; i + VL <= half; i += VL) {
+                const vf a = FV_LD(x + i), b = FV_LD(x + i + half);
+                const vf lo = a * FV_LD(c + i) - b * FV_LD(s + i);
+                const vf hi = b * FV_LD(c + i + half) + a * FV_LD(s + i + half);
+                FV_ST(x + i, lo);
+                FV_ST(x + i + half, hi);
+            }
+            for (; i < half; i += VL) {
+                const int n = half - i;
+                const vf a = vf_load_n(x + i, n), b = vf_load_n(x + i + half, n);
+                const vf lo = a * vf_load_n(c + i, n) - b * vf_load_n(s + i, n);
+                const vf hi = b * vf_load_n(c + i + half, n) + a * vf_load_n(s + i + half, n);
+                vf_store_n(x + i, lo, n);
+                vf_store_n(x + i + half, hi, n);
+            }
+        }
+    }
+}
+
+/* out = silu(gate) * up, gate_up rows = [gate | up] of `inter` each. */
+void silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter) {
+    #pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* g = gate_up + r * 2 * inter;
+        const float* u = g + inter;
+        float* o = out + r * inter;
+        int64_t i = 0;
+        for (; i + VL <= inter; i += VL) FV_ST(o + i, vf_silu(FV_LD(g + i)) * FV_LD(u + i));
+        if (i < inter) vf_store_n(o + i, vf_silu(vf_load_n(g + i, inter - i)) * vf_load_n(u + i, inter - i), inter - i);
+    }
+}

@@ -16,6 +16,7 @@
 
 #include "bf16_simd.h"
 #include "decode_core.h"
+#include "attn_f32.h"
 
 #define MAX_G 16
 #define MAX_D 256
@@ -86,9 +87,29 @@ void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, cons
     }                                                                                        \
 }
 
-#define LOAD_F32(x) (x)
-#define STORE_F32(x) (x)
-DEFINE_DECODE(paged_decode_f32, float, LOAD_F32, STORE_F32)
+/* float32 on every ISA level: attn_f32.h's tiles with one query token per work item,
+ * parallel over (sequence, kv head). Same arguments as paged_decode_bf16. */
+void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                      const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+                      int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                      int max_len) {
+    (void)max_len;
+    const int G = num_heads / num_kv_heads;
+    const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
+    _Pragma("omp parallel")
+    {
+        float* scratch = (float*)malloc(sizeof(float) * (size_t)af_scratch_floats());
+        _Pragma("omp for collapse(2) schedule(dynamic, 1)")
+        for (int s = 0; s < num_seqs; s++)
+            for (int kh = 0; kh < num_kv_heads; kh++)
+                if (seq_lens[s] > 0)
+                    af_attend(q + (int64_t)s * q_stride, q_stride, out + (int64_t)s * num_heads * head_dim,
+                              (int64_t)num_heads * head_dim, 1, seq_lens[s] - 1, G, kh, head_dim, k_cache, v_cache,
+                              block_tables + (int64_t)s * bt_stride, block_size, tok_stride, scale, scratch);
+        free(scratch);
+    }
+}
+
 DEFINE_DECODE(paged_decode_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
 
 void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,

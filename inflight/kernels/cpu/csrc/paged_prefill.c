@@ -25,6 +25,7 @@
 
 #include "bf16_simd.h"
 #include "decode_core.h"
+#include "attn_f32.h"
 
 /* keys per tile: with RB = 4 rows, 16 Q.K accumulators in flight (5-10% faster than 32) */
 #define KT 64
@@ -285,4 +286,47 @@ int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
 #else
     return -1;
 #endif
+}
+
+/* float32 on every ISA level (attn_f32.h): flash-attention tiles over the block pool in
+ * place, work items (request, kv head, run of query tokens) over OpenMP, the runs with the
+ * most keys first. Same arguments as paged_prefill_bf16; the workspace is not used (may
+ * be NULL). Returns 0, or -1 for a shape it does not take (paged_prefill_f32_supported). */
+int paged_prefill_f32_supported(int head_dim, int group) {
+    return head_dim > 0 && head_dim <= AF_MAX_D && group >= 1 && group <= AF_MAX_ROWS;
+}
+
+int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                      const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
+                      const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
+                      int head_dim, int block_size, float scale, void* workspace) {
+    (void)workspace;
+    const int D = head_dim, G = num_heads / num_kv_heads;
+    if (!paged_prefill_f32_supported(D, G) || G * num_kv_heads != num_heads) return -1;
+    const int64_t tok_stride = (int64_t)num_kv_heads * D;
+    const int tq = AF_MAX_ROWS / G;  /* query tokens per work item */
+    int64_t n = 0;
+    for (int r = 0; r < num_reqs; r++) n += (q_len[r] + tq - 1) / tq;
+    int64_t* items = (int64_t*)malloc(sizeof(int64_t) * 2 * (size_t)(n + 1));
+    /* latest runs first: they see the most keys, so the ragged end balances */
+    for (int r = 0, k = 0; r < num_reqs; r++)
+        for (int64_t t = (q_len[r] + tq - 1) / tq - 1; t >= 0; t--, k++) { items[2 * k] = r; items[2 * k + 1] = t; }
+    #pragma omp parallel
+    {
+        float* scratch = (float*)malloc(sizeof(float) * (size_t)af_scratch_floats());
+        #pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int64_t w = 0; w < n; w++)
+            for (int kh = 0; kh < num_kv_heads; kh++) {
+                const int r = (int)items[2 * w];
+                const int64_t i0 = items[2 * w + 1] * tq;
+                const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
+                const int64_t row = q_start[r] + i0;
+                af_attend(q + row * q_stride, q_stride, out + row * num_heads * D, (int64_t)num_heads * D,
+                          (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh, D, k_cache, v_cache,
+                          block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, scratch);
+            }
+        free(scratch);
+    }
+    free(items);
+    return 0;
 }

@@ -1,0 +1,239 @@
+/* float32 paged attention written once against vec.h (every ISA level), shared by
+ * paged_decode_f32 (paged_decode.c) and paged_prefill_f32 (paged_prefill.c).
+ *
+ * One work item is a run of query tokens of one request and the G query heads of one
+ * kv head: its rows (token-major, row = token * G + head) go flash-attention style
+ * over tiles of AF_KT keys read in place from the block pool (no gather, no repack):
+ *   S = Q K^T     per row and VL keys: VL dot products, summed lane-wise by a
+ *                 transpose-and-add tree (af_reduce_each), so each key row is read
+ *                 straight from its cache slot;
+ *   online softmax per row (running max and sum; the output rescaled when the max grows);
+ *   O += P V      register blocks of up to 4 rows x AF_DV vectors, V rows in place.
+ * Token i of the run sits at position ctx + i and sees keys [0, ctx + i] (causal over
+ * the cache and the chunk's own earlier tokens). Decode is the run of one token.
+ *
+ * Layouts: q rows q_stride floats apart (a view into the fused qkv output), heads of D
+ * inside a row; out rows out_stride apart; caches [num_blocks, block_size, num_kv_heads, D].
+ */
+#ifndef INFLIGHT_ATTN_F32_H
+#define INFLIGHT_ATTN_F32_H
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vec.h"
+
+#define AF_KT 64         /* keys per tile */
+#define AF_MAX_ROWS 64   /* query rows (tokens x heads of one kv head) per work item */
+#define AF_MAX_D 256
+#define AF_DV (VEC_REGS >= 32 ? 4 : 2) /* vectors of D per P.V register block */
+#define AF_PAD(D) (((D) + VL - 1) / VL * VL)
+
+/* Unaligned vector load / store as a plain dereference of the under-aligned vf type.
+ * NOTE: vec.h's memcpy-based vf_load compiled (GCC 12, -mavx2 with generic tuning,
+ * which splits unaligned 256-bit loads) into a store to the stack and a reload that
+ * misses store forwarding: 10x slower in these inner loops. */
+#define AF_LD(p) (*(const vf*)(const void*)(p))
+#define AF_ST(p, v) (*(vf*)(void*)(p) = (v))
+
+/* x and y folded lane-pairwise at chunk size s: chunks 2c and 2c+1 of [x y] summed
+ * into chunk c (a transpose-and-add step; the masks are constants, so each shuffle is
+ * one or two instructions) */
+#define AF_LO(s, k) ((2 * ((k) / (s))) * (s) + (k) % (s))
+#define AF_HI(s, k) (AF_LO(s, k) + (s))
+#if VL == 4
+#define AF_MASK(F, s) ((vi){F(s, 0), F(s, 1), F(s, 2), F(s, 3)})
+#elif VL == 8
+#define AF_MASK(F, s) ((vi){F(s, 0), F(s, 1), F(s, 2), F(s, 3), F(s, 4), F(s, 5), F(s, 6), F(s, 7)})
+#elif VL == 16
+#define AF_MASK(F, s) ((vi){F(s, 0), F(s, 1), F(s, 2), F(s, 3), F(s, 4), F(s, 5), F(s, 6), F(s, 7), \
+                            F(s, 8), F(s, 9), F(s, 10), F(s, 11), F(s, 12), F(s, 13), F(s, 14), F(s, 15)})
+#endif
+#define AF_FOLD(x, y, s) (__builtin_shuffle((x), (y), AF_MASK(AF_LO, s)) + __builtin_shuffle((x), (y), AF_MASK(AF_HI, s)))
+#define AF_LEVEL(s) for (int p = 0; p < (s); p++) b[p] = AF_FOLD(b[2 * p], b[2 * p + 1], s);
+
+/* VL vectors -> one: lane j = the sum of a[j]'s lanes */
+static inline __attribute__((always_inline)) vf af_reduce_each(const vf* a) {
+    vf b[VL];
+    for (int j = 0; j < VL; j++) b[j] = a[j];
+#if VL >= 16
+    AF_LEVEL(8)
+#endif
+#if VL >= 8
+    AF_LEVEL(4)
+#endif
+    AF_LEVEL(2)
+    AF_LEVEL(1)
+    return b[0];
+}
+
+/* lanes [0, n) of a, the rest `fill` */
+static inline vf af_keep(vf a, int64_t n, float fill) {
+    if (n >= VL) return a;
+    vi lane;
+    for (int i = 0; i < VL; i++) lane[i] = i;
+    const vi keep = lane < (vi){0} + (int32_t)n;
+    const vf f = vf_set1(fill);
+    vi ai, fi;
+    memcpy(&ai, &a, sizeof a);
+    memcpy(&fi, &f, sizeof f);
+    ai = (ai & keep) | (fi & ~keep);
+    memcpy(&a, &ai, sizeof a);
+    return a;
+}
+
+/* lane j = q . k[j] for the VL key rows k[0..VL); q is padded with zeros to AF_PAD(D) */
+static inline __attribute__((always_inline)) vf af_qk(const float* q, const float* const* k, int D) {
+    vf a[VL];
+#pragma GCC unroll 16
+    for (int j = 0; j < VL; j++) a[j] = vf_zero();
+    const int nf = D / VL;
+    for (int i = 0; i < nf; i++) {
+        const vf qi = AF_LD(q + i * VL);
+#pragma GCC unroll 16
+        for (int j = 0; j < VL; j++) a[j] = vf_fma(qi, AF_LD(k[j] + i * VL), a[j]);
+    }
+    if (D % VL) {
+        const vf qi = AF_LD(q + nf * VL);
+#pragma GCC unroll 16
+        for (int j = 0; j < VL; j++) a[j] = vf_fma(qi, vf_load_n(k[j] + nf * VL, D % VL), a[j]);
+    }
+    return af_reduce_each(a);
+}
+
+/* o[g][d0 .. d0 + DV*VL) += sum_j p[g][j] v[j][d0 ..] for GB rows over nk keys; n: the
+ * dims left from d0 (only the DV == 1 tail block ever has n < VL) */
+static inline __attribute__((always_inline)) void af_pv(const int GB, const int DV, float* const* o,
+                                                        const float* const* p, const float* const* v, int nk,
+                                                        int64_t d0, int64_t n) {
+    vf acc[4 * 4];
+    for (int g = 0; g < GB; g++)
+        for (int i = 0; i < DV; i++) acc[g * DV + i] = AF_LD(o[g] + d0 + i * VL);
+    if (n >= DV * VL) {
+        for (int j = 0; j < nk; j++) {
+            vf vv[4];
+            for (int i = 0; i < DV; i++) vv[i] = AF_LD(v[j] + d0 + i * VL);
+            for (int g = 0; g < GB; g++) {
+                const vf pj = vf_set1(p[g][j]);
+                for (int i = 0; i < DV; i++) acc[g * DV + i] = vf_fma(pj, vv[i], acc[g * DV + i]);
+            }
+        }
+    } else {  /* DV == 1, a tail of n < VL dims */
+        for (int j = 0; j < nk; j++) {
+            const vf vv = vf_load_n(v[j] + d0, n);
+            for (int g = 0; g < GB; g++) acc[g] = vf_fma(vf_set1(p[g][j]), vv, acc[g]);
+        }
+    }
+    for (int g = 0; g < GB; g++)
+        for (int i = 0; i < DV; i++) AF_ST(o[g] + d0 + i * VL, acc[g * DV + i]);
+}
+
+/* rows [r0, R) of the padded output buffer ob += P V, P rows in sb (AF_KT apart) */
+static inline void af_pv_rows(float* ob, const float* sb, int r0, int R, int Dp, int D, const float* const* v,
+                              int nk) {
+    for (int r = r0; r < R; r += 4) {
+        const int gb = R - r < 4 ? R - r : 4;
+        float* o[4];
+        const float* p[4];
+        for (int g = 0; g < gb; g++) {
+            o[g] = ob + (int64_t)(r + g) * Dp;
+            p[g] = sb + (int64_t)(r + g) * AF_KT;
+        }
+        int64_t d0 = 0;
+#define AF_PV(DV, N)                                          \
+        switch (gb) {                                         \
+        case 4: af_pv(4, DV, o, p, v, nk, d0, N); break;      \
+        case 3: af_pv(3, DV, o, p, v, nk, d0, N); break;      \
+        case 2: af_pv(2, DV, o, p, v, nk, d0, N); break;      \
+        default: af_pv(1, DV, o, p, v, nk, d0, N); break;     \
+        }
+        for (; d0 + AF_DV * VL <= D; d0 += AF_DV * VL) AF_PV(AF_DV, AF_DV * VL)
+        for (; d0 + VL <= D; d0 += VL) AF_PV(1, VL)
+        if (d0 < D) AF_PV(1, D - d0)
+#undef AF_PV
+    }
+}
+
+/* Floats of per-thread scratch af_attend needs */
+static inline int64_t af_scratch_floats(void) {
+    return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 2 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1);
+}
+
+/* One work item: ntok tokens (ntok * G <= AF_MAX_ROWS) of one request from q / out (the
+ * run's first token), the query heads of kv head kh; token i at position ctx + i. bt:
+ * the request's block table row; scratch: af_scratch_floats() floats. */
+static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
+                      int G, int kh, int D, const float* k_cache, const float* v_cache, const int64_t* bt,
+                      int block_size, int64_t tok_stride, float scale, float* scratch) {
+    const int R = ntok * G, Dp = AF_PAD(D);
+    float* qb = scratch;                             /* [R][Dp] scaled queries, zero padded */
+    float* ob = qb + (int64_t)AF_MAX_ROWS * Dp;      /* [R][Dp] unnormalized outputs */
+    float* sb = ob + (int64_t)AF_MAX_ROWS * Dp;      /* [R][AF_KT] scores, then probabilities */
+    float* m = sb + (int64_t)AF_MAX_ROWS * AF_KT;    /* running max per row */
+    float* l = m + AF_MAX_ROWS;                      /* running sum per row */
+    const float** kp = (const float**)(l + AF_MAX_ROWS);  /* the tile's key rows */
+    const float** vp = kp + AF_KT;
+    for (int r = 0; r < R; r++) {
+        const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
+        for (int d = 0; d < D; d++) qb[(int64_t)r * Dp + d] = qr[d] * scale;
+        for (int d = D; d < Dp; d++) qb[(int64_t)r * Dp + d] = 0.f;
+        memset(ob + (int64_t)r * Dp, 0, sizeof(float) * Dp);
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+    }
+    const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
+    const float* kbase = k_cache + (int64_t)kh * D;
+    const float* vbase = v_cache + (int64_t)kh * D;
+    for (int64_t t0 = 0; t0 < nkeys; t0 += AF_KT) {
+        const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
+        for (int j = 0; j < nk; j++) {
+            const int64_t t = t0 + j;
+            const int64_t off = (bt[t / block_size] * block_size + t % block_size) * tok_stride;
+            kp[j] = kbase + off;
+            vp[j] = vbase + off;
+        }
+        for (int j = nk; j < AF_PAD(nk); j++) kp[j] = kp[nk - 1];  /* read real rows; masked below */
+        const int r0 = t0 > ctx ? (int)(t0 - ctx) * G : 0;  /* rows before r0 see none of this tile */
+        const int nkp = AF_PAD(nk);
+        for (int r = r0; r < R; r++) {
+            const int64_t pos = ctx + r / G;
+            const int nr = pos - t0 + 1 < nk ? (int)(pos - t0 + 1) : nk;  /* keys of the tile row r sees */
+            const float* qr = qb + (int64_t)r * Dp;
+            float* s = sb + (int64_t)r * AF_KT;
+            vf vmax = vf_set1(-INFINITY);
+            for (int j0 = 0; j0 < nr; j0 += VL) {
+                const vf sc = af_keep(af_qk(qr, kp + j0, D), nr - j0, -INFINITY);
+                AF_ST(s + j0, sc);
+                vmax = vf_max(vmax, sc);
+            }
+            const float mnew = fmaxf(m[r], vf_reduce_max(vmax));
+            const float alpha = expf(m[r] - mnew);  /* 0 on the first tile (m = -inf) */
+            const vf vm = vf_set1(mnew);
+            vf sum = vf_zero();
+            int j0 = 0;
+            for (; j0 < nr; j0 += VL) {
+                const vf pr = af_keep(vf_exp(AF_LD(s + j0) - vm), nr - j0, 0.f);
+                AF_ST(s + j0, pr);
+                sum += pr;
+            }
+            for (; j0 < nkp; j0 += VL) AF_ST(s + j0, vf_zero());  /* keys past this row's position */
+            l[r] = l[r] * alpha + vf_reduce_add(sum);
+            m[r] = mnew;
+            if (alpha != 1.f) {
+                float* o = ob + (int64_t)r * Dp;
+                const vf va = vf_set1(alpha);
+                for (int d = 0; d < Dp; d += VL) AF_ST(o + d, AF_LD(o + d) * va);
+            }
+        }
+        af_pv_rows(ob, sb, r0, R, Dp, D, vp, nk);
+    }
+    for (int r = 0; r < R; r++) {
+        float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)(kh * G + r % G) * D;
+        const float* o = ob + (int64_t)r * Dp;
+        const vf inv = vf_set1(1.f / l[r]);
+        for (int d = 0; d < D; d += VL) vf_store_n(dst + d, AF_LD(o + d) * inv, D - d);
+    }
+}
+
+#endif
