@@ -1,4 +1,5 @@
-"""Attention backends against a dense reference on random paged layouts."""
+"""Attention backends against a dense reference on random paged layouts; the C kernels
+at every ISA level this CPU runs (isa.supported_levels(), each library built for its level)."""
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
 from inflight.kernels.cpu.build import load_library
+from inflight.kernels.cpu.isa import supported_levels
 from inflight.attention.torch_ref import TorchAttentionBackend
 
 
@@ -17,6 +19,18 @@ def dense_reference(q, keys, vals, scale):
     v = vals.double().repeat_interleave(h // kvh, dim=1)
     s = torch.einsum("hd,lhd->hl", q.double(), k) * scale
     return torch.einsum("hl,lhd->hd", torch.softmax(s, -1), v)
+
+
+def causal_reference(q, keys, vals, scale, cached):
+    """dense_reference for a chunk's queries q [T, H, D] at once: query i sees keys
+    [0, cached + i] of keys/vals [cached + T, KVH, D] (the cache plus the chunk up to itself)."""
+    t, h, kvh = q.shape[0], q.shape[1], keys.shape[1]
+    k = keys.double().repeat_interleave(h // kvh, dim=1)  # [L, H, D]
+    v = vals.double().repeat_interleave(h // kvh, dim=1)
+    s = torch.einsum("thd,lhd->thl", q.double(), k) * scale
+    visible = torch.arange(keys.shape[0])[None, :] <= cached + torch.arange(t)[:, None]  # [T, L]
+    s = s.masked_fill(~visible[:, None, :], float("-inf"))
+    return torch.einsum("thl,lhd->thd", torch.softmax(s, -1), v)
 
 
 def make_case(seed, num_seqs, heads, kv_heads, dim, block_size, dtype, max_len=300):
@@ -44,31 +58,42 @@ def expected_decode(q, kc, vc, md, scale):
     return torch.stack(out)
 
 
-BACKENDS = [TorchAttentionBackend]
-if load_library("paged_decode") is not None:
-    BACKENDS.append(CpuPagedAttentionBackend)
+# the ISA levels whose kernels build here (none without a C compiler)
+LEVELS = [lv for lv in supported_levels() if load_library("paged_decode", lv) is not None]
+LEVEL_PARAMS = [pytest.param(lv, id=lv.name) for lv in LEVELS]
+needs_c = pytest.mark.skipif(not LEVELS, reason="no C compiler")
 
 
-@pytest.mark.parametrize("backend_cls", BACKENDS)
+def cpu_backend(level) -> CpuPagedAttentionBackend:
+    """The C backend with both kernel libraries built for ``level``."""
+    return CpuPagedAttentionBackend(load_library("paged_decode", level), load_library("paged_prefill", level))
+
+
+BACKENDS = [pytest.param(None, id="torch"), *(pytest.param(lv, id=f"cpu-{lv.name}") for lv in LEVELS)]
+
+
+@pytest.mark.parametrize("level", BACKENDS)
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 8), (8, 1), (4, 2)])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_paged_decode_matches_dense(backend_cls, heads, kv_heads, block_size, dtype, tol):
+def test_paged_decode_matches_dense(level, heads, kv_heads, block_size, dtype, tol):
     q, kc, vc, md = make_case(heads * 31 + block_size, 7, heads, kv_heads, 64, block_size, dtype)
     scale = 64 ** -0.5
-    got = backend_cls()._decode(q, kc, vc, md, scale)
+    backend = TorchAttentionBackend() if level is None else cpu_backend(level)
+    got = backend._decode(q, kc, vc, md, scale)
     want = expected_decode(q, kc, vc, md, scale)
     assert got.shape == q.shape and got.dtype == dtype
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
-@pytest.mark.skipif(CpuPagedAttentionBackend not in BACKENDS, reason="no C compiler")
+@needs_c
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("dim", [32, 48, 128])  # 48: not a multiple of 32, the generic C path
 @pytest.mark.parametrize("num_seqs", [1, 3, 12])  # few sequences split by kv head, many run whole
-def test_cpu_decode_bf16_head_dims_and_long_contexts(dim, num_seqs):
+def test_cpu_decode_bf16_head_dims_and_long_contexts(level, dim, num_seqs):
     """Contexts up to 1,200 tokens cross many 16-token chunks of the online softmax."""
     q, kc, vc, md = make_case(dim * 7 + num_seqs, num_seqs, 8, 2, dim, 16, torch.bfloat16, max_len=1200)
-    got = CpuPagedAttentionBackend()._decode(q, kc, vc, md, dim ** -0.5)
+    got = cpu_backend(level)._decode(q, kc, vc, md, dim ** -0.5)
     torch.testing.assert_close(got.double(), expected_decode(q, kc, vc, md, dim ** -0.5), atol=3e-2, rtol=3e-2)
 
 
@@ -127,11 +152,12 @@ def make_mixed_step(seed, heads, kv_heads, dim, block_size, dtype, chunks):
     return torch.cat(qs), torch.cat(ks), torch.cat(vs), kc, vc, md, full_k, full_v
 
 
-@pytest.mark.skipif(CpuPagedAttentionBackend not in BACKENDS, reason="no C compiler")
+@needs_c
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 8, 64), (8, 1, 128), (4, 2, 32), (6, 2, 96)])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("fused_qkv", [False, True])
-def test_cpu_mixed_step_prefill_chunks_match_dense(heads, kv_heads, dim, block_size, fused_qkv):
+def test_cpu_mixed_step_prefill_chunks_match_dense(level, heads, kv_heads, dim, block_size, fused_qkv):
     """Decodes plus prefill chunks with and without a cached prefix, ragged lengths
     that straddle the kernels' 64-key tiles and 192-row query tiles, and short chunks
     over long prefixes (speculative decoding's draft rows, which skip the repack). With
@@ -148,10 +174,22 @@ def test_cpu_mixed_step_prefill_chunks_match_dense(heads, kv_heads, dim, block_s
         q, k, v = (t.view(-1, n, dim) for t, n in zip(qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], 1),
                                                        (heads, kv_heads, kv_heads)))
         assert not q.is_contiguous() and not k.is_contiguous()
-    out = CpuPagedAttentionBackend().forward(q, k, v, kc, vc, md, scale)
+    backend = cpu_backend(level)
+    assert backend.prefill_lib.paged_prefill_supported(dim)  # the C prefill kernel, not the torch fallback
+    out = backend.forward(q, k, v, kc, vc, md, scale)
     qsl = md.query_start_loc_list
     for r, (cached, new) in enumerate(chunks):
-        for i in range(new):
-            n = cached + i + 1  # this query sees everything cached plus the chunk up to itself
-            want = dense_reference(q[qsl[r] + i], full_k[r][:n], full_v[r][:n], scale)
-            torch.testing.assert_close(out[qsl[r] + i].double(), want, atol=3e-2, rtol=3e-2)
+        want = causal_reference(q[qsl[r]:qsl[r] + new], full_k[r], full_v[r], scale, cached)
+        torch.testing.assert_close(out[qsl[r]:qsl[r] + new].double(), want, atol=3e-2, rtol=3e-2)
+
+
+@needs_c
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
+def test_bf16_prefill_kernel_runs_at_every_level(level):
+    """Every level takes every head dim up to 256 (the portable path widens bf16 to fp32;
+    the bf16 dot-product path takes multiples of 32), so no bf16 prefill falls back to torch."""
+    lib = load_library("paged_prefill", level)
+    dims = [d for d in (32, 64, 96, 128, 256) if lib.paged_prefill_supported(d)]
+    assert dims == [32, 64, 96, 128, 256]
+    if not level.has_bf16_dot:
+        assert lib.paged_prefill_supported(48) and lib.paged_prefill_supported(80)
