@@ -13,11 +13,9 @@ import functools
 from typing import Optional
 
 import torch
-from torch import nn
 
 from inflight.kernels.cpu.build import load_library
-
-_c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
+from inflight.kernels.cpu.panel_linear import PanelLinearBase, bind
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,13 +24,7 @@ def load_gemm() -> Optional[ctypes.CDLL]:
     lib = load_library("gemm_bf16")
     if lib is None or not lib.gemm_bf16_supported():
         return None
-    lib.gemm_bf16.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_ptr, _c_i64]
-    lib.gemm_bf16.restype = ctypes.c_int
-    lib.gemm_bf16_silu.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_i64]
-    lib.gemm_bf16_silu.restype = ctypes.c_int
-    lib.gemm_bf16_argmax.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr]
-    lib.gemm_bf16_argmax.restype = ctypes.c_int
-    return lib
+    return bind(lib, "gemm_bf16")
 
 
 def pack_panels(weight: torch.Tensor, panel: int) -> torch.Tensor:
@@ -45,65 +37,20 @@ def pack_panels(weight: torch.Tensor, panel: int) -> torch.Tensor:
     return w.view(n_pad // panel, panel, k_pad // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
-class PanelLinear(nn.Module):
-    """Drop-in for a bf16 ``nn.Linear`` on the CPU, holding the weight packed in panels."""
+class PanelLinear(PanelLinearBase):
+    """Drop-in for a bf16 ``nn.Linear`` on the CPU, holding the weight packed in panels:
+    ``forward``, ``silu_mul`` (gate_up projections: bit-identical to ``silu_mul`` of
+    fused.py applied to ``self(x)``) and ``argmax`` (logits)."""
 
-    packed_dtype = torch.bfloat16  # what the C layer loop checks before it takes the weights
+    kernel = "gemm_bf16"
+    packed_dtype = torch.bfloat16
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
-        super().__init__()
-        self.lib = load_gemm()
-        if self.lib is None:
+        lib = load_gemm()
+        if lib is None:
             raise RuntimeError("the bf16 GEMM kernel is not available on this machine")
-        self.out_features, self.in_features = weight.shape
-        self.panel = self.lib.gemm_bf16_panel()
-        self.register_buffer("packed", pack_panels(weight, self.panel), persistent=False)
-        b = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
-        self.register_buffer("bias", b, persistent=False)
+        super().__init__(weight, bias, lib)
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` as [M, in] bf16 rows with unit column stride (the kernels take a row stride)."""
-        x2 = x.reshape(-1, self.in_features)
-        if x2.dtype != torch.bfloat16:
-            raise TypeError(f"PanelLinear takes bfloat16 input, got {x2.dtype}")
-        return x2 if x2.stride(-1) == 1 else x2.contiguous()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = self._rows(x)
-        out = torch.empty(x2.shape[0], self.out_features, dtype=torch.bfloat16)
-        rc = self.lib.gemm_bf16(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0), self.packed.data_ptr(),
-                                self.out_features, None if self.bias is None else self.bias.data_ptr(),
-                                out.data_ptr(), self.out_features)
-        if rc != 0:
-            raise RuntimeError(f"gemm_bf16 failed ({rc})")
-        return out.view(*lead, self.out_features)
-
-    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of this gate_up projection's output [gate | up], without
-        materializing it: bit-identical to ``silu_mul`` (cpu_fused.py) of ``self(x)``."""
-        x2 = self._rows(x)
-        inter = self.out_features // 2
-        out = torch.empty(x2.shape[0], inter, dtype=torch.bfloat16)
-        rc = self.lib.gemm_bf16_silu(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0),
-                                     self.packed.data_ptr(), self.out_features, out.data_ptr(), inter)
-        if rc != 0:
-            raise RuntimeError(f"gemm_bf16_silu failed ({rc})")
-        return out.view(*x.shape[:-1], inter)
-
-    def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        """Per row of ``x`` [M, in], the index of the largest output, as
-        ``self(x).float().argmax(-1)`` gives it (first index on ties), without writing
-        the outputs: greedy sampling from the logits projection. No bias."""
-        if self.bias is not None:
-            raise ValueError("argmax of a projection with a bias")
-        x2 = self._rows(x)
-        tokens = torch.empty(x2.shape[0], dtype=torch.int64)
-        rc = self.lib.gemm_bf16_argmax(x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0),
-                                       self.packed.data_ptr(), self.out_features, tokens.data_ptr())
-        if rc != 0:
-            raise RuntimeError(f"gemm_bf16_argmax failed ({rc})")
-        return tokens
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=panels"
+    @staticmethod
+    def pack(weight: torch.Tensor, panel: int) -> torch.Tensor:
+        return pack_panels(weight, panel)
