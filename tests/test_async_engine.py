@@ -82,6 +82,9 @@ class FakeRunner:
 def make_fake_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128,
                      **sched_kwargs) -> LLMEngine:
     """An LLMEngine whose model is FakeRunner (built without loading weights)."""
+    # the builder's platform step fills these in; a fake engine is built without it
+    sched_kwargs.setdefault("max_num_seqs", 64)
+    sched_kwargs.setdefault("max_num_batched_tokens", 512)
     cfg = EngineConfig.from_kwargs(block_size=block_size, **sched_kwargs)
     eng = LLMEngine.__new__(LLMEngine)
     eng.config = cfg
