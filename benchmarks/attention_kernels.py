@@ -3,6 +3,8 @@
 
     python benchmarks/attention_kernels.py            # bf16 (the C kernels need AVX-512-BF16)
     python benchmarks/attention_kernels.py --fp32     # float32 (the C kernels on every ISA level)
+    OMP_NUM_THREADS=1 python benchmarks/attention_kernels.py --fp32 --cpu-time
+        # one thread, CPU time instead of wall time: steadier on a machine others load
 
 Prints the median time of each backend's decode and prefill calls and the
 GFLOP/s they reach (4 x heads x head_dim per query-key pair; causal pairs only).
@@ -42,21 +44,28 @@ def layout(ctx: list[int], new: list[int]) -> tuple:
     return torch.randn(qsl[-1], H, D).to(DTYPE), kc, vc, md
 
 
+CLOCK = time.perf_counter
+
+
 def median_time(fn, repeats: int = 7) -> float:
     fn()
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = CLOCK()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(CLOCK() - t)
     return statistics.median(times)
 
 
 def main() -> None:
-    global DTYPE
+    global DTYPE, CLOCK
     ap = argparse.ArgumentParser()
     ap.add_argument("--fp32", action="store_true", help="float32 q and caches (default bf16)")
-    DTYPE = torch.float32 if ap.parse_args().fp32 else torch.bfloat16
+    ap.add_argument("--cpu-time", action="store_true", help="time.process_time (all threads' CPU time) instead "
+                    "of wall time; with OMP_NUM_THREADS=1 it is steady on a loaded machine")
+    args = ap.parse_args()
+    DTYPE = torch.float32 if args.fp32 else torch.bfloat16
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
     ref, fast = TorchAttentionBackend(), CpuPagedAttentionBackend()
     cases = [("decode", [300] * 64, [1] * 64), ("decode", [1000] * 16, [1] * 16),
              ("prefill", [512], [512]), ("prefill", [1024], [512]), ("prefill", [3072], [512]),
@@ -64,7 +73,7 @@ def main() -> None:
     if DTYPE == torch.float32:
         cases = [("decode", [512] * 32, [1] * 32), *cases[:2], ("prefill", [512], [512]), ("prefill", [1536], [512]),
                  *cases[4:]]
-    print(f"{DTYPE}, {torch.get_num_threads()} threads; median of 7")
+    print(f"{DTYPE}, {torch.get_num_threads()} threads; median of 7, {'CPU' if args.cpu_time else 'wall'} time")
     for kind, ctx, new in cases:
         q, kc, vc, md = layout(ctx, new)
         flops = sum(4 * H * D * n * (c - n + (n + 1) / 2) for c, n in zip(ctx, new))

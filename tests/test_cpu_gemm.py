@@ -1,12 +1,41 @@
 """The panel GEMM (csrc/gemm_bf16.c) computes a bf16 linear layer: float32
-accumulation rounded once, like oneDNN, at every row count and odd shapes."""
+accumulation rounded once, like oneDNN, at every row count and odd shapes, at every
+ISA level this CPU runs (the bf16 dot product at avx512_bf16, bf16 widened to fp32 in
+registers below it). The CPU's own level runs every case, the others a smaller set."""
+import ctypes
+
 import pytest
 import torch
 from torch import nn
 
+from inflight.kernels.cpu.build import load_library
+from inflight.kernels.cpu.fused import load_fused_ops
 from inflight.kernels.cpu.gemm_bf16 import PanelLinear, load_gemm, pack_panels
+from inflight.kernels.cpu.isa import current_level, supported_levels
 
-pytestmark = pytest.mark.skipif(load_gemm() is None, reason="no AVX-512-BF16 kernel on this machine")
+pytestmark = pytest.mark.skipif(load_gemm() is None, reason="no C compiler")
+
+TOP = current_level()
+LEVELS = supported_levels() if load_gemm() is not None else []
+LEVEL_PARAMS = [pytest.param(lv, id=lv.name) for lv in LEVELS]
+_i64, _p = ctypes.c_int64, ctypes.c_void_p
+
+
+def gemm_lib(level) -> ctypes.CDLL:
+    """gemm_bf16 built for ``level``, with the entry points' signatures set."""
+    lib = load_library("gemm_bf16", level)
+    assert lib is not None and lib.gemm_bf16_supported() == 1 and lib.gemm_bf16_panel() == 32
+    lib.gemm_bf16.argtypes = [_p, _i64, _i64, _i64, _p, _i64, _p, _p, _i64]
+    lib.gemm_bf16_silu.argtypes = [_p, _i64, _i64, _i64, _p, _i64, _p, _i64]
+    lib.gemm_bf16_argmax.argtypes = [_p, _i64, _i64, _i64, _p, _i64, _p]
+    return lib
+
+
+def panel_linear(weight, bias, level) -> PanelLinear:
+    """A PanelLinear whose calls go to the kernel built for ``level`` (the packing is the same)."""
+    lin = PanelLinear(weight, bias)
+    lin.lib = gemm_lib(level)
+    return lin
 
 
 def reference(x, weight, bias):
@@ -14,10 +43,20 @@ def reference(x, weight, bias):
     return out if bias is None else out + bias.float()
 
 
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 96, 97, 300])
-@pytest.mark.parametrize("shape", [(160, 96), (576, 576), (100, 33), (32, 2), (70, 1)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_panel_linear_matches_a_float32_matmul(rows, shape, bias):
+def _matmul_cases():
+    """Every case at the CPU's own level; rows on both sides of the 8-row block that
+    widens panels once, odd K and ragged N at the others."""
+    for lv in LEVELS:
+        top = lv == TOP
+        for rows in [1, 5, 6, 7, 13, 96, 97, 300] if top else [1, 7, 13, 97]:
+            for shape in [(160, 96), (576, 576), (100, 33), (32, 2), (70, 1)] if top else \
+                    [(160, 96), (100, 33), (32, 2), (70, 1)]:
+                for bias in (False, True):
+                    yield pytest.param(lv, rows, shape, bias, id=f"{lv.name}-{rows}-{shape[0]}x{shape[1]}-{bias}")
+
+
+@pytest.mark.parametrize("level,rows,shape,bias", list(_matmul_cases()))
+def test_panel_linear_matches_a_float32_matmul(level, rows, shape, bias):
     """Row counts around the 6-row register block and 96-row L2 block; N not a
     multiple of the 32-column panel; odd K (a last pair with one value)."""
     torch.manual_seed(rows * 1000 + shape[0])
@@ -25,14 +64,15 @@ def test_panel_linear_matches_a_float32_matmul(rows, shape, bias):
     w = torch.randn(n, k, dtype=torch.bfloat16)
     b = torch.randn(n, dtype=torch.bfloat16) if bias else None
     x = torch.randn(rows, k, dtype=torch.bfloat16)
-    got = PanelLinear(w, b)(x)
+    got = panel_linear(w, b, level)(x)
     want = reference(x, w, b)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
     # one bf16 rounding of a float32 sum: within half an ulp (2^-8 relative) plus summation order
     torch.testing.assert_close(got.float(), want, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
 
 
-def test_odd_k_never_reads_past_the_row():
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
+def test_odd_k_never_reads_past_the_row(level):
     """With K odd the last pair holds one x value: the element after it (here a NaN
     in a wider buffer, rows lda apart) must not leak into the output."""
     torch.manual_seed(0)
@@ -40,14 +80,15 @@ def test_odd_k_never_reads_past_the_row():
     buf = torch.full((9, 8), float("nan"), dtype=torch.bfloat16)
     buf[:, :7] = torch.randn(9, 7, dtype=torch.bfloat16)
     x = buf[:, :7]  # rows 8 apart, not contiguous
-    got = PanelLinear(w, None)(x)
+    got = panel_linear(w, None, level)(x)
     assert torch.isfinite(got.float()).all()
     torch.testing.assert_close(got.float(), reference(x, w, None), rtol=2 ** -8, atol=1e-2)
 
 
-def test_leading_dims_and_empty_input():
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
+def test_leading_dims_and_empty_input(level):
     lin = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
-    packed = PanelLinear(lin.weight, None)
+    packed = panel_linear(lin.weight, None, level)
     x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
         assert packed(x).shape == (2, 3, 48)
@@ -65,27 +106,28 @@ def test_pack_panels_layout():
     assert (packed[1, :, 8:] == 0).all()  # columns 40-63 do not exist
 
 
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("rows", [1, 5, 7, 13, 100])
 @pytest.mark.parametrize("inter", [32, 96])
-def test_gate_up_with_silu_epilogue_is_bit_identical_to_gemm_then_silu_mul(rows, inter):
-    """The fused gate_up + SiLU (the C layer loop's MLP) against the two separate kernels."""
-    from inflight.kernels.cpu.fused import load_fused_ops
-    fused = load_fused_ops()
-    if fused is None:
-        pytest.skip("no fused-ops kernel")
+def test_gate_up_with_silu_epilogue_is_bit_identical_to_gemm_then_silu_mul(level, rows, inter):
+    """The fused gate_up + SiLU (the C layer loop's MLP) against the two separate kernels,
+    both built for the same level."""
+    fused = load_fused_ops(level)
+    assert fused is not None
     torch.manual_seed(rows + inter)
     w = torch.randn(2 * inter, 64, dtype=torch.bfloat16) * 0.3
     x = torch.randn(rows, 64, dtype=torch.bfloat16)
-    lin = PanelLinear(w, None)
+    lin = panel_linear(w, None, level)
     want = fused.silu_mul(lin(x))
     got = lin.silu_mul(x)
     assert got.shape == (rows, inter)
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("rows", [1, 6, 7, 13, 100])
 @pytest.mark.parametrize("n", [49, 64, 1000])
-def test_argmax_matches_argmax_of_the_bf16_outputs(rows, n):
+def test_argmax_matches_argmax_of_the_bf16_outputs(level, rows, n):
     """Greedy sampling's fused argmax: the first index of the largest bf16-rounded
     output, as rounding the logits and calling argmax gives (ties included)."""
     torch.manual_seed(rows * 7 + n)
@@ -94,7 +136,7 @@ def test_argmax_matches_argmax_of_the_bf16_outputs(rows, n):
     if rows > 1:  # the first row: plain argmax; the others: two identical, largest outputs
         w[n // 3] = w[n // 2] = 3.0
         x[1:] = x[1:].abs() + 0.1
-    lin = PanelLinear(w, None)
+    lin = panel_linear(w, None, level)
     want = lin(x).float().argmax(dim=-1)
     got = lin.argmax(x)
     assert got.dtype == torch.int64 and torch.equal(got, want)

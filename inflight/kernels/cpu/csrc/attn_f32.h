@@ -54,6 +54,16 @@
 #define AF_LEVEL(s) for (int p = 0; p < (s); p++) b[p] = AF_FOLD(b[2 * p], b[2 * p + 1], s);
 
 /* VL vectors -> one: lane j = the sum of a[j]'s lanes */
+#if defined(INFLIGHT_ISA_AVX2)
+static inline __attribute__((always_inline)) vf af_reduce_each(const vf* a) {
+    /* hadd pairs within 128-bit lanes, then one cross-lane add (15 uops; GCC makes the
+     * generic tree below into ~21 with vpermd and blends) */
+    const __m256 t0 = _mm256_hadd_ps((__m256)a[0], (__m256)a[1]), t1 = _mm256_hadd_ps((__m256)a[2], (__m256)a[3]);
+    const __m256 t2 = _mm256_hadd_ps((__m256)a[4], (__m256)a[5]), t3 = _mm256_hadd_ps((__m256)a[6], (__m256)a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return (vf)_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#else
 static inline __attribute__((always_inline)) vf af_reduce_each(const vf* a) {
     vf b[VL];
     for (int j = 0; j < VL; j++) b[j] = a[j];
@@ -67,6 +77,7 @@ static inline __attribute__((always_inline)) vf af_reduce_each(const vf* a) {
     AF_LEVEL(1)
     return b[0];
 }
+#endif
 
 /* lanes [0, n) of a, the rest `fill` */
 static inline vf af_keep(vf a, int64_t n, float fill) {
@@ -155,9 +166,26 @@ static inline void af_pv_rows(float* ob, const float* sb, int r0, int R, int Dp,
     }
 }
 
+/* The cache rows of keys [t0, t0 + nk) of one kv head (the pool's K and V rows for that
+ * head start at kbase / vbase), prefetched: blocks lie at random places in the pool,
+ * where the hardware prefetcher loses the stream. */
+static inline void af_tile_rows(const float* kbase, const float* vbase, const int64_t* bt, int block_size,
+                                int64_t tok_stride, int D, int64_t t0, int nk, const float** kp, const float** vp) {
+    for (int64_t b = t0 / block_size, i = t0 % block_size, j = 0; j < nk; b++, i = 0)  /* no division per key */
+        for (int64_t off = (bt[b] * block_size + i) * tok_stride; i < block_size && j < nk; i++, j++) {
+            kp[j] = kbase + off;
+            vp[j] = vbase + off;
+            for (int d = 0; d < D; d += 64 / (int)sizeof(float)) {
+                __builtin_prefetch(kp[j] + d);
+                __builtin_prefetch(vp[j] + d);
+            }
+            off += tok_stride;
+        }
+}
+
 /* Floats of per-thread scratch af_attend needs */
 static inline int64_t af_scratch_floats(void) {
-    return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 2 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1);
+    return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1);
 }
 
 /* One work item: ntok tokens (ntok * G <= AF_MAX_ROWS) of one request from q / out (the
@@ -172,8 +200,11 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     float* sb = ob + (int64_t)AF_MAX_ROWS * Dp;      /* [R][AF_KT] scores, then probabilities */
     float* m = sb + (int64_t)AF_MAX_ROWS * AF_KT;    /* running max per row */
     float* l = m + AF_MAX_ROWS;                      /* running sum per row */
-    const float** kp = (const float**)(l + AF_MAX_ROWS);  /* the tile's key rows */
-    const float** vp = kp + AF_KT;
+    const float** kq[2], ** vq[2];  /* K and V rows of this tile and the next */
+    kq[0] = (const float**)(l + AF_MAX_ROWS);
+    vq[0] = kq[0] + AF_KT;
+    kq[1] = vq[0] + AF_KT;
+    vq[1] = kq[1] + AF_KT;
     for (int r = 0; r < R; r++) {
         const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
         for (int d = 0; d < D; d++) qb[(int64_t)r * Dp + d] = qr[d] * scale;
@@ -185,14 +216,14 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
     const float* kbase = k_cache + (int64_t)kh * D;
     const float* vbase = v_cache + (int64_t)kh * D;
-    for (int64_t t0 = 0; t0 < nkeys; t0 += AF_KT) {
+    af_tile_rows(kbase, vbase, bt, block_size, tok_stride, D, 0, nkeys < AF_KT ? (int)nkeys : AF_KT, kq[0], vq[0]);
+    for (int64_t t0 = 0, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
-        for (int j = 0; j < nk; j++) {
-            const int64_t t = t0 + j;
-            const int64_t off = (bt[t / block_size] * block_size + t % block_size) * tok_stride;
-            kp[j] = kbase + off;
-            vp[j] = vbase + off;
-        }
+        const float** kp = kq[cur];
+        const float** vp = vq[cur];
+        if (t0 + AF_KT < nkeys)  /* the next tile's rows, prefetched while this one runs */
+            af_tile_rows(kbase, vbase, bt, block_size, tok_stride, D, t0 + AF_KT,
+                         nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kq[cur ^ 1], vq[cur ^ 1]);
         for (int j = nk; j < AF_PAD(nk); j++) kp[j] = kp[nk - 1];  /* read real rows; masked below */
         const int r0 = t0 > ctx ? (int)(t0 - ctx) * G : 0;  /* rows before r0 see none of this tile */
         const int nkp = AF_PAD(nk);
