@@ -61,10 +61,7 @@ def packed_linear_class(dtype: torch.dtype = torch.bfloat16) -> Optional[type[nn
     bf16: ``PanelLinear`` where our kernel runs, else oneDNN's ``PackedLinear``;
     fp32: ``PanelLinearF32`` where the fp32 kernel builds."""
     if dtype == torch.float32:
-        try:  # TEMP until gemm_f32 lands
-            from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
-        except ImportError:
-            return None
+        from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
         return PanelLinearF32 if load_gemm_f32() is not None else None
     if not can_pack(torch.device("cpu"), dtype):
         return None
