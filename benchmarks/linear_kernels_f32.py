@@ -2,6 +2,7 @@
 sgemm) on SmolLM2-135M's projections, per shape and row count.
 
     python benchmarks/linear_kernels_f32.py [--rows 1 4 16 ...] [--repeats 9] [--isa avx2]
+                                            [--threads 1 --cpu-time]
 
 Each (shape, rows) cell: ``--repeats`` rounds, each timing one call of each kind
 (alternately, so both see the same machine load) as the best of a few back-to-back
@@ -9,6 +10,10 @@ calls; the table gives the median over the rounds in GFLOP/s. Weights are as big
 a real layer's, and the decode rows (M <= 16) cycle through several copies of each
 weight so they stream from DRAM as in a model step rather than from L3.
 Then the 2048^3 torch.mm peak, measured the same way, for reference.
+
+``--threads 1 --cpu-time`` times one thread by its own CPU time (CLOCK_THREAD_CPUTIME_ID):
+per-core efficiency that holds up on a machine other jobs share, where wall-clock
+figures of two threads mostly measure the scheduler.
 """
 from __future__ import annotations
 
@@ -26,12 +31,15 @@ SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (5
 COPIES_BYTES = 96 << 20  # decode rows: enough copies of a weight to overflow L3
 
 
+CLOCK = time.perf_counter
+
+
 def timed(fn, inner: int) -> float:
     best = float("inf")
     for _ in range(inner):
-        t = time.perf_counter()
+        t = CLOCK()
         fn()
-        best = min(best, time.perf_counter() - t)
+        best = min(best, CLOCK() - t)
     return best
 
 
@@ -41,10 +49,19 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--isa", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cpu-time", action="store_true", help="time by the thread's CPU time (with --threads 1)")
     args = ap.parse_args()
+    global CLOCK
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        if torch.get_num_threads() != 1:
+            ap.error("--cpu-time needs --threads 1")
+        CLOCK = time.thread_time
     level = get_level(args.isa) if args.isa else None
     torch.manual_seed(0)
-    print(f"threads {torch.get_num_threads()}, isa {PanelLinearF32(torch.zeros(1, 1), None, level).isa}")
+    print(f"threads {torch.get_num_threads()}, {'CPU' if args.cpu_time else 'wall'} time, isa {PanelLinearF32(torch.zeros(1, 1), None, level).isa}")
     print(f"{'shape':>8} {'N':>6} {'K':>5} {'M':>4} {'ours':>7} {'torch':>7} {'ratio':>6}  (GFLOP/s, median)")
     with torch.inference_mode():
         for name in args.shapes:

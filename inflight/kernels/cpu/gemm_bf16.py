@@ -15,13 +15,15 @@ from typing import Optional
 import torch
 
 from inflight.kernels.cpu.build import load_library
+from inflight.kernels.cpu.isa import IsaLevel
 from inflight.kernels.cpu.panel_linear import PanelLinearBase, bind
 
 
 @functools.lru_cache(maxsize=None)
-def load_gemm() -> Optional[ctypes.CDLL]:
-    """The kernel library when this CPU and compiler can run it, else None."""
-    lib = load_library("gemm_bf16")
+def load_gemm(level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:
+    """The kernel library built for ``level`` (default: this CPU's, or
+    ``INFLIGHT_CPU_ISA``) when this CPU and compiler can run it, else None."""
+    lib = load_library("gemm_bf16", level)
     if lib is None or not lib.gemm_bf16_supported():
         return None
     return bind(lib, "gemm_bf16")
@@ -45,8 +47,8 @@ class PanelLinear(PanelLinearBase):
     kernel = "gemm_bf16"
     packed_dtype = torch.bfloat16
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
-        lib = load_gemm()
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], level: Optional[IsaLevel] = None) -> None:
+        lib = load_gemm(level)
         if lib is None:
             raise RuntimeError("the bf16 GEMM kernel is not available on this machine")
         super().__init__(weight, bias, lib)
