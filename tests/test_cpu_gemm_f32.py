@@ -179,3 +179,21 @@ def test_kernel_raw_entry_points_take_null_bias():
     assert lib.gemm_f32(x.data_ptr(), 3, 4, 4, packed.data_ptr(), 16, None, out.data_ptr(), 16) == 0
     check_close(out, x, w)
     assert lib.gemm_f32(ctypes.c_void_p(0), 0, 4, 4, packed.data_ptr(), 16, None, out.data_ptr(), 16) == 0
+
+
+
+def test_one_thread_gives_the_same_bits():
+    """The split follows the team's real size (one thread here, as inside another
+    parallel region): every panel is still computed, to the same bits."""
+    torch.manual_seed(5)
+    w, x = torch.randn(300, 64), torch.randn(20, 64)
+    lin = PanelLinearF32(w, torch.randn(300))
+    want, want_tok, want_silu = lin(x), PanelLinearF32(w, None).argmax(x), PanelLinearF32(w[:2 * 16 * 6], None).silu_mul(x)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(lin(x), want)
+        assert torch.equal(PanelLinearF32(w, None).argmax(x), want_tok)
+        assert torch.equal(PanelLinearF32(w[:2 * 16 * 6], None).silu_mul(x), want_silu)
+    finally:
+        torch.set_num_threads(n)

@@ -311,11 +311,11 @@ int gemm_f32(const float* x, int64_t M, int64_t K, int64_t lda, const float* pac
              float* out, int64_t ldc) {
     if (M <= 0 || N <= 0) return 0;
     const int64_t panels = (N + NR - 1) / NR;
-    int tm, tn;
-    split(M, panels, omp_get_max_threads(), &tm, &tn);
-    #pragma omp parallel num_threads(tm * tn)
+    #pragma omp parallel
     {
+        int tm, tn;  /* from the team's real size: inside another parallel region it is 1 */
         int64_t m0, m1, q0, q1;
+        split(M, panels, omp_get_num_threads(), &tm, &tn);
         share(omp_get_thread_num(), tm, tn, M, panels, &m0, &m1, &q0, &q1);
         if (m0 < m1 && q0 < q1) gemm_range(x, m0, m1, K, lda, packed, N, bias, out, ldc, q0, q1, 0, NULL);
     }
@@ -330,11 +330,11 @@ int gemm_f32_silu(const float* x, int64_t M, int64_t K, int64_t lda, const float
     if (N % (2 * NR)) return -2;
     if (M <= 0 || N <= 0) return 0;
     const int64_t half = N / 2 / NR;
-    int tm, tn;
-    split(M, half, omp_get_max_threads(), &tm, &tn);
-    #pragma omp parallel num_threads(tm * tn)
+    #pragma omp parallel
     {
+        int tm, tn;
         int64_t m0, m1, q0, q1;
+        split(M, half, omp_get_num_threads(), &tm, &tn);
         share(omp_get_thread_num(), tm, tn, M, half, &m0, &m1, &q0, &q1);
         if (m0 < m1 && q0 < q1) gemm_range(x, m0, m1, K, lda, packed, N / 2, NULL, out, ldc, q0, q1, half, NULL);
     }
@@ -348,18 +348,21 @@ int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const flo
     if (M <= 0) return 0;
     if (N <= 0) return -2;
     const int64_t panels = (N + NR - 1) / NR;
-    int tm, tn;
-    split(M, panels, omp_get_max_threads(), &tm, &tn);
-    struct best* all = (struct best*)malloc(sizeof(struct best) * (size_t)M * (size_t)tn);
+    const int nt = omp_get_max_threads();  /* at least the team's size */
+    struct best* all = (struct best*)malloc(sizeof(struct best) * (size_t)M * (size_t)nt);
     if (!all) return -3;
-    for (int64_t i = 0; i < M * tn; i++) all[i] = (struct best){-INFINITY, -1};
-    #pragma omp parallel num_threads(tm * tn)
+    for (int64_t i = 0; i < M * nt; i++) all[i] = (struct best){-INFINITY, -1};
+    int tn = 1;
+    #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num();
+        int tm, tn_t;
         int64_t m0, m1, q0, q1;
-        share(t, tm, tn, M, panels, &m0, &m1, &q0, &q1);
+        split(M, panels, omp_get_num_threads(), &tm, &tn_t);
+        if (t == 0) tn = tn_t;
+        share(t, tm, tn_t, M, panels, &m0, &m1, &q0, &q1);
         if (m0 < m1 && q0 < q1)
-            gemm_range(x, m0, m1, K, lda, packed, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)(t % tn) * M);
+            gemm_range(x, m0, m1, K, lda, packed, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)(t % tn_t) * M);
     }
     /* the panel groups hold increasing column ranges: a later one wins only when strictly greater */
     for (int64_t m = 0; m < M; m++) {
