@@ -104,9 +104,9 @@ class AsyncLLMEngine:
         """How long the step loop has been busy without finishing a step (0 while idle):
         a hung forward pass or a wedged thread shows here while ``is_alive`` stays true."""
         with self._cond:
-            if self._idle and not self._commands:
-                return 0.0
-            return time.monotonic() - self._last_progress
+            # idle with a command just queued still counts as idle: the notify wakes the thread at
+            # once, and its last progress may be long ago
+            return 0.0 if self._idle else time.monotonic() - self._last_progress
 
     @property
     def num_unfinished(self) -> int:
