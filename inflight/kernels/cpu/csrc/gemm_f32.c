@@ -15,11 +15,14 @@
  *   scalar     4  16     4 x 8     8 + 2 + 1 (whatever the baseline makes of it)
  *
  * Blocking: per block of MC rows (its MC x K slice of x stays in L2), each panel
- * goes over K in KC-long chunks (a chunk, KC x NR, stays in L1 while the block's
- * row groups pass over it); partial sums go to out (or a per-thread scratch for
- * the epilogues) between chunks and come back unchanged, so every output is the
- * same fp32 sum in the same order whatever M, the blocking or the thread count:
- * a row's result does not depend on the batch it is in.
+ * passes under the block's row groups, from L2; the second row group prefetches the
+ * next panel, so that only the first panel of a block waits on DRAM. A K longer than
+ * a 96 KB chunk of a panel goes in chunks (smaller chunks, sized for L1, measured
+ * slower at K = 576-1536: the partial sums cost more than the L1 reuse saved);
+ * partial sums go to out (or a per-thread scratch for the epilogues) between chunks
+ * and come back unchanged, so every output is the same fp32 sum in the same order
+ * whatever M, the blocking or the thread count: a row's result does not depend on
+ * the batch it is in.
  *
  * Threads split the panels (each streams its own contiguous stretch of the packed
  * weight: a decode step reads it once at DRAM speed) and, when the panels are too
@@ -52,7 +55,7 @@
 #endif
 #define NR (NV * VL)        /* output columns per packed panel */
 #ifndef KC_MAX
-#define KC_MAX (24576 / NR)  /* a KC x NR chunk of a panel: 96 KB, in L2 */
+#define KC_MAX (24576 / NR)  /* a KC x NR chunk of a panel: 96 KB */
 #endif
 #ifndef MC_MAX
 #define MC_MAX (32 * MR)    /* rows per L2 block of x */
@@ -86,11 +89,12 @@ static inline vf mad(vf a, vf b, vf c) {
  * GCC 12 lowers here to copies through the stack that keep the accumulators there */
 typedef float vfu __attribute__((vector_size(VL * 4), aligned(4), may_alias));
 static inline vf ld(const float* p) { return *(const vfu*)p; }
+static inline void st(float* p, vf v) { *(vfu*)p = v; }
+
 /* the register tile's loops, unrolled whatever their size: GCC 12 leaves the
  * larger ones rolled, and an array indexed by a loop variable lives on the stack
  * (a store per FMA, seen in the assembly) */
 #define UNROLL _Pragma("GCC unroll 16")
-static inline void st(float* p, vf v) { *(vfu*)p = v; }
 
 /* one x value on every lane (a broadcast load) */
 static inline vf bcast(const float* p) {
