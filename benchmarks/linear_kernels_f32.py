@@ -61,7 +61,8 @@ def main() -> None:
         CLOCK = time.thread_time
     level = get_level(args.isa) if args.isa else None
     torch.manual_seed(0)
-    print(f"threads {torch.get_num_threads()}, {'CPU' if args.cpu_time else 'wall'} time, isa {PanelLinearF32(torch.zeros(1, 1), None, level).isa}")
+    isa_name = PanelLinearF32(torch.zeros(1, 1), None, level).isa
+    print(f"threads {torch.get_num_threads()}, {'CPU' if args.cpu_time else 'wall'} time, isa {isa_name}")
     print(f"{'shape':>8} {'N':>6} {'K':>5} {'M':>4} {'ours':>7} {'torch':>7} {'ratio':>6}  (GFLOP/s, median)")
     with torch.inference_mode():
         for name in args.shapes:
@@ -91,7 +92,8 @@ def main() -> None:
                     t_torch.append(timed(run_torch, inner))
                 flop = 2 * m * n * k
                 g_ours, g_torch = flop / statistics.median(t_ours) / 1e9, flop / statistics.median(t_torch) / 1e9
-                print(f"{name:>8} {n:6d} {k:5d} {m:4d} {g_ours:7.1f} {g_torch:7.1f} {g_ours / g_torch:6.2f}", flush=True)
+                print(f"{name:>8} {n:6d} {k:5d} {m:4d} {g_ours:7.1f} {g_torch:7.1f} {g_ours / g_torch:6.2f}",
+                      flush=True)
         a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
         torch.mm(a, b)
         peak = [2 * 2048 ** 3 / timed(lambda: torch.mm(a, b), 1) / 1e9 for _ in range(args.repeats)]

@@ -259,7 +259,8 @@ static void gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_
     float scratch[2 * MC_MAX * NR] __attribute__((aligned(64)));
     float* g = scratch;
     float* u = scratch + MC_MAX * NR;
-    const int64_t nk = K > KC_MAX ? (K + KC_MAX - 1) / KC_MAX : 1, kc_len = K > 0 ? (K + nk - 1) / nk : 1;  /* even chunks */
+    /* K in nk chunks of even length */
+    const int64_t nk = K > KC_MAX ? (K + KC_MAX - 1) / KC_MAX : 1, kc_len = K > 0 ? (K + nk - 1) / nk : 1;
     int64_t mc_len = L2_X_BYTES / (4 * (K > 0 ? K : 1)) / MR * MR;
     mc_len = mc_len < MR ? MR : mc_len > MC_MAX ? MC_MAX : mc_len;
     for (int64_t mc = m0; mc < m1; mc += mc_len) {
