@@ -1,0 +1,71 @@
+"""The bf16 kernels (gemm_bf16.c, paged_prefill.c's paged_prefill_bf16) on every ISA level,
+through one C driver (tests/csrc/bf16_check.c) that checks them against references in
+double: built with each level's flags (build.py's compile_flags), run natively for every
+level this CPU runs (the others are only compiled), and on x86-64 cross-compiled for the
+aarch64 levels (neon, scalar) and run under qemu-user: the ``emulated`` tests, which skip
+with the reason when gcc-aarch64-linux-gnu / qemu-user are missing (make cross-tools)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from inflight.kernels.cpu import build
+from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
+
+CSRC = Path(build.__file__).parent / "csrc"
+DRIVER = Path(__file__).parent / "csrc" / "bf16_check.c"
+SOURCES = ("gemm_bf16.c", "paged_prefill.c")
+HERE = machine_arch()
+CROSS_CC = "aarch64-linux-gnu-gcc"
+
+
+def _build(level: IsaLevel, cc: str, out: Path, opt: str = "-O3", static: bool = False) -> subprocess.CompletedProcess:
+    flags = [opt if f == "-O3" else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
+    cmd = [cc, *flags, f"-I{CSRC}", str(DRIVER), *(str(CSRC / s) for s in SOURCES), "-o", str(out), "-lm",
+           *(["-static"] if static else [])]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _check(res: subprocess.CompletedProcess, what: str) -> None:
+    m = re.search(r"^(\d+) passed, (\d+) failed$", res.stdout, re.M)
+    assert m and res.returncode == 0 and m.group(2) == "0", f"{what}:\n{(res.stdout + res.stderr)[-4000:]}"
+    assert int(m.group(1)) >= 20, f"{what}: too few checks ran\n{res.stdout[-4000:]}"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "3"}  # an odd split of panels and work items
+
+
+@pytest.mark.parametrize("level", [lv for lv in LEVELS if lv.arch == HERE], ids=lambda lv: lv.name)
+def test_bf16_kernels_native(level, tmp_path):
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    runs = level in supported_levels()
+    exe = tmp_path / f"bf16_check_{level.name}"
+    res = _build(level, cc, exe, opt="-O3" if runs else "-O1")
+    assert res.returncode == 0, f"building bf16_check for {level.name} failed:\n{res.stderr[-4000:]}"
+    if runs:  # else it builds; this CPU cannot run it
+        _check(subprocess.run([str(exe)], capture_output=True, text=True, env=_env(), timeout=300), level.name)
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("level", [lv for lv in LEVELS if lv.arch == "aarch64"], ids=lambda lv: f"aarch64-{lv.name}")
+def test_bf16_kernels_aarch64(level, tmp_path):
+    if HERE == "aarch64":
+        pytest.skip("this machine is aarch64: the native tests run these levels")
+    if not shutil.which(CROSS_CC):
+        pytest.skip(f"no {CROSS_CC} (Debian: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross; make cross-tools)")
+    exe = tmp_path / f"bf16_check_aarch64_{level.name}"
+    res = _build(level, CROSS_CC, exe, static=True)
+    assert res.returncode == 0, f"cross-building bf16_check for aarch64 {level.name} failed:\n{res.stderr[-4000:]}"
+    qemu = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
+    if qemu is None:
+        pytest.skip("built but not run: no qemu-aarch64 (Debian: qemu-user; make cross-tools)")
+    _check(subprocess.run([qemu, str(exe)], capture_output=True, text=True, env=_env(), timeout=600),
+           f"aarch64 {level.name} (qemu)")
