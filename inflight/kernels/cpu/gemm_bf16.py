@@ -1,4 +1,6 @@
-"""bf16 linears through our own AVX-512-BF16 kernel (csrc/gemm_bf16.c).
+"""bf16 linears through our own panel GEMM (csrc/gemm_bf16.c), on every ISA level: the
+bf16 dot product at avx512_bf16, bf16 widened to fp32 in registers with fp32 FMAs at
+every other level (avx512, avx2, neon, scalar).
 
 Each weight is packed once into panels of 32 output columns, K pairs interleaved:
 the operand layout of the bf16 dot-product instruction, so a decode step streams

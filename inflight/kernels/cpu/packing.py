@@ -1,5 +1,5 @@
-"""Prepacked bfloat16 linears for the CPU: our panel GEMM (cpu_gemm.py) where the
-CPU has AVX-512-BF16, oneDNN's prepacked linear otherwise.
+"""Prepacked bfloat16 linears for the CPU: our panel GEMM (gemm_bf16.py), which builds
+for every ISA level, and oneDNN's prepacked linear where it cannot (no C compiler).
 
 ``F.linear`` on a bf16 CPU tensor reorders the weight into oneDNN's blocked
 layout on every call; for the small row counts of a decode step that reorder
@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Prepacking pays only for bf16 on a CPU with bf16 support (ours or oneDNN's)."""
+    """Prepacking pays only for bf16: through our kernel (every ISA level) or, without a
+    C compiler, oneDNN's where it supports bf16."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return False
     if load_gemm() is not None:
