@@ -40,13 +40,17 @@
 #define VEC_ISA_NAME "scalar"
 #endif
 
+/* NOTE: 4-byte aligned, so a vf may sit at any float's address (packed rows, pool slots) */
 typedef float vf __attribute__((vector_size(VL * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4), aligned(4)));
 
 static inline vf vf_zero(void) { return (vf){0}; }
 static inline vf vf_set1(float x) { return (vf){0} + x; }
-static inline vf vf_load(const float* p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void vf_store(float* p, vf v) { memcpy(p, &v, sizeof v); }
+/* NOTE: loads and stores through a may_alias, 4-byte-aligned vector type, not memcpy:
+ * GCC 12 at -mavx2 splits a 32-byte memcpy into two 16-byte moves through the stack. */
+typedef float vf_unaligned __attribute__((vector_size(VL * 4), aligned(4), may_alias));
+static inline vf vf_load(const float* p) { return *(const vf_unaligned*)p; }
+static inline void vf_store(float* p, vf v) { *(vf_unaligned*)p = v; }
 
 /* lanes [0, n) from p, the rest 0 (n < VL: a row's tail) */
 static inline vf vf_load_n(const float* p, int64_t n) {
@@ -151,9 +155,7 @@ static inline vf vf_exp(vf x) {
     const vi ni = __builtin_convertvector(n, vi);
     const vi h = ni / 2;
     const vi e1 = (h + 127) << 23, e2 = (ni - h + 127) << 23;
-    vf s1, s2;
-    memcpy(&s1, &e1, sizeof s1);
-    memcpy(&s2, &e2, sizeof s2);
+    const vf s1 = (vf)e1, s2 = (vf)e2;  /* same-size vector casts reinterpret the bits */
     return p * s1 * s2;
 }
 
@@ -161,14 +163,9 @@ static inline vf vf_exp(vf x) {
 static inline vf vf_silu(vf x) { return x / (1.f + vf_exp(-x)); }
 
 /* VL bf16 values widened to fp32 (exact) */
+typedef uint16_t vh_unaligned __attribute__((vector_size(VL * 2), aligned(2), may_alias));
 static inline vf vf_load_bf16(const uint16_t* p) {
-    uint16_t h[VL];
-    memcpy(h, p, sizeof h);
-    vi u;
-    for (int i = 0; i < VL; i++) u[i] = (int32_t)((uint32_t)h[i] << 16);
-    vf r;
-    memcpy(&r, &u, sizeof r);
-    return r;
+    return (vf)(__builtin_convertvector(*(const vh_unaligned*)p, vi) << 16);
 }
 
 #endif
