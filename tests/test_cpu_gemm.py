@@ -142,3 +142,18 @@ def test_argmax_matches_argmax_of_the_bf16_outputs(level, rows, n):
     assert got.dtype == torch.int64 and torch.equal(got, want)
     if rows > 1:
         assert (got[1:] == n // 3).all()  # ties resolved to the first index
+
+
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
+def test_a_row_does_not_depend_on_the_rows_beside_it(level):
+    """Every register block (1 to 12 rows, panels widened once or in the inner loop) runs
+    the same FMAs in the same order per output: a row's result is bit-identical whatever
+    the batch it is computed in."""
+    torch.manual_seed(3)
+    w = torch.randn(200, 77, dtype=torch.bfloat16)
+    b = torch.randn(200, dtype=torch.bfloat16)
+    x = torch.randn(97, 77, dtype=torch.bfloat16)
+    lin = panel_linear(w, b, level)
+    alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
+    for rows in (2, 5, 7, 8, 13, 97):
+        assert torch.equal(lin(x[:rows]), alone[:rows]), rows

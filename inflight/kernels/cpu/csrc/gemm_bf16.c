@@ -207,6 +207,9 @@ static void gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, con
 
 int gemm_bf16_supported(void) { return 1; }
 
+/* VL K pairs of the packed bf16 weight, one 32-bit lane each */
+typedef int32_t vpair __attribute__((vector_size(VL * 4), aligned(2), may_alias));
+
 #define SLAB 16            /* output columns per slab; a panel is two */
 #define SV (SLAB / VL)     /* vectors per slab: 1 (AVX-512), 2 (AVX2), 4 (NEON, scalar) */
 /* rows per register block: 2 * SV accumulators a row (two slabs), about half the registers */
@@ -272,16 +275,31 @@ static inline __attribute__((always_inline)) void pmicro(
     }
     const vi hi_mask = (vi){0} + (int32_t)0xFFFF0000;
     for (int64_t p = 0; p < pairs; p++) {
-        vf we[2 * SV], wo[2 * SV];
-        for (int i = 0; i < 2 * SV; i++) {
-            const uint16_t* src = (i < SV ? b0 + i * 2 * VL : b1 + (i - SV) * 2 * VL) + p * 2 * PANEL;
-            const vi raw = *(const vi*)src;
-            we[i] = (vf)(raw << 16);
-            wo[i] = (vf)(raw & hi_mask);
+        if (R == 1) {  /* every vector widened first: more independent work per pair */
+            vf we[2 * SV], wo[2 * SV];
+            for (int i = 0; i < 2 * SV; i++) {
+                const vi raw = *(const vpair*)((i < SV ? b0 + i * 2 * VL : b1 + (i - SV) * 2 * VL) + p * 2 * PANEL);
+                we[i] = (vf)(raw << 16);
+                wo[i] = (vf)(raw & hi_mask);
+            }
+            const vf xe = vf_set1(xf[2 * p]), xo = vf_set1(xf[2 * p + 1]);
+            for (int i = 0; i < 2 * SV; i++) acc[0][i] = PFMA(xo, wo[i], PFMA(xe, we[i], acc[0][i]));
+            continue;
         }
+        /* one weight vector at a time, even half then odd half: the widened pair of
+         * every vector at once did not fit the AVX2 registers beside the accumulators.
+         * The same FMAs in the same order per accumulator in every branch (and in
+         * wmicro): a row's result does not depend on the rows beside it. */
+        vf xe[PMR_MAX], xo[PMR_MAX];
         for (int r = 0; r < R; r++) {
-            const vf xe = vf_set1(xf[r * kp + 2 * p]), xo = vf_set1(xf[r * kp + 2 * p + 1]);
-            for (int i = 0; i < 2 * SV; i++) acc[r][i] = PFMA(xo, wo[i], PFMA(xe, we[i], acc[r][i]));
+            xe[r] = vf_set1(xf[r * kp + 2 * p]);
+            xo[r] = vf_set1(xf[r * kp + 2 * p + 1]);
+        }
+        for (int i = 0; i < 2 * SV; i++) {
+            const vi raw = *(const vpair*)((i < SV ? b0 + i * 2 * VL : b1 + (i - SV) * 2 * VL) + p * 2 * PANEL);
+            const vf we = (vf)(raw << 16), wo = (vf)(raw & hi_mask);
+            for (int r = 0; r < R; r++) acc[r][i] = PFMA(xe[r], we, acc[r][i]);
+            for (int r = 0; r < R; r++) acc[r][i] = PFMA(xo[r], wo, acc[r][i]);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -349,10 +367,8 @@ static inline __attribute__((always_inline)) void wmicro(
         }
     }
     for (int64_t k = 0; k < kp; k++) {
-        /* NOTE: plain vector loads (vf is 4-byte aligned): vf_load's memcpy went through
-         * the stack in 16-byte halves here (GCC 12) */
-        const vf w0 = *(const vf*)(wa + k * PANEL), w1 = *(const vf*)(wa + k * PANEL + VL);
-        const vf w2 = SI ? *(const vf*)(wb + k * PANEL) : vf_zero(), w3 = SI ? *(const vf*)(wb + k * PANEL + VL) : vf_zero();
+        const vf w0 = vf_load(wa + k * PANEL), w1 = vf_load(wa + k * PANEL + VL);
+        const vf w2 = SI ? vf_load(wb + k * PANEL) : vf_zero(), w3 = SI ? vf_load(wb + k * PANEL + VL) : vf_zero();
         for (int r = 0; r < R; r++) {
             const vf xb = vf_set1(xf[r * kp + k]);
             a0[r] = PFMA(xb, w0, a0[r]);
@@ -396,7 +412,7 @@ static void widen_panel(const uint16_t* panel, int64_t pairs, float* wf) {
     const vi hi_mask = (vi){0} + (int32_t)0xFFFF0000;
     for (int64_t p = 0; p < pairs; p++)
         for (int i = 0; i < PANEL / VL; i++) {
-            const vi raw = *(const vi*)(panel + p * 2 * PANEL + i * 2 * VL);
+            const vi raw = *(const vpair*)(panel + p * 2 * PANEL + i * 2 * VL);
             vf_store(wf + 2 * p * PANEL + i * VL, (vf)(raw << 16));
             vf_store(wf + (2 * p + 1) * PANEL + i * VL, (vf)(raw & hi_mask));
         }
