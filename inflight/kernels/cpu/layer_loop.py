@@ -54,6 +54,12 @@ KERNELS = ("rmsnorm", "qkv_proj", "rope", "kv_write", "decode_attention", "prefi
            "gate_up_proj", "silu_mul", "down_proj")
 
 
+def _prefill_supported(lib: ctypes.CDLL, dtype: torch.dtype, head_dim: int, group: int) -> bool:
+    if dtype == torch.float32:
+        return hasattr(lib, "paged_prefill_f32") and bool(lib.paged_prefill_f32_supported(head_dim, group))
+    return hasattr(lib, "paged_prefill_bf16") and bool(lib.paged_prefill_supported(ctypes.c_int(head_dim)))
+
+
 def _addr(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
@@ -91,8 +97,7 @@ class CpuLayerLoop:
         attn = getattr(plan.layers[0].attention, "backend", None)
         if not isinstance(attn, CpuPagedAttentionBackend) or attn.prefill_lib is None:
             return None
-        if not hasattr(attn.prefill_lib, f"paged_prefill_{sfx}") \
-                or not attn.prefill_lib.paged_prefill_supported(ctypes.c_int(plan.head_dim)):
+        if not _prefill_supported(attn.prefill_lib, dtype, plan.head_dim, plan.num_heads // plan.num_kv_heads):
             return None
         fused = load_library("fused_ops")
         if fused is None or not hasattr(fused, f"add_rmsnorm_{sfx}"):
@@ -151,9 +156,9 @@ class CpuLayerLoop:
         bt = md.block_tables.contiguous()
         s = _Step(T, nd, npf, bt.stride(0), md.max_decode_seq_len)
         if npf:  # NOTE: the tensors whose pointers the step holds stay alive as locals until the call returns
-            q_start, q_len, pf_seq = self.attn.prefill_args(md, nh, nkv, hd)
+            q_start, q_len, pf_seq = self.attn.prefill_args(md, nh, nkv, hd, self.dtype)
             s.q_start, s.q_len, s.pf_seq_len = q_start.data_ptr(), q_len.data_ptr(), pf_seq.data_ptr()
-            s.workspace = self.attn._workspace.data_ptr()
+            s.workspace = self.attn._workspace.data_ptr()  # unused by the fp32 kernel
         s.slots, s.block_tables, s.seq_lens = slots.data_ptr(), bt.data_ptr(), md.seq_lens.data_ptr()
         s.cos, s.sin = cos.data_ptr(), sin.data_ptr()
         s.res, s.y, s.h, s.qkv, s.attn = res.data_ptr(), y.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr()
