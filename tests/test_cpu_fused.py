@@ -1,15 +1,18 @@
-"""The fused bf16 CPU element-wise ops against the torch ops they replace."""
+"""The fused bf16 CPU element-wise ops against the torch ops they replace; the direct
+kernel calls at every ISA level this CPU runs (each library built for its level)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from inflight.kernels.cpu.fused import load_fused_ops
+from inflight.kernels.cpu.isa import supported_levels
 from inflight.layers.layernorm import RMSNorm
 from inflight.layers.rotary import apply_rope
 
 OPS = load_fused_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason="no C compiler")
 BF16 = torch.bfloat16
+LEVELS = [pytest.param(lv, id=lv.name) for lv in supported_levels()] if OPS is not None else []
 
 
 def close(a: torch.Tensor, b: torch.Tensor, max_mismatch: float) -> None:
@@ -34,9 +37,10 @@ def test_add_rmsnorm_matches_torch(rows, with_residual):
     assert torch.equal(got_res, want_res)  # the bf16 sum is exact either way
 
 
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("rows", [1, 7, 100])
 @pytest.mark.parametrize("d", [64, 48])  # 48: a 16-wide vector then a scalar tail per half
-def test_rope_in_place_matches_torch(rows, d):
+def test_rope_in_place_matches_torch(level, rows, d):
     torch.manual_seed(rows)
     nh, nkv = 9, 3
     qkv = torch.randn(rows, (nh + 2 * nkv) * d, dtype=BF16)
@@ -45,17 +49,36 @@ def test_rope_in_place_matches_torch(rows, d):
     q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
     want_q, want_k = apply_rope(q.reshape(rows, nh, d), k.reshape(rows, nkv, d), cos, sin)
     got = qkv.clone()
-    OPS.rope_(got, nh, nkv, d, cos, sin)
+    load_fused_ops(level).rope_(got, nh, nkv, d, cos, sin)
     gq, gk, gv = got.split([nh * d, nkv * d, nkv * d], dim=-1)
     close(gq.reshape(rows, nh, d), want_q, 0.01)
     close(gk.reshape(rows, nkv, d), want_k, 0.01)
     assert torch.equal(gv, v)  # values are not rotated
 
 
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("rows", [1, 33])
-def test_silu_mul_matches_torch(rows):
+def test_silu_mul_matches_torch(level, rows):
     torch.manual_seed(rows)
     gate_up = torch.randn(rows, 2 * 1536, dtype=BF16) * 4
     gate, up = gate_up.chunk(2, dim=-1)
     want = F.silu(gate.float()).to(BF16) * up
-    close(OPS.silu_mul(gate_up), want, 0.01)
+    close(load_fused_ops(level).silu_mul(gate_up), want, 0.01)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rmsnorm_kernel_at_every_level(level, rows, with_residual):
+    """add_rmsnorm_bf16 called directly, against the torch RMSNorm (as test_add_rmsnorm_matches_torch)."""
+    torch.manual_seed(rows + 10)
+    norm = RMSNorm(576, 1e-5).to(BF16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(rows, 576, dtype=BF16) * 3
+    res = torch.randn(rows, 576, dtype=BF16) if with_residual else None
+    want_out, want_res = norm(x, None if res is None else res.clone())
+    got_out, got_res = load_fused_ops(level).add_rmsnorm(x.clone(), None if res is None else res.clone(),
+                                                         norm.weight.detach(), 1e-5)
+    close(got_out, want_out, 0.01)
+    assert torch.equal(got_res, want_res)
