@@ -34,10 +34,11 @@ def timed(totals: dict, key: str, fn):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="chat")
-    ap.add_argument("--max-num-seqs", type=int, default=128)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="default: the platform's")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the platform's")
+    ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
-    llm = LLM(dtype="bfloat16", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     engine = llm.llm_engine
     runner, model = engine.runner, engine.runner.model
     loop = getattr(model, "layer_loop", None)

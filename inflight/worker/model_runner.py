@@ -52,7 +52,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
-        self.graph_runner = None  # CudaGraphRunner for decode-only steps; set by the builder on CUDA (issue 8)
+        self.graph_runner = None  # CudaGraphRunner for decode-only steps; set by the CUDA platform
 
     def prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
         """Flatten every scheduled token; decodes (one-token rows) first."""
@@ -127,7 +127,7 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput()
         inp = self.prepare_inputs(sched)
-        # --- CUDA graphs for decode-only steps (issue 8; worker/cuda_graphs.py): replay when one fits ---
+        # CUDA graphs for decode-only steps (worker/cuda_graphs.py): replay when one fits
         if self.graph_runner is not None and self.graph_runner.can_run(inp.input_ids, inp.md):
             hidden = self.graph_runner.run(inp.input_ids, inp.positions, inp.md)
         else:
