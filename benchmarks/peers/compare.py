@@ -24,10 +24,12 @@ import sys
 import tempfile
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: cpu_serving's workload lookup
 
-from cpu_serving import workload_file  # noqa: E402
+from cpu_serving import flops_per_token, matmul_peak_gflops, prefix_cache_hits, workload_file  # noqa: E402
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
 
 from inflight.bench.client import ClientConfig  # noqa: E402
@@ -104,7 +106,17 @@ def inflight_server(args: argparse.Namespace, port: int) -> tuple[list[str], dic
             *shlex.split(args.inflight_args)], {}
 
 
-SERVERS = {"vllm": vllm_server, "inflight": inflight_server}
+def baseline_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
+    """`inflight serve` with its defaults from another checkout (--baseline DIR, e.g. a
+    `git worktree` of an older commit): the before of a before/after."""
+    if not args.baseline:
+        raise SystemExit("system 'baseline' needs --baseline DIR")
+    # -P: the working directory (this checkout) does not go first on sys.path
+    return [sys.executable, "-P", "-m", "inflight.entrypoints.cli", "serve", "--port", str(port),
+            "--served-model-name", SERVED_NAME, *shlex.split(args.inflight_args)], {"PYTHONPATH": args.baseline}
+
+
+SERVERS = {"vllm": vllm_server, "inflight": inflight_server, "baseline": baseline_server}
 
 
 def version_of(args: argparse.Namespace, system: str) -> str:
@@ -146,26 +158,46 @@ def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: 
         for name, reqs in workloads.items():
             cfg = ClientConfig(base_url=url, model=SERVED_NAME, ignore_eos=True, temperature=0.0,
                                warmup_requests=1, show_progress=False)
+            # the peak in the dtype the server computes in: vLLM runs float32, inflight "auto"
+            peak_dtype = torch.float32 if system == "vllm" else None
+            peaks = [matmul_peak_gflops(dtype=peak_dtype)] if args.mfu else []
             s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
+            if args.mfu:
+                peaks.append(matmul_peak_gflops(dtype=peak_dtype))
+                add_mfu(s, url, system, max(peaks), peaks)
             print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
                   f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
             result["workloads"][name] = s
     return result
 
 
+def add_mfu(s: dict, url: str, system: str, peak: float, peaks: list[float]) -> None:
+    """Model FLOPs utilisation of a run against the torch.mm peak measured around it
+    (the higher of the bursts before and after: a low burst would inflate MFU). Prompt
+    tokens served from inflight's prefix cache cost no FLOPs and are not counted; vLLM's
+    hits are not read, so its MFU counts them (an upper bound)."""
+    from inflight.loader import load_model
+    hits = prefix_cache_hits(url) if system != "vllm" else 0.0
+    tokens = s["total_input_tokens"] + s["total_output_tokens"] - hits
+    s.update(matmul_peak_gflops=peak, matmul_peak_gflops_bursts=peaks, tokens_processed=tokens,
+             mfu=tokens * flops_per_token(load_model(None).hf_config) / s["duration_s"] / (peak * 1e9))
+
+
 def table(results: dict, systems: list[str]) -> str:
     """Per workload, one row per system, then inflight / vLLM of output tok/s."""
     lines = [f"{'workload':<11}{'system':<10}{'out tok/s':>10}{'TTFT p50 s':>11}{'TTFT p99 s':>11}"
-             f"{'TPOT p50 ms':>12}{'TPOT p99 ms':>12}{'failed':>7}"]
+             f"{'TPOT p50 ms':>12}{'TPOT p99 ms':>12}{'failed':>7}{'MFU':>6}"]
     for name, per_system in results["workloads"].items():
         for system in systems:
             s = per_system.get(system)
             if s:
                 lines.append(f"{name:<11}{system:<10}{s['output_throughput']:>10.1f}{s['ttft_p50_ms'] / 1e3:>11.2f}"
                              f"{s['ttft_p99_ms'] / 1e3:>11.2f}{s['tpot_p50_ms']:>12.1f}{s['tpot_p99_ms']:>12.1f}"
-                             f"{s['failed']:>7.0f}")
+                             f"{s['failed']:>7.0f}" + (f"{s['mfu']:>6.0%}" if "mfu" in s else ""))
         if "ratio_output_throughput" in per_system:
             lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_output_throughput']:>9.2f}x  (inflight / vLLM)")
+        if "ratio_baseline" in per_system:
+            lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_baseline']:>9.2f}x  (inflight / baseline)")
     lines.append("start-up (process start -> /health 200): " + ", ".join(
         f"{sys_} {results['systems'][sys_]['startup_s']:.1f} s" for sys_ in systems if sys_ in results["systems"]))
     return "\n".join(lines)
@@ -184,6 +216,9 @@ def main() -> int:
                     help="LD_PRELOAD tcmalloc and libiomp5 for vLLM, as its CPU guide says (default on)")
     ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server, one string")
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`, one string")
+    ap.add_argument("--baseline", default=None, help="checkout for the 'baseline' system (e.g. a git worktree)")
+    ap.add_argument("--mfu", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure the fp32 matmul peak around each workload and report MFU")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
     args = ap.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
@@ -210,6 +245,9 @@ def main() -> int:
             if "vllm" in per_system and "inflight" in per_system and per_system["vllm"]["output_throughput"]:
                 per_system["ratio_output_throughput"] = (per_system["inflight"]["output_throughput"]
                                                          / per_system["vllm"]["output_throughput"])
+            if "baseline" in per_system and "inflight" in per_system and per_system["baseline"]["output_throughput"]:
+                per_system["ratio_baseline"] = (per_system["inflight"]["output_throughput"]
+                                                / per_system["baseline"]["output_throughput"])
         print(table(results, systems))
     if args.out:
         with open(args.out, "w") as f:
