@@ -13,7 +13,7 @@ _HELP = {
     "max_model_len": "longest prompt + output in tokens (default: the model's)",
     "kv_cache_memory": "bytes for the KV pool on CPU (default 2 GiB)",
     "max_num_seqs": "most requests running at once (default: the platform's; CPU 256, CUDA 256)",
-    "max_num_batched_tokens": "token budget of one step (default: the platform's; CPU 512, CUDA 2048)",
+    "max_num_batched_tokens": "token budget of one step (default: the platform's; CPU 1024, CUDA 2048)",
     "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
     "scheduling_policy": "fcfs | priority",
     "preemption_mode": "recompute | swap",
