@@ -31,7 +31,7 @@ test-fast: setup
 
 # The aarch64 kernel checks alone (cross-compiled, run under qemu-user); make cross-tools first.
 test-emulated: setup
-	$(PY) -m pytest -q -rs -m emulated tests/test_kernels_aarch64.py
+	$(PY) -m pytest -q -rs -m emulated tests/test_kernels_aarch64.py tests/test_kernels_bf16.py
 
 # Debian's aarch64 cross compiler and qemu-user, for the emulated kernel tests. Best effort:
 # only as root where apt-get exists; without them those tests skip and say why.
