@@ -15,17 +15,8 @@ from inflight.entrypoints.openai.limits import ServerLimits
 from inflight.entrypoints.openai.server_thread import ServerThread
 from test_async_engine import make_fake_engine
 from test_bad_requests import (C, CH, INVALID, MODEL, OVERLOADED, assert_error, chat, cmpl, good_requests_succeed,
-                               post)
+                               post, server)  # noqa: F401  (server: the same module-scoped fake-engine server fixture)
 from test_server import wait_until_idle
-
-
-@pytest.fixture(scope="module")
-def server():
-    engine = make_fake_engine(num_blocks=256, block_size=4, max_model_len=128, max_num_seqs=32,
-                              max_num_batched_tokens=256)
-    with ServerThread(engine, MODEL, log_stats=False) as srv:
-        srv.engine = engine
-        yield srv
 
 
 @pytest.fixture(autouse=True)

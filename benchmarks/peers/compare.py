@@ -164,23 +164,22 @@ def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: 
             s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
             if args.mfu:
                 peaks.append(matmul_peak_gflops(dtype=peak_dtype))
-                add_mfu(s, url, system, max(peaks), peaks)
+                add_mfu(s, url, system, max(peaks), peaks, args.flops_per_token)
             print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
                   f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
             result["workloads"][name] = s
     return result
 
 
-def add_mfu(s: dict, url: str, system: str, peak: float, peaks: list[float]) -> None:
+def add_mfu(s: dict, url: str, system: str, peak: float, peaks: list[float], fpt: float) -> None:
     """Model FLOPs utilisation of a run against the torch.mm peak measured around it
     (the higher of the bursts before and after: a low burst would inflate MFU). Prompt
     tokens served from inflight's prefix cache cost no FLOPs and are not counted; vLLM's
     hits are not read, so its MFU counts them (an upper bound)."""
-    from inflight.loader import load_model
     hits = prefix_cache_hits(url) if system != "vllm" else 0.0
     tokens = s["total_input_tokens"] + s["total_output_tokens"] - hits
     s.update(matmul_peak_gflops=peak, matmul_peak_gflops_bursts=peaks, tokens_processed=tokens,
-             mfu=tokens * flops_per_token(load_model(None).hf_config) / s["duration_s"] / (peak * 1e9))
+             mfu=tokens * fpt / s["duration_s"] / (peak * 1e9))
 
 
 def table(results: dict, systems: list[str]) -> str:
@@ -223,6 +222,9 @@ def main() -> int:
     args = ap.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
     systems = [s for s in args.systems.split(",") if s]
+    if args.mfu:  # the model's FLOPs per token, read once (loading the model config reads the weights' cache)
+        from inflight.loader import load_model
+        args.flops_per_token = flops_per_token(load_model(None).hf_config)
     if unknown := [s for s in systems if s not in SERVERS]:
         ap.error(f"unknown system(s) {unknown}; choose from {list(SERVERS)}")
     if "vllm" in systems and not os.path.isfile(os.path.join(args.hf_folder, "config.json")):
