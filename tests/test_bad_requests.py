@@ -94,8 +94,12 @@ CASES = [
     (CH, chat(logit_bias={"1": 5}), 400, INVALID),
     (CH, chat(logit_bias="garbage"), 400, INVALID),
     (CH, chat(logit_bias={str(i): 1 for i in range(5000)}), 400, INVALID),
-    (CH, chat(tools=[TOOL]), 400, INVALID),
-    (CH, chat(tools=[TOOL], tool_choice="none"), 400, INVALID),
+    # tools: well-formed function tools; a tool_choice needs tools, and a named one one of them
+    (CH, chat(tools=[{"type": "function", "function": {"name": "bad name"}}]), 400, INVALID),
+    (CH, chat(tools=[{"type": "code_interpreter"}]), 400, INVALID),
+    (CH, chat(tools=[TOOL, TOOL]), 400, INVALID),
+    (CH, chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}}), 400, INVALID),
+    (CH, chat(tools=[TOOL], tool_choice="sometimes"), 400, INVALID),
     (CH, chat(tool_choice="auto"), 400, INVALID),
     (CH, chat(tool_choice="required"), 400, INVALID),
     (CH, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, INVALID),
@@ -236,7 +240,8 @@ def test_limits_are_named_in_errors(server):
         assert "256" in post(h, C, cmpl(prompt=["Hi"] * 257)).json()["error"]["message"]
         assert "16" in post(h, C, cmpl(stop=["a"] * 17)).json()["error"]["message"]
         assert "[0, 257)" in post(h, C, cmpl(stop_token_ids=[300])).json()["error"]["message"]
-        assert "not supported" in post(h, CH, chat(tools=[TOOL])).json()["error"]["message"]
+        err = post(h, CH, chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}})).json()
+        assert "'g'" in err["error"]["message"] and err["error"]["param"] == "tool_choice"
         assert post(h, CH, chat(logit_bias={"1": 1})).json()["error"]["param"] == "logit_bias"
 
 

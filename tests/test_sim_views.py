@@ -58,8 +58,11 @@ def test_simulate_html_and_png(tmp_path: Path, capsys):
     assert data["num_steps"] == 9
     # per-step utilisation bars and hand-back steps are the simulator's numbers
     assert cont["charts"][0]["values"] == [1 / 3, 1, 2 / 3, 2 / 3, 2 / 3, 1 / 3, 1 / 3, 1 / 3]
-    assert static["handed_back"] == {"0": 5, "1": 5, "2": 5, "3": 8, "4": 8}
-    assert cont["handed_back"] == {"0": 1, "1": 5, "2": 1, "3": 4, "4": 7}
+    # hand-back and step titles count steps done, as the table and --json do
+    assert static["handed_back"] == {"0": 6, "1": 6, "2": 6, "3": 9, "4": 9}
+    assert cont["handed_back"] == {"0": 2, "1": 6, "2": 2, "3": 5, "4": 8}
+    assert static["step_labels"] == [str(n) for n in range(1, 10)]
+    assert cont["status"][1] == "step 2: 3 tokens; handed back at its end: r0, r2"
     assert [0, 0, "0", "r0", "decode"] in cont["cells"]
     assert [3, 2, "2", "r2", "pad"] in static["cells"]  # r2 finished at 1, slot held
     png = png_path.read_bytes()
@@ -78,6 +81,7 @@ def test_png_is_readable(tmp_path: Path):
 
 
 # A hand-written trace: 3 requests under an 8-token budget, 10 KV blocks.
+# Engine steps are 0-based in the file; the viewer titles them by steps done.
 # r0: 12-token prompt in chunks 8 + 4, then 2 decodes, finishes at step 3.
 # r1: 6-token prompt in chunks 4 + 2, decodes at 3, 4, 5, finishes at step 5.
 # r2: 5-token prompt at step 2, one decode at 3, preempted at 4, recomputed
@@ -136,12 +140,14 @@ def test_trace_page_model(trace_file: Path):
     assert r0 == [(0, "8", "prefill"), (1, "4", "prefill"), (2, "", "decode"), (3, "", "decode")]
     assert [4, 2, "r2", "x", "preempted"] in panel.cells
     assert [5, 2, "r2", "6", "prefill"] in panel.cells
-    assert panel.handed_back == {"r0": 3, "r1": 5, "r2": 6}
+    assert panel.handed_back == {"r0": 4, "r1": 6, "r2": 7}
+    assert panel.step_labels == ["1", "2", "3", "4", "5", "6", "7"]
     kv, tokens = panel.charts
     assert kv.values == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.1, 0.2, 0.0])
     assert kv.overall == "peak 3/10 = 30.0%"
     assert tokens.values == pytest.approx([1, 1, 1, 3 / 8, 1 / 8, 7 / 8, 1 / 8])
     assert "preempted r2" in panel.status[4] and "finished r0" in panel.status[3]
+    assert panel.status[3].startswith("step 4: 3 tokens")
 
 
 def test_trace_view_cli(trace_file: Path, tmp_path: Path, capsys):
@@ -152,7 +158,7 @@ def test_trace_view_cli(trace_file: Path, tmp_path: Path, capsys):
     assert_self_contained(html)
     assert 'id="forward"' in html and 'id="play"' in html
     data = page_data(html)
-    assert data["panels"][0]["handed_back"] == {"r0": 3, "r1": 5, "r2": 6}
+    assert data["panels"][0]["handed_back"] == {"r0": 4, "r1": 6, "r2": 7}
     assert png.read_bytes().startswith(PNG_MAGIC)
 
 
@@ -172,9 +178,10 @@ CHROMIUM = shutil.which("chromium")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
-@pytest.mark.parametrize("step", [2, 5])
+@pytest.mark.parametrize("step", [3, 7])
 def test_page_in_headless_chromium(tmp_path: Path, step: int):
-    # page.html#step=N presses "step forward" N+1 times from the start.
+    # page.html#step=N presses "step forward" N times: N steps done. At 7 the
+    # continuous panel (6 steps) is over; static has handed back r0 and r1 (at 6).
     res = simulate(Workload.make([6, 2, 1, 3], slots=2))
     doc = to_document(res)
     path = tmp_path / "page.html"
@@ -189,8 +196,11 @@ def test_page_in_headless_chromium(tmp_path: Path, step: int):
         per_step = doc[name]["per_step"]
         shown = re.search(rf'id="p{i}-c0"[^>]*data-value="([^"]*)"|data-value="([^"]*)"[^>]*id="p{i}-c0"', dom)
         value = next(g for g in shown.groups() if g is not None)
-        expected = per_step[step]["utilisation"] if step < len(per_step) else None
+        expected = per_step[step - 1]["utilisation"] if step <= len(per_step) else None
         assert (float(value) if value else None) == expected
         count = re.search(rf'id="p{i}-handed"[^>]*data-count="(\d+)"|data-count="(\d+)"[^>]*id="p{i}-handed"', dom)
         n = int(next(g for g in count.groups() if g is not None))
-        assert n == per_step[min(step, len(per_step) - 1)]["handed_back_total"]
+        assert n == per_step[min(step, len(per_step)) - 1]["handed_back_total"]
+        done = sum(r["handed_back"] <= step for r in doc[name]["requests"])
+        assert n == done == {(3, "static"): 0, (3, "continuous"): 2,
+                             (7, "static"): 2, (7, "continuous"): 4}[step, name]

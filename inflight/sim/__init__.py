@@ -1,8 +1,10 @@
 """See batching happen: a static-vs-continuous simulator and step-through viewers.
 
 * :mod:`inflight.sim.simulator`: the discrete-step model; its docstring defines
-  steps, start/finish/wait, hand-back and utilisation exactly.
+  steps (counted as steps done, like the explainers), start/finish/wait,
+  hand-back and utilisation exactly.
 * :mod:`inflight.sim.report`: the text table and the ``--json`` document.
+* :mod:`inflight.sim.examples`: the explainers' worked examples (``--example``).
 * :mod:`inflight.sim.trace`: engine ``--trace-file`` JSON lines.
 * :mod:`inflight.sim.views`: both turned into one renderer-neutral Page.
 * :mod:`inflight.sim.render`: a Page as self-contained HTML or a matplotlib PNG.

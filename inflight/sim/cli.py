@@ -13,7 +13,8 @@ import argparse
 import sys
 from typing import Optional
 
-from inflight.sim.report import format_table, to_document, to_json
+from inflight.sim.examples import EXAMPLES
+from inflight.sim.report import CONVENTION, format_table, to_document, to_json
 from inflight.sim.simulator import Workload, random_workload, simulate
 
 
@@ -28,13 +29,16 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``simulate`` subcommand to an ``add_subparsers()`` object."""
     p = subparsers.add_parser(
         "simulate", help="simulate static vs continuous batching step by step",
-        description="Discrete-step simulator of static and continuous batching. Steps are "
-                    "0-based; a request arriving at step a can start at step a; its finish "
-                    "is the last step in which it gets a token.")
+        description="Discrete-step simulator of static and continuous batching. Times count "
+                    "steps done, as the continuous-batching explainers count them: "
+                    + CONVENTION + ".")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--lengths", type=_int_list, metavar="K1,K2,...",
                      help="output tokens of each request, e.g. 6,2,1,3")
     src.add_argument("--random", type=int, metavar="N", help="N random requests instead")
+    src.add_argument("--example", choices=sorted(EXAMPLES),
+                     help="a worked example of the explainers: "
+                          + "; ".join(f"{e.name}: {e.description}" for e in EXAMPLES.values()))
     p.add_argument("--arrivals", type=_int_list, metavar="A1,A2,...",
                    help="arrival step of each request (default: all 0); with --lengths")
     p.add_argument("--min-len", type=int, default=1, help="--random: shortest request")
@@ -42,10 +46,11 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-arrival", type=int, default=0,
                    help="--random: arrivals uniform in [0, this] (default 0: all at once)")
     p.add_argument("--seed", type=int, default=0, help="--random: RNG seed")
-    p.add_argument("--slots", type=int, default=4, help="batch slots (default 4)")
-    p.add_argument("--prefill-cost", type=int, default=0, metavar="STEPS",
+    p.add_argument("--slots", type=int, default=None,
+                   help="batch slots (default 4, or the example's)")
+    p.add_argument("--prefill-cost", type=int, default=None, metavar="STEPS",
                    help="steps a request spends in its slot before its first token "
-                        "(default 0: prefill ignored)")
+                        "(default 0: prefill ignored, or the example's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--html", metavar="PATH", help="write the step-through page here")
     p.add_argument("--png", metavar="PATH", help="write a timeline picture here")
@@ -53,12 +58,20 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
+    slots = 4 if args.slots is None else args.slots
+    prefill_cost = 0 if args.prefill_cost is None else args.prefill_cost
+    if args.lengths is None and args.arrivals is not None:
+        raise ValueError("--arrivals goes with --lengths; use --max-arrival with --random")
+    if args.example is not None:
+        w = EXAMPLES[args.example].workload
+        # --slots / --prefill-cost ask "what if" of the example's requests
+        return Workload(w.lengths, w.arrivals,
+                        w.slots if args.slots is None else args.slots,
+                        w.prefill_cost if args.prefill_cost is None else args.prefill_cost)
     if args.random is not None:
-        if args.arrivals is not None:
-            raise ValueError("--arrivals goes with --lengths; use --max-arrival with --random")
         return random_workload(args.random, args.min_len, args.max_len, args.seed,
-                               args.slots, args.max_arrival, args.prefill_cost)
-    return Workload.make(args.lengths, args.arrivals, args.slots, args.prefill_cost)
+                               slots, args.max_arrival, prefill_cost)
+    return Workload.make(args.lengths, args.arrivals, slots, prefill_cost)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -68,7 +81,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"inflight simulate: {e}", file=sys.stderr)
         return 2
-    print(to_json(results) if args.json else format_table(results))
+    if args.json:
+        print(to_json(results))
+    else:
+        if args.example is not None:
+            ex = EXAMPLES[args.example]
+            changed = "" if results["static"].workload == ex.workload else \
+                " (the table uses the --slots / --prefill-cost given)"
+            print(f"example {ex.name}: {ex.description}{changed}")
+        print(format_table(results))
     if args.html or args.png:
         from inflight.sim.render import write_html, write_png  # matplotlib only when asked
         from inflight.sim.views import sim_page

@@ -4,7 +4,9 @@ The HTML is ``page_template.html`` (package data, read with
 :mod:`importlib.resources`) with the page's JSON embedded in a
 ``<script type="application/json">`` element; every script and style is
 inline, so it opens offline from a file URL. The PNG uses matplotlib's Agg
-backend (no display needed) and shows the whole run at once.
+backend (no display needed) and shows the whole run at once. Its x axis counts
+steps done: the cell of step number t spans t - 1 .. t, so a request's start
+and finish are the ticks where its cells begin and end.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def write_html(page: Page, path: str | Path) -> Path:
 def _draw_grid(ax, panel: Panel, num_steps: int) -> None:
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
+    from matplotlib.ticker import MaxNLocator
 
     groups: dict[str, tuple[list, list]] = {k: ([], []) for k in
                                              ("decode", "prefill", "pad", "preempted")}
@@ -76,6 +79,7 @@ def _draw_grid(ax, panel: Panel, num_steps: int) -> None:
         else:
             ax.add_collection(PatchCollection(rects, facecolors=colours, **style[kind]))
     ax.set_xlim(0, num_steps)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(len(panel.rows), 0)
     step_rows = max(1, len(panel.rows) // 20)
     ax.set_yticks([r + 0.5 for r in range(0, len(panel.rows), step_rows)])
@@ -85,9 +89,12 @@ def _draw_grid(ax, panel: Panel, num_steps: int) -> None:
 
 
 def _draw_chart(ax, chart, num_steps: int) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.bar([t + 0.5 for t in range(len(chart.values))], chart.values, width=0.8,
            color="#3b6fb6")
     ax.set_xlim(0, num_steps)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1)
     ax.set_yticks([0, 1])
     ax.tick_params(labelsize=6)
@@ -114,7 +121,8 @@ def write_png(page: Page, path: str | Path, dpi: int = 120) -> Path:
         _draw_grid(next(it), p, n)
         for c in p.charts:
             _draw_chart(next(it), c, n)
-    axes[-1, 0].set_xlabel("step", fontsize=8)
+    axes[-1, 0].set_xlabel("steps done (a request's cells run from its start to its finish)",
+                           fontsize=8)
     fig.suptitle(page.title, fontsize=11)
     path = Path(path)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")

@@ -7,6 +7,12 @@ from dataclasses import asdict
 from inflight.sim.simulator import SCHEDULERS, SimResult, Workload
 
 
+# One line, shared by the table's footnote and the CLI's help.
+CONVENTION = ("start: steps done before its first step; finish: steps done at its last "
+              "token, so it runs in steps start+1..finish; back: steps done when the user "
+              "has it")
+
+
 def _csv(values: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in values)
 
@@ -34,8 +40,7 @@ def format_table(results: dict[str, SimResult]) -> str:
             x = results[name].requests[i]
             cols.append(f"{x.slot:>4}{x.start:>6}{x.finish:>7}{x.wait:>5}{x.handed_back:>5}")
         lines.append(" | ".join(cols))
-    lines.append("(steps are 0-based; finish = last step with a token; "
-                 "back = step the user gets the output)")
+    lines.append(f"({CONVENTION})")
     return "\n".join(lines)
 
 

@@ -2,41 +2,47 @@
 
 Time model (used everywhere in :mod:`inflight.sim`):
 
-* Time is counted in **steps**, numbered from 0. One step is one forward pass
-  of the batch; the clock starts at step 0 even if nothing has arrived yet.
+* Time is a count of **steps done**. One step is one forward pass of the
+  batch; "time t" is the moment when t steps have run, so step number t + 1
+  runs from time t to time t + 1. The clock starts at 0 even if nothing has
+  arrived yet. This is how the continuous-batching explainers count: a request
+  of one token that enters an empty GPU has start 0 and finish 1.
 * The GPU has ``slots`` slots; a slot holds at most one request per step.
-* A request ``i`` has an arrival step ``a_i`` and needs ``k_i`` output tokens.
-  It is known to the scheduler *before* step ``a_i`` runs, so it can start at
-  step ``a_i`` at the earliest.
+* A request ``i`` has an arrival time ``a_i`` and needs ``k_i`` output tokens.
+  It is known to the scheduler at time ``a_i``, so its first step can be the
+  one that runs from ``a_i``.
 * ``prefill_cost`` (default 0, i.e. prefill ignored): the first
   ``prefill_cost`` steps a request spends in its slot produce no token (they
   stand for computing its prompt). After them, every step it holds the slot
   gives it exactly one token. A request therefore occupies its slot for
   ``prefill_cost + k_i`` consecutive steps.
-* ``start``  = the first step the request is in a slot (prefill included);
-  ``finish`` = the last step in which it got a token
-  (``start + prefill_cost + k_i - 1``); ``wait`` = ``start - arrival``.
-* ``handed_back`` = the step at the end of which the user receives the output.
+* ``start``  = steps done before its first step (prefill included);
+  ``finish`` = steps done when it has its last token
+  (``start + prefill_cost + k_i``); it runs in the steps numbered
+  ``start + 1 .. finish``; ``wait`` = ``start - arrival``.
+* ``handed_back`` = steps done when the user receives the output.
   Continuous batching returns a request at its ``finish``; padded static
-  batching returns the whole batch together, at the end of the group's last
-  step.
-* ``total_steps`` = last finish + 1 (steps 0 .. last finish).
+  batching returns the whole batch together, when the group's longest member
+  finishes.
+* ``total_steps`` = the last finish.
 * A slot-step is *useful* when the request in it computes (prefill or decode);
   a static slot held by a request that already finished is *padding*.
   Utilisation = useful slot-steps / (total_steps x slots); with
   ``prefill_cost == 0`` useful slot-steps equals the sum of the lengths.
   Tokens per step = sum of lengths / total_steps.
+* Lists indexed by step (``timeline``, ``per_step``) use index ``t`` for the
+  step that runs from time ``t`` to ``t + 1`` (step number ``t + 1``).
 
 Schedulers:
 
 * **static**: requests are grouped in arrival order (ties: input order) into
   groups of exactly ``slots`` (the last may be smaller). A group starts at the
   step when its last member has arrived and the previous group has finished
-  (``max(last arrival, previous group's last step + 1)``); member ``j`` takes
-  slot ``j``; the group holds its slots until its longest member finishes.
+  (``max(last arrival, previous group's end)``); member ``j`` takes slot
+  ``j``; the group holds its slots until its longest member finishes.
 * **continuous**: before each step, free slots (lowest index first) are filled
   in arrival order with requests that have already arrived; a request that
-  finishes at step ``t`` frees its slot for step ``t + 1``.
+  finishes at time ``t`` frees its slot for the step that runs from ``t``.
 """
 from __future__ import annotations
 
@@ -114,7 +120,7 @@ class RequestRecord:
     start: int
     finish: int
     handed_back: int
-    held_until: int  # last step its slot stays taken (> finish only for static padding)
+    held_until: int  # steps done when its slot is free again (> finish only for static padding)
 
     @property
     def wait(self) -> int:
@@ -138,7 +144,7 @@ class Cell:
 class StepStats:
     """Counters of one step, plus what the user has received by its end."""
 
-    step: int
+    step: int  # its number, counting from 1: the steps done at its end
     busy_slots: int
     tokens: int
     utilisation: float
@@ -162,7 +168,7 @@ class SimResult:
 
     @property
     def total_steps(self) -> int:
-        return max(r.finish for r in self.requests) + 1
+        return max(r.finish for r in self.requests)
 
     @property
     def total_tokens(self) -> int:
@@ -191,9 +197,9 @@ class SimResult:
             busy = sum(c is not None and c.kind != "pad" for c in row)
             tokens = sum(c is not None and c.kind == "decode" for c in row)
             useful += busy
-            now = sorted(back.get(t, []))
+            now = sorted(back.get(t + 1, []))
             returned += len(now)
-            out.append(StepStats(t, busy, tokens, busy / slots,
+            out.append(StepStats(t + 1, busy, tokens, busy / slots,
                                  useful / ((t + 1) * slots), now, returned))
         return out
 
@@ -217,11 +223,11 @@ def _build_timeline(records: list[RequestRecord], steps: int, slots: int,
                     prefill_cost: int) -> list[list[Optional[Cell]]]:
     grid: list[list[Optional[Cell]]] = [[None] * slots for _ in range(steps)]
     for r in records:
-        for t in range(r.start, r.held_until + 1):
+        for t in range(r.start, r.held_until):
             if grid[t][r.slot] is not None:  # a scheduler bug, never a user error
                 raise AssertionError(f"slot {r.slot} holds two requests at step {t}")
             kind: CellKind = ("prefill" if t < r.start + prefill_cost
-                              else "decode" if t <= r.finish else "pad")
+                              else "decode" if t < r.finish else "pad")
             grid[t][r.slot] = Cell(r.id, kind)
     return grid
 
@@ -230,13 +236,13 @@ def simulate_static(w: Workload) -> SimResult:
     """Padded static batching (see the module docstring for the exact rules)."""
     order = w.arrival_order()
     records: list[RequestRecord] = []
-    prev_end = -1
+    prev_end = 0
     for g in range(0, len(order), w.slots):
         group = order[g:g + w.slots]
-        start = max(max(w.arrivals[i] for i in group), prev_end + 1)
-        end = start + max(w.occupancy(i) for i in group) - 1
+        start = max(max(w.arrivals[i] for i in group), prev_end)
+        end = start + max(w.occupancy(i) for i in group)
         for slot, i in enumerate(group):
-            finish = start + w.occupancy(i) - 1
+            finish = start + w.occupancy(i)
             records.append(RequestRecord(i, w.arrivals[i], w.lengths[i], slot,
                                          start, finish, handed_back=end, held_until=end))
         prev_end = end
@@ -247,7 +253,7 @@ def simulate_static(w: Workload) -> SimResult:
 def simulate_continuous(w: Workload) -> SimResult:
     """Iteration-level (continuous) batching (see the module docstring)."""
     pending = w.arrival_order()
-    free_from = [0] * w.slots  # first step at which each slot is free again
+    free_from = [0] * w.slots  # time (steps done) at which each slot is free again
     records: list[RequestRecord] = []
     t = 0
     while pending:
@@ -255,12 +261,12 @@ def simulate_continuous(w: Workload) -> SimResult:
             # pending is sorted by arrival, so if the head has not arrived, none has
             if pending and free_from[slot] <= t and w.arrivals[pending[0]] <= t:
                 i = pending.pop(0)
-                finish = t + w.occupancy(i) - 1
+                finish = t + w.occupancy(i)
                 records.append(RequestRecord(i, w.arrivals[i], w.lengths[i], slot,
                                              t, finish, handed_back=finish, held_until=finish))
-                free_from[slot] = finish + 1
+                free_from[slot] = finish
         if pending:
-            # jump to the first step with a free slot AND the next request arrived
+            # jump to the first time with a free slot AND the next request arrived
             t = max(t + 1, min(free_from), w.arrivals[pending[0]])
     records.sort(key=lambda r: r.id)
     return SimResult("continuous", w, records)

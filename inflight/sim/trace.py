@@ -8,10 +8,12 @@ The engine writes one JSON object per line, one line per engine step::
      "num_tokens": 13, "kv_blocks_used": 5, "kv_blocks_free": 95,
      "num_waiting": 2, "num_running": 2, "finished": ["r2"], "preempted": []}
 
-``kind`` is "prefill" for a prompt chunk and "decode" for one generated token.
+``kind`` is "prefill" for a prompt chunk and "decode" for one generated token;
+``step`` is the engine's 0-based step index (the steps it had done before).
 In the viewer a row is a request (in order of first appearance) and a column
-is one line of the file; a request counts as handed back at the step that
-lists it in ``finished``.
+is one line of the file. Like the simulator, the viewer counts steps done:
+the column of engine step ``s`` is titled ``s + 1``, and a request is handed
+back once the line that lists it in ``finished`` has run.
 """
 from __future__ import annotations
 
@@ -119,7 +121,7 @@ def _status(s: TraceStep) -> str:
     pre = sum(r.num_tokens for r in s.requests if r.kind == "prefill")
     dec = sum(r.num_tokens for r in s.requests if r.kind == "decode")
     noun = "token" if s.num_tokens == 1 else "tokens"
-    text = (f"step {s.step}: {s.num_tokens} {noun} ({pre} prefill, {dec} decode), "
+    text = (f"step {s.step + 1}: {s.num_tokens} {noun} ({pre} prefill, {dec} decode), "
             f"running {s.num_running}, waiting {s.num_waiting}, "
             f"{s.duration_s * 1000:.1f} ms")
     if s.finished:
@@ -142,7 +144,7 @@ def trace_page(steps: list[TraceStep], title: str = "Engine trace") -> Page:
         for rid in s.preempted:
             cells.append([t, row[rid], rid, "x", "preempted"])
         for rid in s.finished:
-            handed.setdefault(rid, t)
+            handed.setdefault(rid, t + 1)  # columns done once this one has run
     wall = steps[-1].time - steps[0].time + steps[-1].duration_s
     panel = Panel(
         title=title, row_title="request", rows=ids, num_steps=len(steps), cells=cells,
@@ -151,7 +153,7 @@ def trace_page(steps: list[TraceStep], title: str = "Engine trace") -> Page:
         handed_back=handed, status=[_status(s) for s in steps],
         summary=(f"{len(steps)} steps, {len(ids)} requests, "
                  f"{sum(s.num_tokens for s in steps)} tokens, {wall:.2f} s"),
-        step_labels=[str(s.step) for s in steps],
+        step_labels=[str(s.step + 1) for s in steps],
     )
     notes = ("One column per engine step, one row per request. Hatched cells are "
              "prefill chunks labelled with their size; solid cells are decode "

@@ -6,8 +6,10 @@ share a step cursor, each with per-step :class:`Chart` bars and a "handed
 back" row. :mod:`inflight.sim.render` draws a Page as HTML (interactive) or
 PNG (static), so both outputs always show the same data.
 
-Cursor convention of the page: "at step t" means steps 0..t have run; the
-initial position, -1, is before step 0.
+Step convention of the page (the simulator's, see :mod:`inflight.sim.simulator`):
+columns are steps numbered from 1, so the number of a column is the steps done
+at its end, and every step count on the page (``handed_back``, status lines,
+labels) is a count of steps done. Cell coordinates are 0-based column indexes.
 """
 from __future__ import annotations
 
@@ -32,10 +34,10 @@ class Chart:
 class Panel:
     """One grid. ``cells`` rows are ``[step, row, key, label, kind]``.
 
-    ``kind`` is "decode" (solid), "prefill" (hatched), "pad" (slot held, no
-    work) or "preempted" (outline cross). ``key`` picks the colour and the
-    hand-back chip; ``handed_back`` maps a key to the step at whose end the
-    user gets that request's output.
+    ``step`` is the 0-based column. ``kind`` is "decode" (solid), "prefill"
+    (hatched), "pad" (slot held, no work) or "preempted" (outline cross).
+    ``key`` picks the colour and the hand-back chip; ``handed_back`` maps a
+    key to the steps done (columns run) when the user gets its output.
     """
 
     title: str
@@ -49,7 +51,7 @@ class Panel:
     handed_back: dict[str, int]
     status: list[str]  # one line per step
     summary: str
-    step_labels: Optional[list[str]] = None  # column titles; default 0..n-1
+    step_labels: Optional[list[str]] = None  # column titles; default 1..n
 
 
 @dataclass
@@ -96,7 +98,7 @@ def sim_panel(result: SimResult) -> Panel:
     for s in stats:
         back = ", ".join(f"r{i}" for i in s.handed_back) or "none"
         noun = "token" if s.tokens == 1 else "tokens"
-        status.append(f"step {s.step}: {s.tokens} {noun}; handed back now: {back}")
+        status.append(f"step {s.step}: {s.tokens} {noun}; handed back at its end: {back}")
     return Panel(
         title=f"{result.scheduler} batching",
         row_title="slot",
@@ -110,6 +112,7 @@ def sim_panel(result: SimResult) -> Panel:
         status=status,
         summary=(f"{result.total_steps} steps, utilisation {result.utilisation:.1%}, "
                  f"{result.tokens_per_step:.2f} tokens/step"),
+        step_labels=[str(s.step) for s in stats],
     )
 
 
@@ -120,7 +123,9 @@ def sim_page(results: dict[str, SimResult], document: Optional[dict] = None) -> 
              "Lengths " + ",".join(map(str, w.lengths)) + "; arrival steps "
              + ",".join(map(str, w.arrivals)) + ". Solid = a decode step (one token), "
              "hatched = prefill, grey = slot held by a finished request (padding). "
-             "Static batching hands a batch back only when its longest member ends.")
+             "Static batching hands a batch back only when its longest member ends. "
+             "Steps are numbered from 1: a request with start s and finish f runs in "
+             "steps s+1..f, and the user has it after step 'back'.")
     return Page("Static vs continuous batching", notes,
                 [sim_panel(results[name]) for name in SCHEDULERS],
                 extra={"simulation": document} if document is not None else {})

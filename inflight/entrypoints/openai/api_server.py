@@ -24,6 +24,8 @@ from inflight.entrypoints.openai.responses import (DetokenizeResponse, ModelCard
 from inflight.entrypoints.openai.serving_chat import ChatHandler
 from inflight.entrypoints.openai.serving_common import ServerState
 from inflight.entrypoints.openai.serving_completion import CompletionHandler
+from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
+from inflight.entrypoints.openai.serving_responses import ResponsesHandler
 from inflight.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
@@ -132,6 +134,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 @protected.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     return await _guarded(ChatHandler(_state(request)).create(body, request))
+
+
+@protected.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    return await _guarded(ResponsesHandler(_state(request)).create(body, request))
 
 
 @protected.post("/tokenize")

@@ -76,7 +76,7 @@ def engine_error(exc: BaseException) -> OpenAIError:
     return OpenAIError(500, f"internal server error (request id {rid})", code="internal_error")
 
 
-_UNION_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
+_UNION_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*)$")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:

@@ -30,6 +30,8 @@ class ServerLimits:
     tokenizer_timeout_s: float = 20.0
     chat_template: Optional[str] = None
     allow_special_tokens_in_content: bool = False
+    tool_call_parser: str = "hermes"
+    exclude_tools_when_tool_choice_none: bool = False
 
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:
@@ -56,6 +58,12 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-special-tokens-in-content", action="store_true",
                    help="let special-token text in message content (e.g. <|im_start|>) become control tokens "
                         "(default: tokenized as plain text, so users cannot forge turns)")
+    from inflight.entrypoints.openai.tool_parsers import ToolParserManager
+
+    p.add_argument("--tool-call-parser", default=d.tool_call_parser, choices=sorted(ToolParserManager.tool_parsers),
+                   help=f"how tool calls are read from the output (default {d.tool_call_parser})")
+    p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                   help='leave the tools out of the prompt when tool_choice is "none" (default: shown, not parsed)')
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
@@ -68,7 +76,9 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         max_concurrent_requests=args.max_concurrent_requests or None,
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         timeout_keep_alive=args.timeout_keep_alive, tokenizer_timeout_s=args.tokenizer_timeout,
-                        chat_template=template, allow_special_tokens_in_content=args.allow_special_tokens_in_content)
+                        chat_template=template, allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+                        tool_call_parser=args.tool_call_parser,
+                        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none)
 
 
 def load_chat_template(value: str) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inflight.entrypoints.openai.limits import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_CHARS, clip
+from inflight.entrypoints.openai.tool_protocol import ToolCallParam, ToolRequestFields, check_tool_message
 from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_message, check_prompt_count,
                                                     check_template_kwargs, check_unsupported)
 from inflight.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, SamplingParams
@@ -137,10 +138,13 @@ class ChatMessage(OpenAIBaseModel):
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: Optional[Union[SafeStr, list[ContentPart]]] = None
     name: Optional[SafeStr] = Field(default=None, max_length=256)
+    tool_calls: Optional[list[ToolCallParam]] = None  # an assistant turn's calls, sent back
+    tool_call_id: Optional[SafeStr] = None  # the call a tool turn answers
 
     @model_validator(mode="after")
     def _check_content(self) -> "ChatMessage":
         check_message(self.role, self.content)
+        check_tool_message(self.role, self.tool_calls, self.tool_call_id)
         if isinstance(self.content, list):
             kinds = {part.type for part in self.content} - {"text"}
             if kinds:
@@ -158,10 +162,14 @@ class ChatMessage(OpenAIBaseModel):
         msg: dict[str, Any] = {"role": role, "content": content or ""}
         if self.name:
             msg["name"] = self.name
+        if self.tool_calls:
+            msg["tool_calls"] = [call.template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
         return msg
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)

@@ -86,9 +86,23 @@ class ChatLogProbs(BaseModel):
     content: Optional[list[TokenLogprob]] = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(BaseModel):
+    """A call the model made (``message.tool_calls``)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -110,11 +124,34 @@ class ChatCompletionResponse(BaseModel):
     usage: Optional[UsageInfo] = None
 
 
+class _NoNulls(BaseModel):
+    """Unset fields are left out of the JSON, as OpenAI leaves them out of stream chunks."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaFunctionCall(_NoNulls):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class DeltaToolCall(_NoNulls):
+    """A piece of a streamed tool call: id, type and name first, then argument fragments."""
+
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[DeltaFunctionCall] = None
+
+
 class DeltaMessage(BaseModel):
     """What a chunk adds to a message; unset fields are left out, as OpenAI does."""
 
     role: Optional[str] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:

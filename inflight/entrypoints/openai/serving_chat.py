@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
+from inflight.entrypoints.openai.errors import bad_request, param_of
 from inflight.entrypoints.openai.protocol import ChatCompletionRequest
 from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChunk, ChatCompletionResponse,
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
@@ -17,6 +18,10 @@ from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, a
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
 from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
+from inflight.entrypoints.openai.tool_calling import (ToolPlan, constrain, delta_messages, finish_reason,
+                                                      message_fields, plan_tools, render_chat_with_tools)
+from inflight.entrypoints.openai.tool_parsers import ToolCallStream
+from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -25,6 +30,7 @@ class _Cursor:
     text_sent: int = 0
     tokens_sent: int = 0
     done: bool = False
+    tools: Optional[ToolCallStream] = None  # parsing state of the choice's tool calls
 
 
 class ChatHandler:
@@ -36,21 +42,32 @@ class ChatHandler:
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         state = self.state
         params = state.admit(req)
-        prompt = await state.render_chat(req, req.add_generation_prompt, req.chat_template_kwargs)
+        try:
+            plan = plan_tools(req, state.limits, state.renderer)
+            params = constrain(params, plan)
+        except InvalidRequestError as e:
+            raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
+        prompt = await render_chat_with_tools(state, req, plan)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt)
         if req.stream:
-            return stream_response(streams, self._events(req, request_id, created, streams))
+            return stream_response(streams, self._events(req, request_id, created, streams, plan))
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
         out = outputs[0]
-        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                              logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                              finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in out.outputs]
+        choices = [self._choice(req, plan, c) for c in out.outputs]
         body = ChatCompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
                                       usage=usage_of(outputs))
         return JSONResponse(dump(body))
+
+    def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput) -> ChatChoice:
+        extracted = plan.extract(c.text)
+        fields = {"content": c.text} if extracted is None else message_fields(extracted)
+        reason = c.finish_reason if extracted is None else finish_reason(extracted.tools_called, c.finish_reason)
+        return ChatChoice(index=c.index, message=ChatResponseMessage(**fields),
+                          logprobs=self._logprobs(req, c.token_ids, c.logprobs),
+                          finish_reason=reason, stop_reason=c.stop_reason)
 
     def _logprobs(self, req: ChatCompletionRequest, token_ids: list[int],
                   logprobs: Optional[list[dict[int, Logprob]]]) -> Optional[ChatLogProbs]:
@@ -78,19 +95,21 @@ class ChatHandler:
                                              choices=choices, usage=usage))
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
-                      streams: list[RequestStream]) -> AsyncIterator[str]:
+                      streams: list[RequestStream], plan: ToolPlan) -> AsyncIterator[str]:
         """The role first (sent at once, before any token), then one content delta
         per step that produced text, a finish chunk per choice, usage, [DONE]."""
         for index in range(req.n):
             yield self._chunk(request_id, created,
                               [ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-        cursors = [_Cursor() for _ in range(req.n)]
+        cursors = [_Cursor(tools=plan.stream()) for _ in range(req.n)]
         final: Optional[RequestOutput] = None
         async for _, out in merge_streams(streams):
             for c in out.outputs:
-                choice = self._delta(req, c, cursors[c.index])
-                if choice is not None:
-                    yield self._chunk(request_id, created, [choice])
+                cur = cursors[c.index]
+                choices = [self._delta(req, c, cur)] if cur.tools is None else self._tool_deltas(req, c, cur)
+                for choice in choices:
+                    if choice is not None:
+                        yield self._chunk(request_id, created, [choice])
             if out.finished:
                 final = out
         if req.include_usage and final is not None:
@@ -109,3 +128,23 @@ class ChatHandler:
         cur.text_sent, cur.tokens_sent, cur.done = len(c.text), len(c.token_ids), c.finish_reason is not None
         return ChatStreamChoice(index=c.index, delta=DeltaMessage(content=text), logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+    def _tool_deltas(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> list[ChatStreamChoice]:
+        """The unsent part of a choice whose output is parsed for tool calls: content
+        and call pieces as separate chunks, logprobs on the first, finish on the last."""
+        if cur.done or not (c.text[cur.text_sent:] or c.finish_reason):
+            return []
+        parsed = cur.tools.feed(c.text[cur.text_sent:])
+        if c.finish_reason is not None:
+            parsed.extend(cur.tools.finish())
+        logprobs = self._logprobs(req, c.token_ids[cur.tokens_sent:], (c.logprobs or [])[cur.tokens_sent:])
+        cur.text_sent, cur.tokens_sent, cur.done = len(c.text), len(c.token_ids), c.finish_reason is not None
+        choices = [ChatStreamChoice(index=c.index, delta=d) for d in delta_messages(parsed)]
+        if not choices and (logprobs or cur.done):
+            choices = [ChatStreamChoice(index=c.index, delta=DeltaMessage())]
+        if choices:
+            choices[0].logprobs = logprobs
+        if cur.done:
+            choices[-1].finish_reason = finish_reason(cur.tools.tools_called, c.finish_reason)
+            choices[-1].stop_reason = c.stop_reason
+        return choices

@@ -55,7 +55,10 @@ def _harmless(name: str, value: Any, req: Any) -> bool:
 def check_unsupported(req: Any) -> None:
     """400 "not supported" for a field this server would otherwise ignore."""
     fields = dict(req.model_extra or {})
+    declared = type(req).model_fields  # a field the request model declares is implemented
     for name in _UNSUPPORTED:
+        if name in declared:
+            continue
         value = fields.get(name, getattr(req, name, None))
         if not _harmless(name, value, req):
             if name == "chat_template":

@@ -1,0 +1,206 @@
+"""``POST /v1/responses`` (stateless): one chat turn, answered in the Responses shape.
+
+The request becomes a chat request (protocol_responses.py) and runs through the
+chat path's admission, template, tools and structured output. One builder turns
+the output into output items (``message`` with ``output_text``, ``function_call``)
+and, when streaming, into the Responses events, each with its
+``sequence_number``; the non-streamed body is what the same builder ends with.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from inflight.entrypoints.openai.errors import bad_request, param_of
+from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
+from inflight.entrypoints.openai.serving_common import (ServerState, add_requests, final_outputs, merge_streams,
+                                                        stream_response, unless_disconnected)
+from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
+from inflight.entrypoints.openai.tool_calling import ToolPlan, constrain, plan_tools, render_chat_with_tools
+from inflight.entrypoints.openai.tool_parsers import ParsedDelta, ToolCallStream
+from inflight.errors import InvalidRequestError
+from inflight.outputs import RequestOutput
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseBuilder:
+    """Output items and stream events of one response, built from parsed output pieces."""
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        self.response = dict(base, output=[], status="in_progress", usage=None)
+        self.seq = 0
+        self._open: Optional[dict[str, Any]] = None  # the item still receiving text or arguments
+        self._text, self._index = "", 0
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return event
+
+    def _snapshot(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.response))
+
+    def start(self) -> list[dict[str, Any]]:
+        """``response.created`` and ``response.in_progress``."""
+        return [self._event("response.created", response=self._snapshot()),
+                self._event("response.in_progress", response=self._snapshot())]
+
+    def add(self, parsed: ParsedDelta) -> list[dict[str, Any]]:
+        """The events of a piece of output: items open as their first piece arrives."""
+        events: list[dict[str, Any]] = []
+        for part in parsed.parts:
+            if isinstance(part, str):
+                if self._open is None or self._open["type"] != "message":
+                    events += self._close() + self._open_item({
+                        "type": "message", "id": _id("msg"), "status": "in_progress", "role": "assistant",
+                        "content": []})
+                    part_obj = {"type": "output_text", "text": "", "annotations": []}
+                    events.append(self._event("response.content_part.added", item_id=self._open["id"],
+                                              output_index=self._index, content_index=0, part=part_obj))
+                self._text += part
+                events.append(self._event("response.output_text.delta", item_id=self._open["id"],
+                                          output_index=self._index, content_index=0, delta=part, logprobs=[]))
+            elif part.id is not None:
+                events += self._close() + self._open_item({
+                    "type": "function_call", "id": _id("fc"), "call_id": part.id, "name": part.name,
+                    "arguments": "", "status": "in_progress"})
+                events += self._arguments(part.arguments)
+            else:
+                events += self._arguments(part.arguments)
+        return events
+
+    def _open_item(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        self._open, self._text = item, ""
+        self._index = len(self.response["output"])
+        return [self._event("response.output_item.added", output_index=self._index, item=dict(item))]
+
+    def _arguments(self, fragment: str) -> list[dict[str, Any]]:
+        if not fragment:
+            return []
+        self._open["arguments"] += fragment
+        return [self._event("response.function_call_arguments.delta", item_id=self._open["id"],
+                            output_index=self._index, delta=fragment)]
+
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        item["status"] = status
+        common = {"item_id": item["id"], "output_index": self._index}
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": self._text, "annotations": []}
+            item["content"] = [part]
+            events = [self._event("response.output_text.done", **common, content_index=0, text=self._text,
+                                  logprobs=[]),
+                      self._event("response.content_part.done", **common, content_index=0, part=part)]
+        else:
+            events = [self._event("response.function_call_arguments.done", **common, name=item["name"],
+                                  arguments=item["arguments"])]
+        self.response["output"].append(item)
+        return events + [self._event("response.output_item.done", output_index=self._index, item=item)]
+
+    def finish(self, out: RequestOutput) -> list[dict[str, Any]]:
+        """Close the last item; ``response.completed`` (or ``response.incomplete`` at the token limit)."""
+        c = out.outputs[0]
+        incomplete = c.finish_reason == "length"
+        events = self._close("incomplete" if incomplete else "completed")
+        prompt, completion = len(out.prompt_token_ids), len(c.token_ids)
+        self.response.update(
+            status="incomplete" if incomplete else "completed",
+            incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+            usage={"input_tokens": prompt, "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
+                   "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                   "total_tokens": prompt + completion})
+        kind = "response.incomplete" if incomplete else "response.completed"
+        return events + [self._event(kind, response=self._snapshot())]
+
+
+def _sse(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+class ResponsesHandler:
+    """Serves ``/v1/responses`` against the shared server state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def create(self, req: ResponsesRequest, raw: Request) -> Response:
+        state = self.state
+        try:
+            chat = req.to_chat_request()
+            params = state.admit(chat)
+            plan = plan_tools(chat, state.limits, state.renderer)
+            params = constrain(params, plan)
+        except InvalidRequestError as e:
+            raise _renamed(e) from None
+        except Exception as e:  # admit's 400s name chat fields: give the Responses names
+            if getattr(e, "status", None) == 400:
+                raise _renamed(e) from None
+            raise
+        prompt = await render_chat_with_tools(state, chat, plan)
+        streams = await add_requests(state, _id("resp"), [prompt], params, req.priority)
+        builder = ResponseBuilder(self._base(req, chat))
+        if req.stream:
+            return stream_response(streams, self._events(builder, plan, streams))
+        outputs = await unless_disconnected(raw, final_outputs(streams))
+        if outputs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        out = outputs[0]
+        tools = plan.stream()
+        builder.add(_parse(tools, out.outputs[0].text, True))
+        builder.finish(out)
+        return JSONResponse(builder.response)
+
+    async def _events(self, builder: ResponseBuilder, plan: ToolPlan, streams: list) -> AsyncIterator[str]:
+        for event in builder.start():
+            yield _sse(event)
+        tools, sent = plan.stream(), 0
+        async for _, out in merge_streams(streams):
+            c = out.outputs[0]
+            for event in builder.add(_parse(tools, c.text[sent:], out.finished)):
+                yield _sse(event)
+            sent = len(c.text)
+            if out.finished:
+                for event in builder.finish(out):
+                    yield _sse(event)
+
+    def _base(self, req: ResponsesRequest, chat: Any) -> dict[str, Any]:
+        fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
+        return {"id": _id("resp"), "object": "response", "created_at": int(time.time()), "model": self.state.model_name,
+                "error": None, "incomplete_details": None, "instructions": req.instructions,
+                "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
+                "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
+                "store": False, "temperature": chat.temperature if chat.temperature is not None else 1.0,
+                "top_p": chat.top_p if chat.top_p is not None else 1.0, "text": {"format": fmt or {"type": "text"}},
+                "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None
+                else req.tool_choice.model_dump(), "tools": req.tools or [], "truncation": "disabled",
+                "user": req.user}
+
+
+def _parse(tools: Optional[ToolCallStream], text: str, finished: bool) -> ParsedDelta:
+    if tools is None:
+        parsed = ParsedDelta()
+        parsed.add_text(text)
+        return parsed
+    parsed = tools.feed(text)
+    if finished:
+        parsed.extend(tools.finish())
+    return parsed
+
+
+def _renamed(e: Exception) -> Exception:
+    """A 400 in the Responses API's names (``response_format`` is ``text.format`` there)."""
+    message = str(getattr(e, "message", e))
+    for chat_name, name in (("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
+                            ("max_tokens", "max_output_tokens"), ("messages", "input")):
+        message = message.replace(chat_name, name)
+    return bad_request(message, param_of(message, ResponsesRequest.model_fields))

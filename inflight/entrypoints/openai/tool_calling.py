@@ -1,0 +1,162 @@
+"""Tool calling on chat completions: what ``tools`` and ``tool_choice`` change.
+
+- the prompt: the tools go to the chat template (tool_render.py);
+- the sampling: ``"required"`` and a named function are enforced by structured
+  output, as vLLM does: the output is constrained by a JSON schema to a bare JSON
+  array of ``{"name", "arguments"}`` objects (required) or to the named
+  function's arguments object. A JSON schema is the one constraint every
+  grammar backend compiles, and the output needs no tags the model might not
+  use; the tool's own schema shapes the arguments;
+- the output: parsed into ``tool_calls`` (``--tool-call-parser``, hermes by
+  default) for ``"auto"``; ``"none"`` parses nothing. As in vLLM, ``"none"``
+  still shows the tools to the model unless ``--exclude-tools-when-tool-choice-none``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from inflight.entrypoints.openai.responses import (DeltaFunctionCall, DeltaMessage, DeltaToolCall, FunctionCall,
+                                                   ToolCall)
+from inflight.entrypoints.openai.tool_parsers import (DEFAULT_TOOL_PARSER, ExtractedToolCalls,
+                                                      NamedToolCallStream, ParsedDelta, RequiredToolCallStream,
+                                                      ToolCallStream, ToolParserManager, collect)
+from inflight.errors import InvalidRequestError
+from inflight.sampling_params import SamplingParams
+
+
+@dataclass
+class ToolPlan:
+    """How one request uses tools: ``mode`` is none, auto, required or named."""
+
+    mode: str = "none"
+    tools: list[dict[str, Any]] = field(default_factory=list)  # what the template is given
+    function: Optional[str] = None  # the named function
+    parser_name: str = DEFAULT_TOOL_PARSER
+
+    def stream(self) -> Optional[ToolCallStream]:
+        """A fresh parsing state for one choice (None: the output is plain content)."""
+        if self.mode == "auto":
+            return ToolParserManager.get_tool_parser(self.parser_name)().stream()
+        if self.mode == "required":
+            return RequiredToolCallStream()
+        if self.mode == "named":
+            return NamedToolCallStream(self.function or "")
+        return None
+
+    def extract(self, text: str) -> Optional[ExtractedToolCalls]:
+        """The calls in a complete output, parsed exactly as a stream would parse it."""
+        s = self.stream()
+        return None if s is None else collect([s.feed(text), s.finish()])
+
+    def schema(self) -> Optional[dict[str, Any]]:
+        """The JSON schema structured output enforces (required and named only)."""
+        params = {t["function"]["name"]: _arguments_schema(t["function"]) for t in self.tools}
+        if self.mode == "named":
+            return params[self.function]
+        if self.mode != "required":
+            return None
+        calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "arguments": schema},
+                  "required": ["name", "arguments"], "additionalProperties": False}
+                 for name, schema in params.items()]
+        return {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+
+
+def _arguments_schema(function: dict[str, Any]) -> dict[str, Any]:
+    schema = dict(function.get("parameters") or {"type": "object", "properties": {}})
+    schema.setdefault("type", "object")  # arguments are always an object
+    return schema
+
+
+def finish_reason(called: bool, reason: Optional[str]) -> Optional[str]:
+    """``tool_calls`` when the model ended its turn with calls (a cut-off turn keeps ``length``)."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def plan_tools(req: Any, limits: Any, renderer: Any = None) -> ToolPlan:
+    """Check ``tools`` and ``tool_choice`` together (``limits``: the server's
+    ``tool_call_parser`` and ``exclude_tools_when_tool_choice_none``); raises
+    InvalidRequestError naming the field."""
+    tools = [t.model_dump(exclude_none=True) for t in (req.tools or [])]
+    choice = req.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice != "none" and not tools:
+        raise InvalidRequestError("tool_choice: needs tools; none were given")
+    names = [t["function"]["name"] for t in tools]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise InvalidRequestError(f"tools: function names must be unique; {dup!r} appears more than once")
+    if renderer is not None and tools and renderer.has_special_text(str(tools)):
+        raise InvalidRequestError("tools: special-token text is not allowed in tool definitions")
+    plan = ToolPlan(tools=tools, parser_name=limits.tool_call_parser)
+    if isinstance(choice, str):
+        plan.mode = choice
+    else:
+        plan.mode, plan.function = "named", choice.function.name
+        if plan.function not in names:
+            raise InvalidRequestError(f"tool_choice: no function named {plan.function!r} in tools "
+                                      f"(known: {', '.join(names)})"[:300])
+    if plan.mode == "none" and limits.exclude_tools_when_tool_choice_none:
+        plan.tools = []
+    return plan
+
+
+def constrain(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
+    """The sampling params with the structured output that makes ``required`` and named choices hold."""
+    schema = plan.schema()
+    if schema is None:
+        return params
+    try:
+        from inflight.sampling_params import StructuredOutputsParams
+    except ImportError:
+        raise InvalidRequestError(f"tool_choice: {plan.mode!r} needs structured output, "
+                                  f"which this server does not support") from None
+    if getattr(params, "structured_outputs", None) is not None:
+        raise InvalidRequestError("tool_choice: a required or named tool choice cannot be combined "
+                                  "with response_format or structured_outputs")
+    return dataclasses.replace(params, structured_outputs=StructuredOutputsParams(json=schema))
+
+
+def message_fields(extracted: ExtractedToolCalls) -> dict[str, Any]:
+    """``content`` and ``tool_calls`` of a non-streamed message."""
+    calls = [ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+             for c in extracted.tool_calls]
+    return {"content": extracted.content, "tool_calls": calls}
+
+
+def delta_messages(parsed: ParsedDelta) -> list[DeltaMessage]:
+    """The chunks' deltas of a parsed piece of output: text as content; each call
+    as OpenAI streams it (id, type and name with empty arguments, then the arguments)."""
+    out = []
+    for part in parsed.parts:
+        if isinstance(part, str):
+            out.append(DeltaMessage(content=part))
+        elif part.id is not None:
+            out.append(DeltaMessage(tool_calls=[DeltaToolCall(
+                index=part.index, id=part.id, type="function",
+                function=DeltaFunctionCall(name=part.name, arguments=part.arguments))]))
+        else:
+            out.append(DeltaMessage(tool_calls=[DeltaToolCall(index=part.index,
+                                                              function=DeltaFunctionCall(arguments=part.arguments))]))
+    return out
+
+
+async def render_chat_with_tools(state: Any, req: Any, plan: ToolPlan) -> dict[str, Any]:
+    """The engine prompt of a conversation with its tools and tool turns, rendered on the tokenizer pool."""
+    from inflight.entrypoints.openai.errors import bad_request
+    from inflight.entrypoints.openai.tool_render import prepare_messages, template_takes
+
+    renderer = state.renderer
+    template = renderer.chat_template or getattr(state.tokenizer, "chat_template", None)
+    dicts = [m.template_dict() for m in req.messages]
+    if template_takes(template, "tool_calls") and any(
+            renderer.has_special_text(str(m.get("tool_calls") or "")) for m in dicts):
+        raise bad_request("messages: special-token text is not allowed in tool calls", "messages")
+    dicts, extra = prepare_messages(dicts, plan.tools, template)
+    kwargs = {**(req.chat_template_kwargs or {}), **extra}
+    try:
+        return await state.pool.run(renderer.render, dicts, req.add_generation_prompt, kwargs)
+    except InvalidRequestError as e:
+        raise bad_request(str(e), "messages") from None

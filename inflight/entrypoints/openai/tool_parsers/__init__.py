@@ -1,0 +1,13 @@
+"""Tool-call parsers: model output to OpenAI ``tool_calls`` (``--tool-call-parser``)."""
+from inflight.entrypoints.openai.tool_parsers.abstract_tool_parser import (ExtractedToolCalls, ParsedDelta,
+                                                                           ParsedToolCall, ToolCallDelta,
+                                                                           ToolCallStream, ToolParser, collect)
+from inflight.entrypoints.openai.tool_parsers.forced import NamedToolCallStream, RequiredToolCallStream
+from inflight.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+from inflight.entrypoints.openai.tool_parsers.registry import ToolParserManager
+
+DEFAULT_TOOL_PARSER = "hermes"
+
+__all__ = ["DEFAULT_TOOL_PARSER", "ExtractedToolCalls", "Hermes2ProToolParser", "NamedToolCallStream",
+           "ParsedDelta", "ParsedToolCall", "RequiredToolCallStream", "ToolCallDelta", "ToolCallStream",
+           "ToolParser", "ToolParserManager", "collect"]

@@ -1,0 +1,215 @@
+"""Tool calling on chat completions: the hermes parser, the prompt, and the server
+over a fake engine whose model writes a fixed tool call."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inflight.core.outputs import ModelRunnerOutput
+from inflight.entrypoints.openai.server_thread import ServerThread
+from inflight.entrypoints.openai.tool_parsers import ToolParserManager, collect
+from inflight.entrypoints.openai.tool_render import prepare_messages
+from test_async_engine import EOS, FakeRunner, make_fake_engine
+from test_server import wait_until_idle
+
+MODEL = "fake-model"
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                   "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+USER = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def hermes():
+    return ToolParserManager.get_tool_parser("hermes")()
+
+
+# ---------------------------------------------------------------- the parser
+def test_plain_text_is_content_unchanged():
+    r = hermes().extract_tool_calls("Hello there.\n")
+    assert r.tool_calls == [] and r.content == "Hello there.\n"
+
+
+def test_text_before_a_call_and_several_calls():
+    text = f"Let me check.\n{CALL}\n<tool_call>{{\"name\": \"get_time\", \"arguments\": \"{{}}\"}}</tool_call>\n"
+    r = hermes().extract_tool_calls(text)
+    assert r.content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {})]
+    assert all(c.id.startswith("call_") for c in r.tool_calls) and r.tool_calls[0].id != r.tool_calls[1].id
+
+
+def test_a_call_alone_has_no_content_and_a_list_in_one_tag_is_several_calls():
+    r = hermes().extract_tool_calls('<tool_call>[{"name": "a"}, {"name": "b", "arguments": {"x": "é"}}]</tool_call>')
+    assert r.content is None and [(c.name, c.arguments) for c in r.tool_calls] == [("a", "{}"), ("b", '{"x": "é"}')]
+
+
+@pytest.mark.parametrize("inner", ['{"name": "f", "arguments": {"a": 1}', '{"arguments": {}}', '[]', '"f"',
+                                   '{"name": "f", "arguments": [1]}'])
+def test_malformed_json_inside_the_tag_is_returned_as_content(inner):
+    text = f"Sure. <tool_call>{inner}</tool_call> done"
+    r = hermes().extract_tool_calls(text)
+    assert r.tool_calls == [] and r.content == text
+
+
+def test_an_unclosed_call_counts_only_if_its_json_is_whole():
+    r = hermes().extract_tool_calls('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n')
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", '{"a": 1}')]
+    cut = '<tool_call>\n{"name": "f", "argu'
+    assert hermes().extract_tool_calls(cut).content == cut
+
+
+PIECES = ["Sure", " ", "\n", "<tool_call>", "<tool_", "call>", "</tool_call>", '{"name": "f", "arguments": {}}',
+          '{"name": "g", "arguments": {"q": "<tool_call>"}}', "{bad", "text", "</tool"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=12), st.data())
+def test_streaming_in_any_split_equals_the_whole(pieces, data):
+    text = "".join(pieces)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=8)))
+    s = hermes().stream()
+    deltas = [s.feed(text[a:b]) for a, b in zip([0] + cuts, cuts + [len(text)])] + [s.finish()]
+    streamed, whole = collect(deltas), hermes().extract_tool_calls(text)
+    assert streamed.content == whole.content
+    assert [(c.name, c.arguments) for c in streamed.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+
+
+# ---------------------------------------------------------------- the prompt
+def test_a_template_without_tools_gets_them_in_the_system_message_and_turns_as_text():
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    dicts = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": "", "tool_calls": [call]},
+             {"role": "tool", "content": "18C", "tool_call_id": "call_1"},
+             {"role": "tool", "content": "sunny", "tool_call_id": "call_2"}]
+    out, kwargs = prepare_messages(dicts, TOOLS, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert kwargs == {} and [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"].startswith("Be brief.\n\n# Tools") and json.dumps(TOOLS[0]) in out[0]["content"]
+    assert out[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert out[3]["content"] == "<tool_response>\n18C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>"
+
+
+def test_a_template_that_takes_tools_gets_them_as_they_are():
+    dicts = [{"role": "user", "content": "hi"}]
+    template = "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.tool_calls }}{% endfor %}"
+    assert prepare_messages(dicts, TOOLS, template) == (dicts, {"tools": TOOLS})
+
+
+# ---------------------------------------------------------------- the server
+class ScriptRunner(FakeRunner):
+    """Writes ``script`` one byte per token, then EOS."""
+
+    script = CALL
+
+    def execute(self, sched) -> ModelRunnerOutput:
+        out = ModelRunnerOutput()
+        data = self.script.encode()
+        for s in sched.scheduled:
+            if s.samples:
+                n = s.request.num_output_tokens
+                out.sampled_token_ids[s.request.request_id] = [data[n] if n < len(data) else EOS]
+        return out
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = make_fake_engine(num_blocks=1024, block_size=4, max_model_len=2048, max_num_seqs=16,
+                              max_num_batched_tokens=2048)
+    engine.runner = ScriptRunner()
+    with ServerThread(engine, MODEL, log_stats=False) as srv:
+        srv.engine = engine
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    server.engine.runner.script = CALL
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_a_call_is_parsed_into_tool_calls(server, client):
+    server.engine.runner.script = "Checking.\n" + CALL
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, max_tokens=300)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    wait_until_idle(server)
+
+
+def test_streamed_calls_concatenate_to_the_non_streamed_result(server, client):
+    server.engine.runner.script = "Checking.\n" + CALL + '\n<tool_call>{"name": "get_time"}</tool_call>'
+    kw = dict(model=MODEL, messages=USER, tools=TOOLS, max_tokens=300)
+    whole = client.chat.completions.create(**kw).choices[0]
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == whole.message.content
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for piece in d.tool_calls or []:
+            if piece.id:  # the first piece of a call: id, type and name, no arguments yet
+                assert piece.index not in calls and piece.type == "function" and piece.function.arguments == ""
+                calls[piece.index] = {"name": piece.function.name, "arguments": ""}
+            else:
+                assert piece.function.name is None
+                calls[piece.index]["arguments"] += piece.function.arguments
+    assert [calls[i] for i in sorted(calls)] == [{"name": c.function.name, "arguments": c.function.arguments}
+                                                 for c in whole.message.tool_calls]
+    assert len(calls) == 2 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    wait_until_idle(server)
+
+
+def test_tool_choice_none_parses_nothing(client):
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="none", max_tokens=300)
+    assert r.choices[0].message.content == CALL and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_tool_turns_go_back_through_the_template(client):
+    messages = USER + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=300)
+    # The fake template writes <role>content lines; the tools go first, as a system turn.
+    dicts, _ = prepare_messages([{"role": "user", "content": "Weather in Paris?"},
+                                 {"role": "assistant", "content": "", "tool_calls": [
+                                     {"id": "call_1", "type": "function",
+                                      "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                                 {"role": "tool", "content": "18C", "tool_call_id": "call_1"}],
+                                [t for t in TOOLS], "fake")
+    expected = "".join(f"<{m['role']}>{m['content']}\n" for m in dicts) + "<assistant>"
+    assert r.usage.prompt_tokens == len(expected.encode())
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tool_choice": "sometimes"}, "tool_choice", "auto"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name", "pattern"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0.type", "function"),
+    ({"tools": [{"type": "function"}]}, "tools.0.function", "required"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools.0.function.parameters",
+     "dict"),
+    ({"tools": TOOLS + [TOOLS[0]]}, "tools", "unique"),
+    ({"messages": [{"role": "tool", "content": "18C"}]}, "messages.0", "tool_call_id"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0", "assistant"),
+])
+def test_bad_tool_requests_get_a_400_naming_the_field(server, extra, param, words):
+    import httpx
+
+    body = {"model": MODEL, "messages": USER, "tools": TOOLS, "max_tokens": 5, **extra}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and words in err["message"]
+    assert err["param"] == param
