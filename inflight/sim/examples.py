@@ -33,6 +33,7 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in (
                       slots=4)),
     Example(
         "arrivals",
-        "2 slots; A..D as in 2-slots, then E and F (4 and 2 tokens); arrivals 0, 0, 1, 2, 3, 4",
+        "2 slots; A..D as in 2-slots, then E and F (4 and 2 tokens: ours, the explainer's "
+        "waits do not depend on them); arrivals 0, 0, 1, 2, 3, 4",
         Workload.make([6, 2, 1, 3, 4, 2], [0, 0, 1, 2, 3, 4], slots=2)),
 )}
