@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from inflight.core.outputs import ModelRunnerOutput
 from inflight.entrypoints.openai.server_thread import ServerThread
-from inflight.entrypoints.openai.tool_parsers import ToolParserManager, collect
+from inflight.entrypoints.openai.tool_calling import ToolPlan
+from inflight.entrypoints.openai.tool_parsers import (NamedToolCallStream, RequiredToolCallStream, ToolParserManager,
+                                                      collect)
 from inflight.entrypoints.openai.tool_render import prepare_messages
 from test_async_engine import EOS, FakeRunner, make_fake_engine
 from test_server import wait_until_idle
@@ -79,6 +81,30 @@ def test_streaming_in_any_split_equals_the_whole(pieces, data):
     streamed, whole = collect(deltas), hermes().extract_tool_calls(text)
     assert streamed.content == whole.content
     assert [(c.name, c.arguments) for c in streamed.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+
+
+def test_a_forced_call_is_parsed_from_bare_json():
+    s = NamedToolCallStream("get_weather")  # a named function: the output is its arguments, streamed as they come
+    deltas = [s.feed('{"city": '), s.feed('"Paris"}'), s.finish()]
+    assert deltas[0].tool_calls[0].name == "get_weather" and deltas[1].tool_calls[0].arguments == '"Paris"}'
+    (call,) = collect(deltas).tool_calls
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
+    s = RequiredToolCallStream()  # required: an array of calls; one cut short by the length limit is dropped
+    out = collect([s.feed('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "argu'), s.finish()])
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("get_time", "{}")] and out.content is None
+    s = RequiredToolCallStream()
+    assert collect([s.feed('[{"na'), s.finish()]).content == '[{"na'
+
+
+def test_the_required_schema_allows_only_calls_to_the_tools():
+    plan = ToolPlan(mode="required", tools=TOOLS)
+    items = plan.schema()["items"]["anyOf"]
+    assert [i["properties"]["name"]["enum"] for i in items] == [["get_weather"], ["get_time"]]
+    assert items[0]["properties"]["arguments"] == TOOLS[0]["function"]["parameters"]
+    assert plan.schema()["minItems"] == 1 and "maxItems" not in plan.schema()
+    assert ToolPlan(mode="required", tools=TOOLS, parallel_tool_calls=False).schema()["maxItems"] == 1
+    named = ToolPlan(mode="named", tools=TOOLS, function="get_time").schema()
+    assert named == {"type": "object", "properties": {}}
 
 
 # ---------------------------------------------------------------- the prompt
@@ -164,6 +190,14 @@ def test_streamed_calls_concatenate_to_the_non_streamed_result(server, client):
                                                  for c in whole.message.tool_calls]
     assert len(calls) == 2 and chunks[-1].choices[0].finish_reason == "tool_calls"
     wait_until_idle(server)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(server, client):
+    server.engine.runner.script = CALL + '<tool_call>{"name": "get_time"}</tool_call>'
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, max_tokens=300,
+                                       parallel_tool_calls=False)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+    assert r.choices[0].message.content is None
 
 
 def test_tool_choice_none_parses_nothing(client):

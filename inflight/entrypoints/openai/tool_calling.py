@@ -34,11 +34,13 @@ class ToolPlan:
     tools: list[dict[str, Any]] = field(default_factory=list)  # what the template is given
     function: Optional[str] = None  # the named function
     parser_name: str = DEFAULT_TOOL_PARSER
+    parallel_tool_calls: bool = True  # False: at most one call
 
     def stream(self) -> Optional[ToolCallStream]:
         """A fresh parsing state for one choice (None: the output is plain content)."""
         if self.mode == "auto":
-            return ToolParserManager.get_tool_parser(self.parser_name)().stream()
+            s = ToolParserManager.get_tool_parser(self.parser_name)().stream()
+            return s if self.parallel_tool_calls else FirstCallOnly(s)
         if self.mode == "required":
             return RequiredToolCallStream()
         if self.mode == "named":
@@ -60,7 +62,36 @@ class ToolPlan:
         calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "arguments": schema},
                   "required": ["name", "arguments"], "additionalProperties": False}
                  for name, schema in params.items()]
-        return {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        if not self.parallel_tool_calls:
+            schema["maxItems"] = 1
+        return schema
+
+
+class FirstCallOnly(ToolCallStream):
+    """``parallel_tool_calls: false``: calls after the first are dropped (their text is no content either)."""
+
+    def __init__(self, inner: ToolCallStream) -> None:
+        self.inner = inner
+
+    @property
+    def tools_called(self) -> bool:
+        return self.inner.tools_called
+
+    def _first(self, parsed: ParsedDelta) -> ParsedDelta:
+        out = ParsedDelta()
+        for part in parsed.parts:
+            if isinstance(part, str):
+                out.add_text(part)
+            elif part.index == 0:
+                out.add_call(part)
+        return out
+
+    def feed(self, text: str) -> ParsedDelta:
+        return self._first(self.inner.feed(text))
+
+    def finish(self) -> ParsedDelta:
+        return self._first(self.inner.finish())
 
 
 def _arguments_schema(function: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +121,8 @@ def plan_tools(req: Any, limits: Any, renderer: Any = None) -> ToolPlan:
         raise InvalidRequestError(f"tools: function names must be unique; {dup!r} appears more than once")
     if renderer is not None and tools and renderer.has_special_text(str(tools)):
         raise InvalidRequestError("tools: special-token text is not allowed in tool definitions")
-    plan = ToolPlan(tools=tools, parser_name=limits.tool_call_parser)
+    plan = ToolPlan(tools=tools, parser_name=limits.tool_call_parser,
+                    parallel_tool_calls=getattr(req, "parallel_tool_calls", None) is not False)
     if isinstance(choice, str):
         plan.mode = choice
     else:
@@ -109,7 +141,7 @@ def constrain(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
     if schema is None:
         return params
     try:
-        from inflight.sampling_params import StructuredOutputsParams
+        from inflight.structured_output import StructuredOutputsParams
     except ImportError:
         raise InvalidRequestError(f"tool_choice: {plan.mode!r} needs structured output, "
                                   f"which this server does not support") from None

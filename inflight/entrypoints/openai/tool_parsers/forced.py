@@ -4,13 +4,14 @@
 - a named function: the output is that function's arguments object, streamed
   as it is generated (the call is known from the first token);
 - "required": the output is a JSON array of ``{"name", "arguments"}`` objects,
-  parsed once it is complete.
+  parsed once it is complete (an array cut short by the length limit gives
+  the calls it completed).
 """
 from __future__ import annotations
 
 from inflight.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedDelta, ToolCallDelta,
                                                                            ToolCallStream, make_tool_call_id)
-from inflight.entrypoints.openai.tool_parsers.utils import parse_call_objects
+from inflight.entrypoints.openai.tool_parsers.utils import calls_of, complete_array_items, parse_call_objects
 
 
 class NamedToolCallStream(ToolCallStream):
@@ -59,7 +60,8 @@ class RequiredToolCallStream(ToolCallStream):
 
     def finish(self) -> ParsedDelta:
         text = "".join(self._buf)
-        calls = parse_call_objects(text)
+        # An array cut short by the length limit still holds the calls it completed.
+        calls = parse_call_objects(text) or calls_of(complete_array_items(text))
         if calls is None:
             out = ParsedDelta()
             out.add_text(text)

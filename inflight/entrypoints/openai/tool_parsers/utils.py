@@ -29,7 +29,28 @@ def parse_call_objects(text: str) -> Optional[list[tuple[str, str]]]:
         obj = json.loads(text)
     except ValueError:
         return None
-    items = obj if isinstance(obj, list) else [obj]
+    return calls_of(obj if isinstance(obj, list) else [obj])
+
+
+def complete_array_items(text: str) -> list[Any]:
+    """The whole items at the start of a JSON array that was cut short (``[{...}, {...}, {"na``)."""
+    decoder, items = json.JSONDecoder(), []
+    start = len(text) - len(text.lstrip())
+    if not text.startswith("[", start):
+        return []
+    i = start + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return items
+        items.append(item)
+
+
+def calls_of(items: list[Any]) -> Optional[list[tuple[str, str]]]:
+    """``(name, arguments JSON)`` for each call object; None unless every item is one."""
     calls = []
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
