@@ -16,6 +16,8 @@ class Logprob:
 
 # One dict per generated token: token id -> Logprob (the sampled token and the top-N).
 SampleLogprobs = list[dict[int, Logprob]]
+# One per prompt token: None for the first (nothing predicts it), then the token and the top-N.
+PromptLogprobs = list[Optional[dict[int, Logprob]]]
 
 
 @dataclass
@@ -78,3 +80,5 @@ class RequestOutput:
     # and whether its input caused it (a client error) rather than the server.
     error: Optional[str] = None
     error_is_bad_input: bool = False
+    # With SamplingParams.prompt_logprobs: set once the prompt is computed (vLLM's field)
+    prompt_logprobs: Optional[PromptLogprobs] = None

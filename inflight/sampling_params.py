@@ -14,6 +14,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; top-N is computed per token on the step thread
+# OpenAI's bounds for logit_bias: each entry is a scatter in the sampler, on the step thread.
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_LOGIT_BIAS = 100.0
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -43,6 +46,7 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before sampling
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -57,6 +61,7 @@ class SamplingParams:
         self._validate_types()
         self._validate_ranges()
         self._validate_stops()
+        self._validate_logit_bias()
 
     def _validate_types(self) -> None:
         # NaN compares false against every bound, so finiteness is checked before the ranges.
@@ -89,11 +94,14 @@ class SamplingParams:
                 raise InvalidRequestError(f"stop_token_ids must be non-negative integers, got {_short(t)}")
 
     def verify_vocab(self, vocab_size: int) -> None:
-        """Raise InvalidRequestError unless every stop token id is inside the vocabulary
+        """Raise InvalidRequestError unless every stop token id and logit_bias key is inside the vocabulary
         (the engine would otherwise never see them, silently)."""
         for t in self.stop_token_ids:
             if not t < vocab_size:
                 raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size}), got {t}")
+        for t in self.logit_bias or ():
+            if not t < vocab_size:
+                raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab_size}), got {t}")
 
     def _validate_ranges(self) -> None:
         if self.n < 1:
@@ -120,9 +128,24 @@ class SamplingParams:
             raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if self.prompt_logprobs is not None:
-            # The engine computes no prompt logprobs: accepting the field would answer without them.
-            raise InvalidRequestError("prompt_logprobs: not supported")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+
+    def _validate_logit_bias(self) -> None:
+        if not self.logit_bias:
+            self.logit_bias = None
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidRequestError(f"logit_bias must map token ids to numbers, got {_short(self.logit_bias)}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidRequestError(f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries, "
+                                      f"got {len(self.logit_bias)}")
+        for t, v in self.logit_bias.items():
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT64_MAX:
+                raise InvalidRequestError(f"logit_bias keys must be non-negative token ids, got {_short(t)}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS:
+                raise InvalidRequestError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, "
+                                          f"{MAX_LOGIT_BIAS:g}], got {_short(v)} for token {t}")
 
     @property
     def greedy(self) -> bool:

@@ -90,8 +90,14 @@ CASES = [
     (C, cmpl(stop_token_ids=[BIG]), 400, INVALID),
     (CH, chat(stop_token_ids=["a"]), 400, INVALID),
     # fields that would change the output, which this server does not implement
-    (C, cmpl(logit_bias={"1": 5}), 400, INVALID),
-    (CH, chat(logit_bias={"1": 5}), 400, INVALID),
+    # logit_bias: token ids inside the vocabulary (257 ids), values in [-100, 100], at most 300 entries
+    (C, cmpl(logit_bias={"1": 101}), 400, INVALID),
+    (CH, chat(logit_bias={"1": -100.5}), 400, INVALID),
+    (C, cmpl(logit_bias={"257": 5}), 400, INVALID),
+    (C, cmpl(logit_bias={"-1": 5}), 400, INVALID),
+    (CH, chat(logit_bias={"x": 5}), 400, INVALID),
+    (C, raw('{"prompt": "Hi", "logit_bias": {"1": NaN}}'), 400, INVALID),
+    (C, cmpl(logit_bias={str(i): 1 for i in range(301)}), 400, INVALID),
     (CH, chat(logit_bias="garbage"), 400, INVALID),
     (CH, chat(logit_bias={str(i): 1 for i in range(5000)}), 400, INVALID),
     # tools: well-formed function tools; a tool_choice needs tools, and a named one one of them
@@ -111,7 +117,11 @@ CASES = [
     (CH, chat(guided_regex="a+"), 400, INVALID),
     (C, cmpl(suffix="x"), 400, INVALID),
     (C, cmpl(best_of=3), 400, INVALID),
-    (C, cmpl(prompt_logprobs=1), 400, INVALID),
+    (C, cmpl(prompt_logprobs=21), 400, INVALID),
+    (C, cmpl(prompt_logprobs=-1), 400, INVALID),
+    (C, cmpl(prompt_logprobs=1, stream=True), 400, INVALID),
+    (CH, chat(prompt_logprobs=1, stream=True), 400, INVALID),
+    (C, cmpl(max_tokens=0), 400, INVALID),  # max_tokens=0 only with echo
     # messages: known roles; system, developer, user and tool turns need content
     (CH, msg("user"), 400, INVALID),
     (CH, msg("user", content=None), 400, INVALID),
@@ -242,7 +252,9 @@ def test_limits_are_named_in_errors(server):
         assert "[0, 257)" in post(h, C, cmpl(stop_token_ids=[300])).json()["error"]["message"]
         err = post(h, CH, chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}})).json()
         assert "'g'" in err["error"]["message"] and err["error"]["param"] == "tool_choice"
-        assert post(h, CH, chat(logit_bias={"1": 1})).json()["error"]["param"] == "logit_bias"
+        assert post(h, CH, chat(logit_bias={"1": 101})).json()["error"]["param"] == "logit_bias"
+        assert "[0, 257)" in post(h, C, cmpl(logit_bias={"300": 1})).json()["error"]["message"]
+        assert post(h, C, cmpl(prompt_logprobs=1, stream=True)).json()["error"]["param"] == "prompt_logprobs"
 
 
 def test_harmless_values_of_unsupported_fields_are_accepted(server):
@@ -268,7 +280,9 @@ def test_a_batch_counts_whole_against_max_waiting_requests(server):
     {"seed": BIG}, {"seed": -(2**63) - 1}, {"seed": 2**63 - 1, "n": 2}, {"temperature": float("nan")},
     {"top_p": float("inf")}, {"repetition_penalty": float("nan")}, {"presence_penalty": float("-inf")},
     {"n": 1.5}, {"n": 0}, {"max_tokens": BIG}, {"stop": ""}, {"stop": ["a"] * 17}, {"stop": ["x" * 257]},
-    {"stop_token_ids": [-1]}, {"stop_token_ids": list(range(65))}, {"logprobs": 21}, {"prompt_logprobs": 1},
+    {"stop_token_ids": [-1]}, {"stop_token_ids": list(range(65))}, {"logprobs": 21}, {"prompt_logprobs": 21},
+    {"prompt_logprobs": -1}, {"logit_bias": {1: 101}}, {"logit_bias": {-1: 1}}, {"logit_bias": {"1": 1}},
+    {"logit_bias": {i: 1 for i in range(301)}}, {"logit_bias": {1: float("nan")}},
 ])
 def test_sampling_params_check_the_same_for_offline_use(kwargs):
     from inflight.errors import InvalidRequestError

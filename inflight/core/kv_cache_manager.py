@@ -92,8 +92,9 @@ class KVCacheManager:
         """Longest cached prefix of a new request, in whole blocks.
 
         NOTE: at most ``num_tokens - 1`` tokens can hit, so the last prompt token
-        is always recomputed and its logits sampled."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs:
+        is always recomputed and its logits sampled. A request still owed prompt
+        logprobs takes no hit (as vLLM): a cached position has no logits."""
+        if not self.enable_caching or request.needs_prompt_logprobs:
             return ComputedBlocks([], 0)
         hashes = self._update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -60,6 +60,8 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, LogprobEntry] = field(default_factory=dict)
+    # request id -> (index of the first entry, entries): the prompt logprobs this step's rows made
+    prompt_logprobs: dict[str, tuple[int, list[LogprobEntry]]] = field(default_factory=dict)
     # Requests whose own sampling failed this step (no token for them); the engine
     # finishes them with an error and every other request goes on.
     failed: dict[str, Exception] = field(default_factory=dict)
@@ -75,3 +77,5 @@ class EngineCoreOutput:
     stop_reason: Optional[int | str] = None
     new_logprobs: Optional[list[LogprobEntry]] = None
     num_cached_tokens: int = 0
+    # every prompt token's logprobs but the first's, sent once, with the first output token
+    prompt_logprobs: Optional[list[LogprobEntry]] = None

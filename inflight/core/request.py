@@ -78,6 +78,8 @@ class Request:
     stop_reason: Any = None
     block_hashes: list[bytes] = field(default_factory=list)  # chained sha256 of each full block
     spec_token_ids: list[int] = field(default_factory=list)  # drafts for the next step (speculative decoding)
+    # With sampling_params.prompt_logprobs: entry i is [(token, logprob, rank), top-N...] of prompt token i + 1.
+    prompt_logprobs: list[list[tuple[int, float, int]]] = field(default_factory=list)
     times: RequestTimes = field(init=False)
     # Token ids after the prompt, including the ones generated so far.
     all_token_ids: list[int] = field(init=False)
@@ -106,6 +108,19 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """True while prompt logprobs were asked for (even 0: the token's own) and are not all computed."""
+        return (self.sampling_params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
+
+    def add_prompt_logprobs(self, start: int, entries: list[list[tuple[int, float, int]]]) -> None:
+        """Add a chunk's prompt-logprob entries, which begin at entry ``start``; entries
+        this request already has (computed again after a preemption) are skipped."""
+        have = len(self.prompt_logprobs)
+        if start <= have:
+            self.prompt_logprobs.extend(entries[have - start:])
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

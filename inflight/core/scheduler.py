@@ -276,8 +276,11 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             # tokens that later take those positions overwrite it before any read.
             num_rejected = len(s.spec_token_ids) - (len(tokens) - 1 if tokens else 0)
             req.num_computed_tokens += s.num_new_tokens - num_rejected
+            if req.request_id in result.prompt_logprobs:
+                req.add_prompt_logprobs(*result.prompt_logprobs[req.request_id])
             if not tokens:
                 continue
+            first_output = req.num_output_tokens == 0
             self._count_drafts(s, tokens)
             new, status = [], None
             for token in tokens:
@@ -294,9 +297,10 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             elif self.proposer is not None:
                 req.spec_token_ids = self._propose(req)
             lp = result.logprobs.get(req.request_id)
+            plp = req.prompt_logprobs if first_output and req.sampling_params.prompt_logprobs is not None else None
             outputs.append(EngineCoreOutput(
                 req.request_id, new, status.finish_reason if status else None, req.stop_reason,
-                [lp] if lp is not None else None, max(req.num_cached_tokens, 0)))
+                [lp] if lp is not None else None, max(req.num_cached_tokens, 0), plp))
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> Optional[RequestStatus]:

@@ -93,7 +93,9 @@ class LLMEngine:
         children = []
         for i in range(params.n):
             cid = request_id if params.n == 1 else f"{request_id}#{i}"
-            p = params if params.n == 1 else replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            # the samples share the prompt: only the first computes its logprobs
+            p = params if params.n == 1 else replace(params, n=1, seed=None if params.seed is None else params.seed + i,
+                                                     prompt_logprobs=params.prompt_logprobs if i == 0 else None)
             children.append(Request(cid, ids, p, self.eos_token_ids, arrival, priority, cache_salt=cache_salt))
         for child in children:
             self.scheduler.check_feasible(child)

@@ -8,7 +8,7 @@ from typing import Optional
 from inflight.core.outputs import EngineCoreOutput
 from inflight.core.request import Request
 from inflight.engine.detokenizer import IncrementalDetokenizer
-from inflight.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
 
 
 @dataclass
@@ -25,6 +25,7 @@ class _ParentState:
     prompt: Optional[str]
     prompt_token_ids: list[int]
     samples: list[_SampleState] = field(default_factory=list)
+    prompt_logprobs: Optional[PromptLogprobs] = None
 
 
 class OutputProcessor:
@@ -71,6 +72,8 @@ class OutputProcessor:
             parent = self.parents[key[0]]
             sample = parent.samples[key[1]]
             try:
+                if o.prompt_logprobs is not None and parent.prompt_logprobs is None:
+                    parent.prompt_logprobs = [None] + [self._to_logprob_dict(e) for e in o.prompt_logprobs]
                 if self._apply(sample, o):
                     stopped.append(o.request_id)
             except Exception as e:  # this request's text alone: it fails, the step goes on
@@ -78,7 +81,8 @@ class OutputProcessor:
                 continue
             touched[parent.request_id] = parent
         failed_parents = {self.child_to_parent[c][0] for c in failed}
-        results = [self._make_output(p) for p in touched.values() if p.request_id not in failed_parents]
+        results = [self._make_output(p) for p in touched.values()
+                   if p.request_id not in failed_parents and not _owed_prompt_logprobs(p)]
         return results, stopped, failed
 
     def _apply(self, s: _SampleState, o: EngineCoreOutput) -> bool:
@@ -145,12 +149,22 @@ class OutputProcessor:
                                  sum(s.request.num_preemptions for s in parent.samples))
         out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
                             [_snapshot(c) for c in comps], finished, metrics,
-                            max(first.num_cached_tokens, 0))
+                            max(first.num_cached_tokens, 0), prompt_logprobs=parent.prompt_logprobs)
         if finished:
             del self.parents[parent.request_id]
             for s in parent.samples:
                 self.child_to_parent.pop(s.request.request_id, None)
         return out
+
+
+def _owed_prompt_logprobs(parent: _ParentState) -> bool:
+    """True while another sample ran ahead of the one computing the prompt logprobs
+    (it may skip the prompt through the prefix cache): its output waits, so the
+    first output a client sees carries them. The handlers read the cumulative fields,
+    so nothing is lost."""
+    first = parent.samples[0]
+    return (parent.prompt_logprobs is None and first.request.sampling_params.prompt_logprobs is not None
+            and not first.completion.finished)
 
 
 def _snapshot(c: CompletionOutput) -> CompletionOutput:

@@ -1,7 +1,7 @@
 """Turns a SchedulerOutput into one flattened batch, runs the model once and samples."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -10,6 +10,7 @@ from inflight.attention.base import AttentionMetadata
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.core.spec_decode import accept_greedy
 from inflight.errors import InvalidRequestError
+from inflight.worker.prompt_logprobs import PromptRows, compute_prompt_logprobs, prompt_rows
 from inflight.worker.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
 from inflight.worker.swap import Swapper
 
@@ -36,6 +37,7 @@ class StepInputs:
     md: AttentionMetadata
     logits_indices: torch.Tensor  # rows whose hidden state is projected to logits
     sampling: list[ScheduledRequest]  # in logits row order; one with k drafts has k + 1 rows
+    prompt_rows: list[PromptRows] = field(default_factory=list)  # extra rows of requests with prompt_logprobs
 
 
 class ModelRunner:
@@ -91,8 +93,9 @@ class ModelRunner:
         # a request with drafts samples after its last known token and after every draft
         logits_idx = [j for i, s in enumerate(items) if s.samples
                       for j in range(qsl[i + 1] - 1 - len(s.spec_token_ids), qsl[i + 1])]
+        prompt = [r for i, s in enumerate(items) if (r := prompt_rows(s, qsl[i])) is not None]
         return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), md,
-                          torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling)
+                          torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling, prompt)
 
     def _request_rows(self, s: ScheduledRequest) -> list[SamplingRow]:
         """The rows one request samples this step; raises for settings that cannot be sampled."""
@@ -133,6 +136,7 @@ class ModelRunner:
         else:
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
         out = ModelRunnerOutput()
+        compute_prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_rows, out)
         groups = self._groups(inp, out)
         if groups:
             self._sample_groups(hidden[inp.logits_indices], groups, out)
@@ -141,6 +145,9 @@ class ModelRunner:
     def _groups(self, inp: StepInputs, out: ModelRunnerOutput) -> list[_Group]:
         groups, first = [], 0
         for s in inp.sampling:
+            if s.request.request_id in out.failed:  # its prompt logprobs failed: it samples nothing
+                first += 1 + len(s.spec_token_ids)
+                continue
             try:
                 groups.append(_Group(s, first, self._request_rows(s)))
             except Exception as e:

@@ -1,6 +1,6 @@
 """Turns one step's logits into next tokens, following vLLM's V1 sampler.
 
-Per step: logits -> float32 -> min_tokens suppression -> repetition penalty ->
+Per step: logits -> float32 -> logit_bias -> min_tokens suppression -> repetition penalty ->
 frequency/presence penalties -> greedy argmax, or temperature -> top-k ->
 top-p -> min-p -> inverse-CDF sampling (one uniform draw per row). Logprobs come
 from the raw logits.
@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from inflight.sampling_params import SamplingParams
+from inflight.worker.logit_bias import LogitBias
 
 _NEG_INF = float("-inf")
 
@@ -80,6 +81,7 @@ class SamplingMetadata:
     output_tokens: Optional[torch.Tensor]  # [B, L] output ids, padded
     num_logprobs: Optional[list[Optional[int]]]  # None when no row asked
     max_num_logprobs: int
+    logit_bias: Optional[LogitBias] = None
 
     @classmethod
     def from_rows(cls, rows: list[SamplingRow], vocab_size: int,
@@ -99,7 +101,8 @@ class SamplingMetadata:
                  repetition_penalty=None, seen_tokens=None, frequency_penalty=None,
                  presence_penalty=None, output_tokens=None,
                  num_logprobs=[p.logprobs for p in ps] if want_lp else None,
-                 max_num_logprobs=min(V, max((p.logprobs or 0 for p in ps), default=0)))
+                 max_num_logprobs=min(V, max((p.logprobs or 0 for p in ps), default=0)),
+                 logit_bias=LogitBias.from_params(ps, device))
         if any(p.repetition_penalty != 1.0 for p in ps):
             md.repetition_penalty = torch.tensor([p.repetition_penalty for p in ps], dtype=f32, device=device)
             md.seen_tokens = _padded([_in_vocab(r.prompt_token_ids + r.output_token_ids, V)
@@ -109,7 +112,7 @@ class SamplingMetadata:
             md.presence_penalty = torch.tensor([p.presence_penalty for p in ps], dtype=f32, device=device)
             md.output_tokens = _padded([_in_vocab(r.output_token_ids, V) for r in rows], V, device)
         md.greedy_only = not (rand or any_banned or want_lp or md.seen_tokens is not None
-                              or md.output_tokens is not None)
+                              or md.output_tokens is not None or md.logit_bias is not None)
         if rand:
             md._set_random_fields([ps[i] for i in rand], rand, device)
         return md
@@ -197,6 +200,8 @@ class Sampler:
             # NOTE: argmax on bfloat16 CPU tensors is ~5x slower than a float32 copy + argmax.
             return SamplerOutput(logits.float().argmax(dim=-1).tolist(), None)
         x = logits.to(torch.float32, copy=True)  # copy: the raw logits feed logprobs
+        if md.logit_bias is not None:
+            md.logit_bias.apply(x)  # before the penalties, as vLLM's logits processors
         _apply_penalties(x, md)
         if md.random_rows is None:
             tokens = x.argmax(dim=-1)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from inflight.entrypoints.openai.limits import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_CHARS, clip
 from inflight.entrypoints.openai.tool_protocol import ToolCallParam, ToolRequestFields, check_tool_message
 from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_message, check_prompt_count,
-                                                    check_template_kwargs, check_unsupported)
+                                                    check_template_kwargs, check_unsupported, logit_bias_of)
 from inflight.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, SamplingParams
 
 
@@ -61,6 +61,7 @@ class SamplingRequest(OpenAIBaseModel):
     user: Optional[SafeStr] = None  # accepted, ignored
     # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks (and see cached_tokens)
     cache_salt: Optional[Annotated[SafeStr, Field(min_length=1, max_length=1024)]] = None
+    logit_bias: Optional[dict[str, float]] = None  # token id (as a string) -> bias in [-100, 100]
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> "SamplingRequest":
@@ -73,7 +74,8 @@ class SamplingRequest(OpenAIBaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
+                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
         """The engine's SamplingParams; raises ValueError (-> 400) on out-of-range values."""
 
         def pick(value: Any, default: Any) -> Any:
@@ -89,6 +91,7 @@ class SamplingRequest(OpenAIBaseModel):
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=logit_bias_of(self.logit_bias), prompt_logprobs=prompt_logprobs,
         )
 
 
@@ -102,6 +105,7 @@ class CompletionRequest(SamplingRequest):
     max_tokens: Optional[Int64] = 16
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    prompt_logprobs: Optional[Int64] = None  # vLLM's extension: top-N per prompt token (not streamed)
 
     @model_validator(mode="after")
     def _check_prompt(self) -> "CompletionRequest":
@@ -110,6 +114,8 @@ class CompletionRequest(SamplingRequest):
             raise ValueError("prompt must not be empty")
         if isinstance(p, list) and p and not isinstance(p[0], int):
             check_prompt_count(len(p))
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs: not available when stream is true (use echo with logprobs)")
         return self
 
     def prompts(self) -> list[Union[str, list[int]]]:
@@ -121,8 +127,17 @@ class CompletionRequest(SamplingRequest):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
 
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens=0``: the prompt (and its logprobs) back, nothing generated."""
+        return self.echo and self.max_tokens == 0
+
     def to_sampling_params(self) -> SamplingParams:
-        return self.sampling_params(self.max_tokens, self.logprobs)
+        # As vLLM: echo with logprobs reports the prompt's; max_tokens=0 runs one token, never shown.
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:
+            prompt_logprobs = self.logprobs
+        return self.sampling_params(1 if self.echo_only else self.max_tokens, self.logprobs, prompt_logprobs)
 
 
 class ContentPart(OpenAIBaseModel):
@@ -179,17 +194,21 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    prompt_logprobs: Optional[Int64] = None  # vLLM's extension: top-N per prompt token (not streamed)
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs: not available when stream is true")
         check_template_kwargs(self.chat_template_kwargs)
         return self
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self.sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+        return self.sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None,
+                                    self.prompt_logprobs)
 
 
 class TokenizeRequest(OpenAIBaseModel):

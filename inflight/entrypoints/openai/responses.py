@@ -44,6 +44,18 @@ class CompletionLogProbs(BaseModel):
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
 
 
+class PromptTokenLogprob(BaseModel):
+    """One token's entry in vLLM's ``prompt_logprobs`` (keyed by token id)."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+# vLLM's shape: one per prompt token, None for the first, else token id -> its logprob
+PromptLogprobsField = Optional[list[Optional[dict[int, PromptTokenLogprob]]]]
+
+
 class CompletionChoice(BaseModel):
     """One generated text (index = prompt_index * n + sample_index)."""
 
@@ -54,6 +66,12 @@ class CompletionChoice(BaseModel):
     stop_reason: Union[int, str, None] = None
 
 
+class CompletionResponseChoice(CompletionChoice):
+    """A choice of a non-streaming answer: with vLLM's ``prompt_logprobs`` when asked."""
+
+    prompt_logprobs: PromptLogprobsField = None
+
+
 class CompletionResponse(BaseModel):
     """Non-streaming ``/v1/completions`` answer."""
 
@@ -61,12 +79,14 @@ class CompletionResponse(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: list[CompletionChoice]
+    choices: list[CompletionResponseChoice]
     usage: Optional[UsageInfo] = None
 
 
 class CompletionStreamResponse(CompletionResponse):
     """One SSE chunk of a streaming completion (same object name as OpenAI's)."""
+
+    choices: list[CompletionChoice]
 
 
 # ----------------------------------------------------------------------- chat
@@ -122,6 +142,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
+    prompt_logprobs: PromptLogprobsField = None  # vLLM's extension, when asked
 
 
 class _NoNulls(BaseModel):

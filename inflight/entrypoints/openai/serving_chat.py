@@ -17,7 +17,7 @@ from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChu
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
-from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
+from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED, prompt_logprobs_field
 from inflight.entrypoints.openai.tool_calling import (ToolPlan, constrain, delta_messages, finish_reason,
                                                       message_fields, plan_tools, render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ToolCallStream
@@ -59,6 +59,8 @@ class ChatHandler:
         choices = [self._choice(req, plan, c) for c in out.outputs]
         body = ChatCompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
                                       usage=usage_of(outputs))
+        if req.prompt_logprobs is not None:
+            body.prompt_logprobs = prompt_logprobs_field(out.prompt_logprobs)
         return JSONResponse(dump(body))
 
     def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput) -> ChatChoice:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import Request
@@ -12,13 +12,14 @@ from inflight.engine.async_engine import RequestStream
 from inflight.entrypoints.openai.errors import bad_request
 from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
-                                                   CompletionStreamResponse, dump, random_id)
+                                                   CompletionResponseChoice, CompletionStreamResponse,
+                                                   PromptTokenLogprob, dump, random_id)
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
 from inflight.entrypoints.openai.validation import check_token_prompt
 from inflight.errors import InvalidRequestError
-from inflight.outputs import CompletionOutput, Logprob, RequestOutput
+from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 
 # Status nginx uses for "client closed the request"; nobody reads it, but logs do.
 CLIENT_CLOSED = 499
@@ -54,6 +55,8 @@ class CompletionHandler:
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
+        if req.echo_only:
+            outputs = [without_generation(o) for o in outputs]
         choices = [self._choice(req, i * req.n + c.index, out, c) for i, out in enumerate(outputs)
                    for c in out.outputs]
         body = CompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
@@ -79,28 +82,34 @@ class CompletionHandler:
             return out.prompt
         return self.state.tokenizer.decode(out.prompt_token_ids)
 
-    def _choice(self, req: CompletionRequest, index: int, out: RequestOutput, c: CompletionOutput) -> CompletionChoice:
+    def _choice(self, req: CompletionRequest, index: int, out: RequestOutput,
+                c: CompletionOutput) -> CompletionResponseChoice:
         prefix = self._prompt_text(out) if req.echo else ""
         logprobs = None
         if req.logprobs is not None:
             echo_ids = out.prompt_token_ids if req.echo else []
-            logprobs = self._logprobs(echo_ids, c.token_ids, c.logprobs or [], 0)
-        return CompletionChoice(index=index, text=prefix + c.text, logprobs=logprobs,
-                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+            logprobs = self._logprobs(echo_ids, _echo_entries(echo_ids, out.prompt_logprobs),
+                                      c.token_ids, c.logprobs or [], 0)
+        plp = prompt_logprobs_field(out.prompt_logprobs) if req.prompt_logprobs is not None else None
+        return CompletionResponseChoice(index=index, text=prefix + c.text, logprobs=logprobs,
+                                        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                        prompt_logprobs=plp)
 
-    def _logprobs(self, echo_ids: list[int], token_ids: list[int], logprobs: list[dict[int, Logprob]],
-                  offset: int) -> CompletionLogProbs:
-        """Legacy logprobs. Echoed prompt tokens carry None: the engine computes no prompt logprobs."""
+    def _logprobs(self, echo_ids: list[int], echo_logprobs: PromptLogprobs, token_ids: list[int],
+                  logprobs: list[dict[int, Logprob]], offset: int) -> CompletionLogProbs:
+        """Legacy logprobs: the echoed prompt's (None for its first token, which
+        nothing predicts), then the generated tokens'."""
         result = CompletionLogProbs()
         decode = self.state.tokenizer.decode
-        for tok in echo_ids:
-            text = decode([tok])
-            result.tokens.append(text)
-            result.token_logprobs.append(None)
-            result.top_logprobs.append(None)
-            result.text_offset.append(offset)
-            offset += len(text)
-        for tok, entry in zip(token_ids, logprobs):
+        for tok, entry in zip(list(echo_ids) + list(token_ids), list(echo_logprobs) + list(logprobs)):
+            if entry is None:
+                text = decode([tok])
+                result.tokens.append(text)
+                result.token_logprobs.append(None)
+                result.top_logprobs.append(None)
+                result.text_offset.append(offset)
+                offset += len(text)
+                continue
             sampled = entry.get(tok) or next(iter(entry.values()))
             text = sampled.decoded_token if sampled.decoded_token is not None else decode([tok])
             result.tokens.append(text)
@@ -121,6 +130,8 @@ class CompletionHandler:
         cursors: dict[int, _Cursor] = {}
         finals: dict[int, RequestOutput] = {}
         async for i, out in merge_streams(streams):
+            if req.echo_only:
+                out = without_generation(out)
             for c in out.outputs:
                 index = i * req.n + c.index
                 choice = self._delta(req, index, out, c, cursors.setdefault(index, _Cursor()))
@@ -155,10 +166,35 @@ class CompletionHandler:
             return None  # tokens without text yet (partial UTF-8, held stop text): send with the next text
         logprobs: Any = None
         if req.logprobs is not None:
-            logprobs = self._logprobs(echo_ids, token_ids,
+            logprobs = self._logprobs(echo_ids, _echo_entries(echo_ids, out.prompt_logprobs), token_ids,
                                       (c.logprobs or [])[cur.tokens_sent:], cur.chars_sent)
         cur.text_sent, cur.tokens_sent = len(c.text), len(c.token_ids)
         cur.chars_sent += len(prefix) + len(text)
         cur.started, cur.done = True, c.finish_reason is not None
         return CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+
+def _echo_entries(echo_ids: list[int], prompt_logprobs: PromptLogprobs | None) -> PromptLogprobs:
+    """The echoed tokens' logprob entries; None each where the engine has none."""
+    if not echo_ids:
+        return []
+    return list(prompt_logprobs) if prompt_logprobs is not None else [None] * len(echo_ids)
+
+
+def prompt_logprobs_field(prompt_logprobs: PromptLogprobs | None) -> list | None:
+    """vLLM's ``prompt_logprobs`` response field: None for the first token, then
+    token id -> {logprob, rank, decoded_token}."""
+    if prompt_logprobs is None:
+        return None
+    return [None if entry is None else
+            {tok: PromptTokenLogprob(logprob=safe_logprob(lp.logprob), rank=lp.rank, decoded_token=lp.decoded_token)
+             for tok, lp in entry.items()} for entry in prompt_logprobs]
+
+
+def without_generation(out: RequestOutput) -> RequestOutput:
+    """``echo`` with ``max_tokens=0``: the one token the engine ran is not the client's."""
+    comps = [replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None,
+                     cumulative_logprob=0.0 if c.cumulative_logprob is not None else None,
+                     delta_text="", delta_token_ids=[], delta_logprobs=None) for c in out.outputs]
+    return replace(out, outputs=comps)

@@ -34,9 +34,9 @@ TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
 
 # Fields that change the output which this server does not implement: accepting
 # them silently would answer something other than what was asked.
-_UNSUPPORTED = ("logit_bias", "tools", "functions", "function_call", "response_format", "tool_choice",
+_UNSUPPORTED = ("tools", "functions", "function_call", "response_format", "tool_choice",
                 "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                "prompt_logprobs", "suffix", "best_of", "chat_template", "documents")
+                "suffix", "best_of", "chat_template", "documents")
 
 
 def _harmless(name: str, value: Any, req: Any) -> bool:
@@ -65,6 +65,18 @@ def check_unsupported(req: Any) -> None:
                 raise InvalidRequestError("chat_template: a per-request template is not allowed; "
                                           "the operator sets it with --chat-template")
             raise InvalidRequestError(f"{name}: not supported by this server")
+
+
+def logit_bias_of(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) with integer keys;
+    the ranges are SamplingParams' to check."""
+    if not raw:
+        return None
+    try:
+        return {int(key): value for key, value in raw.items()}
+    except ValueError:
+        bad = next(k for k in raw if not k.strip().lstrip("-").isdigit())
+        raise InvalidRequestError(f"logit_bias keys must be token ids, got {bad[:50]!r}") from None
 
 
 def check_template_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
