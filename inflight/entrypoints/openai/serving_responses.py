@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from inflight.entrypoints.openai.errors import bad_request, param_of
+from inflight.entrypoints.openai.errors import OpenAIError, bad_request, param_of
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_common import (ServerState, add_requests, final_outputs, merge_streams,
                                                         stream_response, unless_disconnected)
@@ -141,14 +141,14 @@ class ResponsesHandler:
             plan = plan_tools(chat, state.limits, state.renderer)
             params = constrain(params, plan)
         except InvalidRequestError as e:
-            raise _renamed(e) from None
-        except Exception as e:  # admit's 400s name chat fields: give the Responses names
-            if getattr(e, "status", None) == 400:
-                raise _renamed(e) from None
+            raise _renamed(str(e)) from None
+        except OpenAIError as e:  # admit's 400s name chat fields: give the Responses names
+            if e.status == 400:
+                raise _renamed(e.message) from None
             raise
         prompt = await render_chat_with_tools(state, chat, plan)
-        streams = await add_requests(state, _id("resp"), [prompt], params, req.priority)
         builder = ResponseBuilder(self._base(req, chat))
+        streams = await add_requests(state, builder.response["id"], [prompt], params, req.priority)
         if req.stream:
             return stream_response(streams, self._events(builder, plan, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))
@@ -197,9 +197,8 @@ def _parse(tools: Optional[ToolCallStream], text: str, finished: bool) -> Parsed
     return parsed
 
 
-def _renamed(e: Exception) -> Exception:
+def _renamed(message: str) -> OpenAIError:
     """A 400 in the Responses API's names (``response_format`` is ``text.format`` there)."""
-    message = str(getattr(e, "message", e))
     for chat_name, name in (("response_format", "text.format"), ("max_completion_tokens", "max_output_tokens"),
                             ("max_tokens", "max_output_tokens"), ("messages", "input")):
         message = message.replace(chat_name, name)
