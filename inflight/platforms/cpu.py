@@ -12,6 +12,7 @@ from inflight.kernels.cpu.isa import current_level
 from inflight.layers.custom_op import dispatch_custom_ops
 from inflight.platforms.interface import Platform, parse_dtype
 from inflight.worker.cpu_malloc import keep_freed_memory
+from inflight.worker.huge_pages import zeros_huge
 
 if TYPE_CHECKING:
     from inflight.config import EngineConfig
@@ -66,6 +67,11 @@ class CpuPlatform(Platform):
             if model.layer_loop is not None:
                 done.append("layers in one C call")
         return done
+
+    def zeros(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """Huge pages for the pools: decode attention's scattered block reads are bound by
+        TLB misses on 4 KiB pages."""
+        return zeros_huge(shape, dtype)
 
     def describe(self) -> str:
         return f"cpu ({self.isa.name if self.isa else 'no kernels'})"

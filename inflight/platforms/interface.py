@@ -75,5 +75,9 @@ class Platform(abc.ABC):
                             max_len: int, config: "EngineConfig") -> None:
         """Capture replayable graphs for decode steps where the device has them."""
 
+    def zeros(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled tensor on this device, for long-lived pools (the KV cache)."""
+        return torch.zeros(shape, dtype=dtype, device=self.device())
+
     def describe(self) -> str:
         return self.device_type

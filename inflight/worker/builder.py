@@ -95,7 +95,7 @@ def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltR
     num_blocks = resolve_num_blocks(arch, cc.block_size, dtype, device, cc.kv_cache_memory,
                                     cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.kv_cache_dtype,
                                     profiled_peak_bytes=peak)
-    kv = allocate_kv_cache(arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype)
+    kv = allocate_kv_cache(arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros)
     kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
     logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
     num_host = 0

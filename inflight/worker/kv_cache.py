@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -37,18 +37,20 @@ def num_blocks_for_memory(cfg: ModelArchConfig, block_size: int, dtype: torch.dt
 
 
 def allocate_kv_cache(cfg: ModelArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: torch.device, kv_cache_dtype: str = "auto") -> list[tuple]:
+                      device: torch.device, kv_cache_dtype: str = "auto",
+                      zeros: Optional[Callable[[tuple, torch.dtype], torch.Tensor]] = None) -> list[tuple]:
     """One (K, V) pair per layer, each ``[num_blocks, block_size, kv_heads, head_dim]``:
     tensors of ``dtype``, or for fp8 :class:`FP8KVCache` pools that dequantize to ``dtype``.
 
     NOTE: zero-filled so that padded (masked) slots never hold NaN: a NaN
-    value times a zero attention weight would still poison the output."""
+    value times a zero attention weight would still poison the output. ``zeros`` is the
+    platform's allocator for the pools (e.g. huge pages on the CPU)."""
     shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
     if is_fp8(kv_cache_dtype):
         return [(FP8KVCache.zeros(shape, dtype, device), FP8KVCache.zeros(shape, dtype, device))
                 for _ in range(cfg.num_hidden_layers)]
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_hidden_layers)]
+    zeros = zeros or (lambda shp, dt: torch.zeros(shp, dtype=dt, device=device))
+    return [(zeros(shape, dtype), zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
 
 
 def resolve_num_host_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str,

@@ -1,0 +1,66 @@
+"""Large CPU tensors on transparent huge pages (Linux).
+
+Decode attention reads each sequence's K/V rows from blocks scattered over a pool
+of hundreds of MiB, a few hundred bytes per 4 KiB page: nearly every page it
+touches misses the TLB, and the page walks, not DRAM, bound the kernel. With 2 MiB
+pages the pool needs a few hundred TLB entries instead of a few hundred thousand.
+Most distributions set transparent huge pages to ``madvise``: a mapping gets them
+only when asked, before its pages are first touched.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import platform
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def thp_mode(path: str = _THP_SETTING) -> Optional[str]:
+    """The kernel's transparent-huge-page mode (``always``, ``madvise``, ``never``), None if unknown."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    for word in text.split():
+        if word.startswith("["):
+            return word.strip("[]")
+    return None
+
+
+def _madvise(libc: ctypes.CDLL, addr: int, length: int) -> bool:
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise(addr, length, _MADV_HUGEPAGE) == 0
+
+
+def zeros_huge(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.zeros(shape, dtype)`` on the CPU, backed by huge pages where the kernel allows.
+
+    The tensor is a 2 MiB-aligned view into a slightly larger buffer, advised before its
+    first touch (the zero fill), so its pages fault in as huge pages. Where that is not
+    possible (not Linux, THP ``never``, a small tensor) it is a plain ``torch.zeros``."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
+    if (nbytes < HUGE_PAGE or platform.system() != "Linux" or thp_mode() not in ("always", "madvise")
+            or mmap.PAGESIZE > HUGE_PAGE):
+        return torch.zeros(shape, dtype=dtype)
+    buf = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    offset = -buf.data_ptr() % HUGE_PAGE
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        if not _madvise(libc, buf.data_ptr() + offset, nbytes - nbytes % HUGE_PAGE):
+            logger.debug("madvise(MADV_HUGEPAGE) refused; %d bytes on normal pages", nbytes)
+    except (OSError, AttributeError):
+        pass
+    out = buf[offset:offset + nbytes].view(dtype).view(shape)
+    return out.zero_()
