@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from inflight.errors import InvalidRequestError
+from inflight.structured_output.params import StructuredOutputsParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Stop strings are scanned on every generated token and stop ids checked per token,
@@ -46,6 +47,7 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: Optional[StructuredOutputsParams] = None  # JSON schema, regex, choice or grammar
     logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before sampling
 
     def __post_init__(self) -> None:
@@ -61,6 +63,8 @@ class SamplingParams:
         self._validate_types()
         self._validate_ranges()
         self._validate_stops()
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise InvalidRequestError("structured_outputs must be a StructuredOutputsParams")
         self._validate_logit_bias()
 
     def _validate_types(self) -> None:

@@ -78,6 +78,9 @@ class Request:
     stop_reason: Any = None
     block_hashes: list[bytes] = field(default_factory=list)  # chained sha256 of each full block
     spec_token_ids: list[int] = field(default_factory=list)  # drafts for the next step (speculative decoding)
+    # The grammar matcher of a request with structured output (structured_output.GrammarState);
+    # advanced by the runner with each sampled token, dropped when the request finishes.
+    structured_output: Any = None
     # With sampling_params.prompt_logprobs: entry i is [(token, logprob, rank), top-N...] of prompt token i + 1.
     prompt_logprobs: list[list[tuple[int, float, int]]] = field(default_factory=list)
     times: RequestTimes = field(init=False)

@@ -114,6 +114,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
         req.status = status
         req.times.finished_time = time.time()
         self.kv.free(req)
+        req.structured_output = None  # frees its grammar matcher
         self._finished_ids.append(req.request_id)
         del self.requests[req.request_id]
 

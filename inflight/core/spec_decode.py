@@ -99,7 +99,11 @@ class SpecDecodeMixin:
         limit = self.spec_config.disable_by_batch_size
         if limit is not None and len(self.running) >= limit:
             return []
-        return self.proposer.propose_for(req, self.max_model_len)
+        drafts = self.proposer.propose_for(req, self.max_model_len)
+        if drafts and req.structured_output is not None:
+            # drafts the grammar rejects could never be accepted: do not compute them
+            drafts = drafts[:req.structured_output.validate_tokens(drafts)]
+        return drafts
 
     def _schedule_drafts(self: "Scheduler", out: SchedulerOutput, budget: int) -> None:
         """Add drafts to this step's decodes, in batch order, while the budget lasts.

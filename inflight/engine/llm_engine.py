@@ -17,6 +17,7 @@ from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
+from inflight.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class LLMEngine:
                                    num_host_blocks=built.num_host_blocks,
                                    speculative_config=config.speculative_config)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
         self._ids = itertools.count()
         self.step_count = 0
         self.last_num_scheduled_tokens = 0
@@ -99,6 +101,9 @@ class LLMEngine:
             children.append(Request(cid, ids, p, self.eos_token_ids, arrival, priority, cache_salt=cache_salt))
         for child in children:
             self.scheduler.check_feasible(child)
+        if params.structured_outputs is not None:
+            for child in children:  # compiled already when the server sent it: a cache hit here
+                child.structured_output = self.structured_output.new_state(params.structured_outputs)
         for child in children:
             self.scheduler.add_request(child)
         self.output_processor.add_request(request_id, text, children)

@@ -10,6 +10,7 @@ from inflight.attention.base import AttentionMetadata
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.core.spec_decode import accept_greedy
 from inflight.errors import InvalidRequestError
+from inflight.structured_output.masks import GrammarMasks, StepMasks
 from inflight.worker.prompt_logprobs import PromptRows, compute_prompt_logprobs, prompt_rows
 from inflight.worker.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
 from inflight.worker.swap import Swapper
@@ -55,6 +56,8 @@ class ModelRunner:
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
         self.graph_runner = None  # CudaGraphRunner for decode-only steps; set by the CUDA platform
+        self.grammar_masks = GrammarMasks(vocab_size)
+        self._step_masks: Optional[StepMasks] = None
 
     def prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
         """Flatten every scheduled token; decodes (one-token rows) first."""
@@ -130,16 +133,19 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput()
         inp = self.prepare_inputs(sched)
+        self.grammar_masks.start(inp.sampling)  # structured output's masks: filled during the forward pass
         # CUDA graphs for decode-only steps (worker/cuda_graphs.py): replay when one fits
         if self.graph_runner is not None and self.graph_runner.can_run(inp.input_ids, inp.md):
             hidden = self.graph_runner.run(inp.input_ids, inp.positions, inp.md)
         else:
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
         out = ModelRunnerOutput()
+        self._step_masks = self.grammar_masks.result(out.failed)
         compute_prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_rows, out)
         groups = self._groups(inp, out)
         if groups:
             self._sample_groups(hidden[inp.logits_indices], groups, out)
+        self.grammar_masks.advance(inp.sampling, out)
         return out
 
     def _groups(self, inp: StepInputs, out: ModelRunnerOutput) -> list[_Group]:
@@ -189,7 +195,12 @@ class ModelRunner:
                 _try(lambda: self._record([g], self.sampler(part, self._metadata([g])), out), g, out)
 
     def _metadata(self, groups: list[_Group]) -> SamplingMetadata:
-        return SamplingMetadata.from_rows([r for g in groups for r in g.rows], self.vocab_size, self.device)
+        md = SamplingMetadata.from_rows([r for g in groups for r in g.rows], self.vocab_size, self.device)
+        if self._step_masks is not None:
+            md.grammar = self._step_masks.select([g.first + i for g in groups for i in range(len(g.rows))],
+                                                 self.device)
+            md.greedy_only = md.greedy_only and md.grammar is None
+        return md
 
     @staticmethod
     def _record(groups: list[_Group], result: SamplerOutput, out: ModelRunnerOutput) -> None:

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from inflight.sampling_params import SamplingParams
+from inflight.structured_output.masks import GrammarBitmask
 from inflight.worker.logit_bias import LogitBias
 
 _NEG_INF = float("-inf")
@@ -81,6 +82,7 @@ class SamplingMetadata:
     output_tokens: Optional[torch.Tensor]  # [B, L] output ids, padded
     num_logprobs: Optional[list[Optional[int]]]  # None when no row asked
     max_num_logprobs: int
+    grammar: Optional[GrammarBitmask] = None  # structured output's allowed tokens; set by the runner
     logit_bias: Optional[LogitBias] = None
 
     @classmethod
@@ -200,6 +202,8 @@ class Sampler:
             # NOTE: argmax on bfloat16 CPU tensors is ~5x slower than a float32 copy + argmax.
             return SamplerOutput(logits.float().argmax(dim=-1).tolist(), None)
         x = logits.to(torch.float32, copy=True)  # copy: the raw logits feed logprobs
+        if md.grammar is not None:
+            md.grammar.apply(x)
         if md.logit_bias is not None:
             md.logit_bias.apply(x)  # before the penalties, as vLLM's logits processors
         _apply_penalties(x, md)

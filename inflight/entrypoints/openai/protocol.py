@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inflight.entrypoints.openai.limits import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_CHARS, clip
+from inflight.entrypoints.openai.structured_protocol import StructuredOutputFields
 from inflight.entrypoints.openai.tool_protocol import ToolCallParam, ToolRequestFields, check_tool_message
 from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_message, check_prompt_count,
                                                     check_template_kwargs, check_unsupported, logit_bias_of)
@@ -36,7 +37,7 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool = False
 
 
-class SamplingRequest(OpenAIBaseModel):
+class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     """Fields shared by completions and chat completions."""
 
     model: Optional[SafeStr] = None
@@ -91,6 +92,7 @@ class SamplingRequest(OpenAIBaseModel):
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_outputs=self.structured_outputs_params(),
             logit_bias=logit_bias_of(self.logit_bias), prompt_logprobs=prompt_logprobs,
         )
 

@@ -108,6 +108,8 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
     Capacity is checked and reserved here, with no await in between, so concurrent
     batches cannot all pass the check. Raises OpenAIError (400 for input the engine
     rejects: its add_request raises ValueError only for that)."""
+    if params.structured_outputs is not None:
+        await compile_grammar(state, params)
     new = len(prompts) * params.n
     state.check_capacity(new)
     state.reserved += new
@@ -126,6 +128,20 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
             raise bad_request(clip(str(errors[0]), 500), "prompt") from None
         raise engine_error(errors[0])
     return streams
+
+
+async def compile_grammar(state: ServerState, params: SamplingParams) -> None:
+    """Compile the request's structured-output grammar on the engine's compile thread
+    (cached by constraint), so the step thread finds it ready; 400 naming the problem."""
+    manager = getattr(getattr(state.engine, "engine", None), "structured_output", None)
+    if manager is None:
+        raise bad_request("structured output is not supported by this engine", "response_format")
+    so = params.structured_outputs
+    try:
+        await manager.compile_async(so)
+    except InvalidRequestError as e:
+        # a schema comes from response_format (or structured_outputs.json); the others only from structured_outputs
+        raise bad_request(clip(str(e), 500), "response_format" if so.kind == "json" else "structured_outputs") from None
 
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -34,8 +34,8 @@ TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
 
 # Fields that change the output which this server does not implement: accepting
 # them silently would answer something other than what was asked.
-_UNSUPPORTED = ("tools", "functions", "function_call", "response_format", "tool_choice",
-                "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+_UNSUPPORTED = ("tools", "functions", "function_call", "tool_choice",
+                "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                 "suffix", "best_of", "chat_template", "documents")
 
 
@@ -45,8 +45,6 @@ def _harmless(name: str, value: Any, req: Any) -> bool:
         return True
     if name == "tool_choice":
         return value == "none"
-    if name == "response_format":
-        return value == {"type": "text"}
     if name == "best_of":
         return value == getattr(req, "n", 1)
     return False

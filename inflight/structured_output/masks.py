@@ -1,0 +1,118 @@
+"""One step's grammar masks: filled on a worker thread while the forward pass runs,
+applied to the whole batch's logits in one op."""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+
+logger = logging.getLogger(__name__)
+
+ALL_ALLOWED = -1  # a bitmask word with every bit set: no token masked
+
+
+@dataclass
+class GrammarBitmask:
+    """Allowed tokens of the constrained rows of a batch of logits.
+
+    ``bitmask[j]`` packs row ``rows[j]``'s allowed tokens, 32 per int32 word
+    (bit ``t % 32`` of word ``t // 32``: xgrammar's layout)."""
+
+    rows: torch.Tensor  # [G] long
+    bitmask: torch.Tensor  # [G, ceil(V / 32)] int32
+
+    def apply(self, x: torch.Tensor) -> None:
+        """Set the logits of disallowed tokens to -inf, in place, for every constrained row at once."""
+        V = x.shape[1]
+        shifts = torch.arange(32, dtype=torch.int32, device=x.device)
+        bits = (self.bitmask.unsqueeze(-1) >> shifts) & 1
+        banned = (bits == 0).view(bits.shape[0], -1)[:, :V]
+        if self.rows.numel() == x.shape[0]:
+            x.masked_fill_(banned, float("-inf"))
+        else:
+            x[self.rows] = x[self.rows].masked_fill(banned, float("-inf"))
+
+
+@dataclass
+class StepMasks:
+    """The masks of one step's logits rows (row order of ``StepInputs.sampling``)."""
+
+    bitmask: torch.Tensor  # [rows, words] int32, ALL_ALLOWED where unconstrained
+    constrained: list[bool]  # per logits row
+    failed: dict[str, Exception] = field(default_factory=dict)  # requests whose matcher raised
+
+    def select(self, rows: list[int], device: torch.device) -> Optional[GrammarBitmask]:
+        """The masks of logits rows ``rows`` (in that order), or None when none is constrained."""
+        picked = [j for j, r in enumerate(rows) if self.constrained[r]]
+        if not picked:
+            return None
+        src = [rows[j] for j in picked]
+        return GrammarBitmask(torch.tensor(picked, dtype=torch.long, device=device),
+                              self.bitmask[src].to(device, non_blocking=True))
+
+
+class GrammarMasks:
+    """Builds each step's masks on one worker thread, beside the forward pass: the
+    matchers are the step thread's again once ``result()`` returns."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.words = (vocab_size + 31) // 32
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pending: Optional[Future] = None
+
+    def start(self, sampling: list[Any]) -> None:
+        """Begin filling the masks for the requests sampling this step (ScheduledRequests,
+        in logits row order; a request with k drafts has k + 1 rows)."""
+        entries, row = [], 0
+        for s in sampling:
+            state = getattr(s.request, "structured_output", None)
+            if state is not None:
+                entries.append((row, s.request.request_id, state, s.spec_token_ids))
+            row += 1 + len(s.spec_token_ids)
+        if not entries:
+            self._pending = None
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="inflight-grammar-mask")
+        self._pending = self._pool.submit(self._fill, entries, row)
+
+    def result(self, failed: dict[str, Exception]) -> Optional[StepMasks]:
+        """The masks of the step started last (None when no request is constrained);
+        requests whose matcher raised are added to ``failed``."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        masks = pending.result()
+        failed.update(masks.failed)
+        return masks
+
+    @staticmethod
+    def advance(sampling: list[Any], out: Any) -> None:
+        """Advance each constrained request's matcher by the tokens it got this step
+        (``out`` is the ModelRunnerOutput); a token the grammar rejects fails that request."""
+        for s in sampling:
+            state, rid = s.request.structured_output, s.request.request_id
+            tokens = out.sampled_token_ids.get(rid)
+            if state is None or not tokens:
+                continue
+            if not state.accept_tokens(tokens):
+                del out.sampled_token_ids[rid]
+                out.logprobs.pop(rid, None)
+                out.failed[rid] = RuntimeError(f"sampled token(s) {tokens} break the request's grammar")
+
+    def _fill(self, entries: list[tuple[int, str, Any, tuple[int, ...]]], num_rows: int) -> StepMasks:
+        masks = StepMasks(torch.full((num_rows, self.words), ALL_ALLOWED, dtype=torch.int32), [False] * num_rows)
+        for row, rid, state, drafts in entries:
+            n = 1 + len(drafts)
+            try:
+                state.fill_rows(masks.bitmask, row, drafts)
+            except Exception as e:  # this request's matcher alone: it fails, the step goes on
+                masks.bitmask[row:row + n] = ALL_ALLOWED
+                masks.failed[rid] = e
+                continue
+            masks.constrained[row:row + n] = [True] * n
+        return masks
