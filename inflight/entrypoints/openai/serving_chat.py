@@ -18,8 +18,9 @@ from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, a
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
 from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED, prompt_logprobs_field
-from inflight.entrypoints.openai.tool_calling import (ToolPlan, constrain, delta_messages, finish_reason,
-                                                      message_fields, plan_tools, render_chat_with_tools)
+from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_grammar, constrain, delta_messages,
+                                                      finish_reason, message_fields, plan_tools,
+                                                      render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ToolCallStream
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
@@ -47,6 +48,7 @@ class ChatHandler:
             params = constrain(params, plan)
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
+        await compile_tool_grammar(state, params, plan)
         prompt = await render_chat_with_tools(state, req, plan)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt)

@@ -21,7 +21,8 @@ from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_common import (ServerState, add_requests, final_outputs, merge_streams,
                                                         stream_response, unless_disconnected)
 from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
-from inflight.entrypoints.openai.tool_calling import ToolPlan, constrain, plan_tools, render_chat_with_tools
+from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_grammar, constrain, plan_tools,
+                                                      render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ParsedDelta, ToolCallStream
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
@@ -146,6 +147,7 @@ class ResponsesHandler:
             if e.status == 400:
                 raise _renamed(e.message) from None
             raise
+        await compile_tool_grammar(state, params, plan)
         prompt = await render_chat_with_tools(state, chat, plan)
         builder = ResponseBuilder(self._base(req, chat))
         streams = await add_requests(state, builder.response["id"], [prompt], params, req.priority)

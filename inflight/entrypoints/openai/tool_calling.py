@@ -192,3 +192,20 @@ async def render_chat_with_tools(state: Any, req: Any, plan: ToolPlan) -> dict[s
         return await state.pool.run(renderer.render, dicts, req.add_generation_prompt, kwargs)
     except InvalidRequestError as e:
         raise bad_request(str(e), "messages") from None
+
+
+async def compile_tool_grammar(state: Any, params: SamplingParams, plan: ToolPlan) -> None:
+    """Compile the grammar a required or named choice adds now, so a tool schema
+    it cannot enforce is a 400 naming ``tools`` (adding the request finds it cached)."""
+    from inflight.entrypoints.openai.errors import OpenAIError, bad_request
+    from inflight.entrypoints.openai.serving_common import compile_grammar
+
+    if plan.schema() is None:
+        return
+    try:
+        await compile_grammar(state, params)
+    except OpenAIError as e:
+        if e.status != 400:
+            raise
+        raise bad_request(f"tools: the function parameters cannot be enforced for tool_choice "
+                          f"{plan.mode!r}: {e.message}", "tools") from None
