@@ -207,19 +207,16 @@ def test_tool_choice_none_parses_nothing(client):
 
 
 def test_tool_turns_go_back_through_the_template(client):
-    messages = USER + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = USER + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
     r = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=300)
-    # The fake template writes <role>content lines; the tools go first, as a system turn.
-    dicts, _ = prepare_messages([{"role": "user", "content": "Weather in Paris?"},
-                                 {"role": "assistant", "content": "", "tool_calls": [
-                                     {"id": "call_1", "type": "function",
-                                      "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-                                 {"role": "tool", "content": "18C", "tool_call_id": "call_1"}],
-                                [t for t in TOOLS], "fake")
+    # The fake template writes <role>content lines: what it was given is in the prompt's length.
+    as_template_reads = [dict(m, content=m["content"] or "") for m in messages]
+    as_template_reads[1]["tool_calls"] = [dict(call, function={"name": "get_weather", "arguments": {"city": "Paris"}})]
+    dicts, _ = prepare_messages(as_template_reads, TOOLS, "fake")
     expected = "".join(f"<{m['role']}>{m['content']}\n" for m in dicts) + "<assistant>"
+    assert "<tool_response>\n18C\n</tool_response>" in expected and '"arguments": {"city": "Paris"}' in expected
     assert r.usage.prompt_tokens == len(expected.encode())
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
 
