@@ -7,6 +7,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 
@@ -105,13 +106,16 @@ class GrammarMasks:
                 out.failed[rid] = RuntimeError(f"sampled token(s) {tokens} break the request's grammar")
 
     def _fill(self, entries: list[tuple[int, str, Any, tuple[int, ...]]], num_rows: int) -> StepMasks:
-        masks = StepMasks(torch.full((num_rows, self.words), ALL_ALLOWED, dtype=torch.int32), [False] * num_rows)
+        # NOTE: numpy, not torch.full: a torch op large enough to go parallel would start a
+        # second OpenMP team on this thread, spinning against the forward pass's.
+        words = np.full((num_rows, self.words), ALL_ALLOWED, dtype=np.int32)
+        masks = StepMasks(torch.from_numpy(words), [False] * num_rows)
         for row, rid, state, drafts in entries:
             n = 1 + len(drafts)
             try:
                 state.fill_rows(masks.bitmask, row, drafts)
             except Exception as e:  # this request's matcher alone: it fails, the step goes on
-                masks.bitmask[row:row + n] = ALL_ALLOWED
+                words[row:row + n] = ALL_ALLOWED
                 masks.failed[rid] = e
                 continue
             masks.constrained[row:row + n] = [True] * n
