@@ -23,6 +23,8 @@ class ModelArchConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    # Keys a token attends to (itself included); None: every earlier key.
+    sliding_window: Optional[int] = None
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelArchConfig":
@@ -51,7 +53,27 @@ class ModelArchConfig:
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            sliding_window=parse_sliding_window(hf),
         )
+
+
+def parse_sliding_window(hf: dict[str, Any]) -> Optional[int]:
+    """The HF config's ``sliding_window``, honouring ``use_sliding_window`` where the
+    model type has it (Qwen2 defaults it off; Mistral applies the window whenever set).
+
+    NOTE: ``layer_types`` (or Qwen2's ``max_window_layers``: layers from that index on
+    are windowed) can window only some layers; until the layers carry their own
+    window, only a config that windows every layer gets one."""
+    window = hf.get("sliding_window")
+    if not window or not hf.get("use_sliding_window", True):
+        return None
+    types = hf.get("layer_types")
+    if types is None and "max_window_layers" in hf:
+        types = ["sliding_attention" if i >= hf["max_window_layers"] else "full_attention"
+                 for i in range(hf["num_hidden_layers"])]
+    if types is not None and any(t != "sliding_attention" for t in types):
+        return None
+    return int(window)
 
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
