@@ -8,6 +8,8 @@ with 16-token prefill chunks.
 """
 from __future__ import annotations
 
+import random
+
 import httpx
 import openai
 import pytest
@@ -48,6 +50,33 @@ def test_prompt_logprobs_come_once_with_the_first_token_across_chunks():
         sent += [o.prompt_logprobs for o in sched.update_from_output(s, _fake_execute(s))]
     assert sent[0] is not None and all(p is None for p in sent[1:])
     assert [e[0][0] for e in sent[0]] == list(range(101, 113))  # every prompt token but the first, in order
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_every_prompt_token_scored_once_through_preemptions(mode):
+    """40 requests with prompt logprobs in 16 blocks of 4 tokens, 8-token chunks: requests are
+    preempted mid-prefill and mid-decode, and each still gets every prompt token once, in order."""
+    rng = random.Random(3)
+    sched = make_scheduler(num_blocks=16, block_size=4, max_num_batched_tokens=8, max_num_seqs=16,
+                           enable_chunked_prefill=True, preemption_mode=mode, num_host_blocks=16)
+    reqs = [make_request(f"r{i}", prompt_len=rng.randint(2, 14), base=100 * i, arrival_time=float(i))
+            for i in range(40)]
+    for r in reqs:
+        r.sampling_params = SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 10), ignore_eos=True,
+                                           prompt_logprobs=0)
+        sched.add_request(r)
+    sent: dict[str, list] = {}
+    for _ in range(3000):
+        if not sched.has_unfinished_requests():
+            break
+        s = sched.schedule()
+        for o in sched.update_from_output(s, _fake_execute(s)):
+            if o.prompt_logprobs is not None:
+                assert o.request_id not in sent
+                sent[o.request_id] = [e[0][0] for e in o.prompt_logprobs]
+    assert sched.num_preemptions > 0 and not sched.has_unfinished_requests()
+    assert sent == {r.request_id: r.prompt_token_ids[1:] for r in reqs}
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
 
 
 def test_recomputed_entries_are_not_added_twice():
