@@ -101,6 +101,23 @@ def test_no_prefix_cache_hit_while_prompt_logprobs_are_owed(prompt_logprobs):
     assert sched.kv.get_computed_blocks(plain).num_tokens == 8
 
 
+def test_logit_bias_applies_per_row_in_one_batch_and_logprobs_stay_raw():
+    from inflight.worker.sampler import Sampler, SamplingMetadata, SamplingRow
+
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 4)
+
+    def row(**kw) -> SamplingRow:
+        return SamplingRow(SamplingParams(temperature=0.0, **kw), [], [], [])
+
+    rows = [row(), row(logit_bias={3: 100}), row(logit_bias={0: -100, 2: 1.5}, logprobs=1),
+            row(logit_bias={0: -0.5})]
+    md = SamplingMetadata.from_rows(rows, 4, torch.device("cpu"))
+    out = Sampler()(logits, md)
+    assert not md.greedy_only and out.sampled_token_ids == [0, 3, 2, 0]
+    raw = logits[2].log_softmax(-1)
+    assert out.logprobs[2][0] == (2, pytest.approx(raw[2].item()), 3)  # vLLM: logprobs of the raw logits
+
+
 def test_logit_bias_checks_the_vocabulary_offline():
     from inflight.errors import InvalidRequestError
 
