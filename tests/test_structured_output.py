@@ -130,13 +130,14 @@ def test_bitmask_applies_to_constrained_rows_only():
     V = 70  # not a multiple of 32: the last word's spare bits are ignored
     x = torch.randn(3, V)
     keep = [[0, 5, 69], [33, 64]]
-    words = torch.zeros(2, 3, dtype=torch.int64)
-    for j, toks in enumerate(keep):
+    words = torch.zeros(3, 3, dtype=torch.int64)
+    words[1] = 2**32 - 1  # row 1 is not constrained
+    for row, toks in ((0, keep[0]), (2, keep[1])):
         for t in toks:
-            words[j, t // 32] |= 1 << (t % 32)
+            words[row, t // 32] |= 1 << (t % 32)
     bitmask = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # bit 31 is the sign bit
     before = x.clone()
-    GrammarBitmask(torch.tensor([0, 2]), bitmask).apply(x)
+    GrammarBitmask([0, 2], bitmask).apply(x)
     assert torch.equal(x[1], before[1])
     for row, toks in ((0, keep[0]), (2, keep[1])):
         finite = torch.isfinite(x[row]).nonzero().flatten().tolist()
@@ -162,7 +163,8 @@ def test_a_failing_matcher_fails_only_its_request(manager):
     assert step.constrained == [False, False, False, True]
     assert step.select([0, 1, 2], torch.device("cpu")) is None
     picked = step.select([0, 3], torch.device("cpu"))
-    assert picked.rows.tolist() == [1] and picked.bitmask.shape == (1, (VOCAB + 31) // 32)
+    assert picked.rows == [1] and picked.bitmask.shape == (2, (VOCAB + 31) // 32)
+    assert (picked.bitmask[0] == -1).all() and not (picked.bitmask[1] == -1).all()
 
 
 def test_sampling_params_carry_the_constraint():

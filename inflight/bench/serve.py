@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 from dataclasses import asdict
 from typing import Any, Optional
@@ -35,6 +36,8 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
                    help="SLOs for goodput, e.g. ttft:2000 tpot:200 (keys: ttft, tpot, e2el)")
     g.add_argument("--warmup-requests", type=int, default=1, help="short untimed requests sent first")
     g.add_argument("--api-key", default=None)
+    g.add_argument("--extra-body", type=json.loads, default={},
+                   help='JSON merged into every request body, e.g. \'{"response_format": {"type": "json_object"}}\'')
     g.add_argument("--timeout", type=float, default=3600.0, help="seconds one request may take")
     g.add_argument("--disable-tqdm", action="store_true")
 
@@ -60,7 +63,7 @@ def client_config(args: argparse.Namespace, base_url: Optional[str] = None) -> C
                         max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
                         temperature=args.temperature, seed=args.seed, timeout_s=args.timeout,
                         api_key=args.api_key, warmup_requests=args.warmup_requests,
-                        show_progress=not args.disable_tqdm)
+                        show_progress=not args.disable_tqdm, extra_body=dict(args.extra_body))
 
 
 def bench_once(cfg: ClientConfig, requests: list[WorkloadRequest], label: str,

@@ -18,24 +18,20 @@ ALL_ALLOWED = -1  # a bitmask word with every bit set: no token masked
 
 @dataclass
 class GrammarBitmask:
-    """Allowed tokens of the constrained rows of a batch of logits.
+    """Allowed tokens of a batch of logits: ``bitmask[i]`` packs row i's, 32 per int32
+    word (bit ``t % 32`` of word ``t // 32``: xgrammar's layout); only ``rows`` are constrained."""
 
-    ``bitmask[j]`` packs row ``rows[j]``'s allowed tokens, 32 per int32 word
-    (bit ``t % 32`` of word ``t // 32``: xgrammar's layout)."""
-
-    rows: torch.Tensor  # [G] long
-    bitmask: torch.Tensor  # [G, ceil(V / 32)] int32
+    rows: list[int]
+    bitmask: torch.Tensor  # [B, ceil(V / 32)] int32; ALL_ALLOWED in unconstrained rows
 
     def apply(self, x: torch.Tensor) -> None:
         """Set the logits of disallowed tokens to -inf, in place, for every constrained row at once."""
-        V = x.shape[1]
-        shifts = torch.arange(32, dtype=torch.int32, device=x.device)
-        bits = (self.bitmask.unsqueeze(-1) >> shifts) & 1
-        banned = (bits == 0).view(bits.shape[0], -1)[:, :V]
-        if self.rows.numel() == x.shape[0]:
-            x.masked_fill_(banned, float("-inf"))
-        else:
-            x[self.rows] = x[self.rows].masked_fill(banned, float("-inf"))
+        # NOTE: xgrammar's kernel (C++ on the CPU, Triton/CUDA on GPUs) reads the packed bits
+        # in one pass; unpacking them with torch ops costs several times a copy of the logits.
+        import xgrammar
+
+        indices = None if len(self.rows) == x.shape[0] else self.rows
+        xgrammar.apply_token_bitmask_inplace(x, self.bitmask, vocab_size=x.shape[1], indices=indices)
 
 
 @dataclass
@@ -51,9 +47,7 @@ class StepMasks:
         picked = [j for j, r in enumerate(rows) if self.constrained[r]]
         if not picked:
             return None
-        src = [rows[j] for j in picked]
-        return GrammarBitmask(torch.tensor(picked, dtype=torch.long, device=device),
-                              self.bitmask[src].to(device, non_blocking=True))
+        return GrammarBitmask(picked, self.bitmask[rows].to(device, non_blocking=True))
 
 
 class GrammarMasks:
