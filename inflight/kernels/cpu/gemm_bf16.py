@@ -50,12 +50,7 @@ class PanelLinear(PanelLinearBase):
 
     kernel = "gemm_bf16"
     packed_dtype = torch.bfloat16
-
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], level: Optional[IsaLevel] = None) -> None:
-        lib = load_gemm(level)
-        if lib is None:
-            raise RuntimeError("the bf16 GEMM kernel is not available on this machine")
-        super().__init__(weight, bias, lib)
+    load = staticmethod(load_gemm)
 
     @staticmethod
     def pack(weight: torch.Tensor, panel: int) -> torch.Tensor:

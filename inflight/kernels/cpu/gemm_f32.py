@@ -50,12 +50,7 @@ class PanelLinearF32(PanelLinearBase):
 
     kernel = "gemm_f32"
     packed_dtype = torch.float32
-
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], level: Optional[IsaLevel] = None) -> None:
-        lib = load_gemm_f32(level)
-        if lib is None:
-            raise RuntimeError("the fp32 GEMM kernel cannot be built on this machine")
-        super().__init__(weight, bias, lib)
+    load = staticmethod(load_gemm_f32)
 
     @staticmethod
     def pack(weight: torch.Tensor, panel: int) -> torch.Tensor:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inflight.kernels.cpu.isa import IsaLevel
+
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -37,19 +39,28 @@ def bind(lib: ctypes.CDLL, name: str) -> ctypes.CDLL:
 class PanelLinearBase(nn.Module):
     """Drop-in for an ``nn.Linear`` on the CPU whose weight is packed once in panels
     for the kernel library ``lib`` (entry points ``kernel``*, element type ``packed_dtype``).
-    Subclasses set ``kernel`` and ``packed_dtype`` and say how a weight is packed."""
+    Subclasses set ``kernel`` and ``packed_dtype`` and say how the library is loaded and
+    a weight is packed. ``level`` picks the ISA build (tests run every one the CPU has)."""
 
     kernel: str
     packed_dtype: torch.dtype  # of the weight, input and output (the C layer loop checks it)
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], lib: ctypes.CDLL) -> None:
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], level: Optional[IsaLevel] = None) -> None:
         super().__init__()
+        lib = self.load(level)
+        if lib is None:
+            raise RuntimeError(f"the {self.kernel} kernel cannot be built on this machine")
         self.lib = lib
         self.out_features, self.in_features = weight.shape
         self.panel = int(getattr(lib, f"{self.kernel}_panel")())
         self.register_buffer("packed", self.pack(weight.detach(), self.panel), persistent=False)
         b = None if bias is None else bias.detach().to(self.packed_dtype).contiguous()
         self.register_buffer("bias", b, persistent=False)
+
+    @staticmethod
+    def load(level: Optional[IsaLevel]) -> Optional[ctypes.CDLL]:
+        """The kernel library built for ``level``, None where it cannot be built."""
+        raise NotImplementedError
 
     @staticmethod
     def pack(weight: torch.Tensor, panel: int) -> torch.Tensor:
