@@ -12,8 +12,9 @@ from .config import merge_eos_ids
 from .gguf_file import gguf_hf_config, gguf_weights, open_gguf
 from .hf import generation_eos, hf_config, hf_weights
 from .tokenizer import tokenizer_from_folder, tokenizer_from_gguf
+from .stream import SafetensorsSource, WeightSource
 from .types import LoadedModel, ModelLoadError
-from .weights import finalize_weights
+from .weights import check_weights
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -51,7 +52,11 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
 
 
 def load_model(model: str | None = None, *, cache_dir: str | None = None) -> LoadedModel:
-    """Load config, float32 weights and tokenizer from a GGUF file or an HF folder.
+    """Load config, weights and tokenizer from a GGUF file or an HF folder.
+
+    The weights are a ``WeightSource``: names and shapes are read (and checked
+    against the config) here, tensor data only when the model loads them, each
+    straight into its parameter.
 
     ``model`` is None (the embedded SmolLM2 GGUF), a ``.gguf`` file, or a
     folder with config.json, safetensors and tokenizer files. GGUF results are
@@ -93,7 +98,7 @@ def _gguf_tokenizer(path: str) -> "PreTrainedTokenizerBase":
 
 def _load_folder(folder: str) -> LoadedModel:
     config = hf_config(folder)
-    weights = finalize_weights(hf_weights(folder), config, folder)
+    weights = check_weights(hf_weights(folder), config, folder)
     tokenizer = tokenizer_from_folder(folder)
     eos = merge_eos_ids(config["eos_token_id"], generation_eos(folder), tokenizer.eos_token_id)
     return LoadedModel(config, weights, tokenizer, folder, eos)
@@ -104,7 +109,7 @@ def _load_gguf(path: str, cache_dir: str | None) -> LoadedModel:
     cached = cache.read_entry(entry, path)
     if cached is not None:
         try:
-            weights = finalize_weights(cached.weights, cached.hf_config, path)
+            weights = check_weights(cached.weights, cached.hf_config, path)
             tokenizer = tokenizer_from_folder(cached.tokenizer_dir)
         except (ModelLoadError, KeyError, TypeError, ValueError) as exc:  # bad config.json too
             logger.warning("cache entry %s is corrupt (%s); rebuilding", entry, exc)
@@ -114,13 +119,15 @@ def _load_gguf(path: str, cache_dir: str | None) -> LoadedModel:
 
     reader = open_gguf(path)
     config = gguf_hf_config(reader, path)
-    weights = finalize_weights(gguf_weights(reader, config, path), config, path)
+    weights: WeightSource = check_weights(gguf_weights(reader, config, path), config, path)
     field = reader.fields.get("tokenizer.chat_template")
     tokenizer = tokenizer_from_gguf(path, chat_template=lambda: field and field.contents())
     cache.write_entry(entry, path, config, weights, tokenizer)
+    if cache.entry_is_valid(entry, path):  # reading it back beats dequantizing again
+        weights = SafetensorsSource([os.path.join(entry, cache.WEIGHTS_FILE)])
     return _gguf_result(config, weights, tokenizer, path)
 
 
-def _gguf_result(config: dict, weights: dict, tokenizer: object, path: str) -> LoadedModel:
+def _gguf_result(config: dict, weights: WeightSource, tokenizer: object, path: str) -> LoadedModel:
     eos = merge_eos_ids(config["eos_token_id"], getattr(tokenizer, "eos_token_id", None))
     return LoadedModel(config, weights, tokenizer, path, eos)

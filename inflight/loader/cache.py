@@ -3,7 +3,7 @@
 One entry is a folder named after the source file and a hash of its resolved
 path, size and mtime (so an edited or replaced file gets a new entry)::
 
-    weights.safetensors   float32 HF-named weights
+    weights.safetensors   float32 HF-named weights (written and read one tensor at a time)
     config.json           the normalised HF-style config
     tokenizer/            tokenizer.save_pretrained output
     meta.json             written last: source identity and every file's size
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
+from .stream import SafetensorsSource, WeightSource, save_safetensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -68,7 +68,7 @@ def entry_dir(source: str, cache_dir: str | None = None) -> str:
 @dataclass
 class CachedModel:
     hf_config: dict[str, Any]
-    weights: dict[str, torch.Tensor]
+    weights: SafetensorsSource
     tokenizer_dir: str
 
 
@@ -112,12 +112,10 @@ def read_entry(entry: str, source: str) -> CachedModel | None:
     if not os.path.isdir(entry):
         return None
     if entry_is_valid(entry, source):
-        from safetensors.torch import load_file
-
         try:
             with open(os.path.join(entry, CONFIG_FILE), encoding="utf-8") as f:
                 config = json.load(f)
-            weights = load_file(os.path.join(entry, WEIGHTS_FILE))
+            weights = SafetensorsSource([os.path.join(entry, WEIGHTS_FILE)])
             return CachedModel(config, weights, os.path.join(entry, TOKENIZER_DIR))
         except Exception as exc:  # a damaged file whose size happens to be right
             logger.warning("cache entry %s unreadable (%s); rebuilding", entry, exc)
@@ -147,19 +145,18 @@ def write_entry(
     entry: str,
     source: str,
     hf_config: dict[str, Any],
-    weights: dict[str, torch.Tensor],
+    weights: WeightSource,
     tokenizer: "PreTrainedTokenizerBase",
 ) -> bool:
-    """Write an entry atomically; return False (and log) when the cache is not writable."""
-    from safetensors.torch import save_file
-
+    """Write an entry atomically, one tensor in memory at a time; return False (and
+    log) when the cache is not writable."""
     root = os.path.dirname(entry)
     tmp = None
     try:
         os.makedirs(root, exist_ok=True)
         _sweep_leftovers(root)
         tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
-        save_file(weights, os.path.join(tmp, WEIGHTS_FILE))
+        save_safetensors(os.path.join(tmp, WEIGHTS_FILE), weights)
         with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(hf_config, f, indent=1, sort_keys=True)
         tokenizer.save_pretrained(os.path.join(tmp, TOKENIZER_DIR))

@@ -5,6 +5,10 @@ Three things differ from an HF checkpoint and are undone here:
 - shapes: GGUF lists dimensions innermost first (``[in, out]``), the reverse of torch;
 - for the llama architecture, llama.cpp's converter reorders the rows of Q and K
   inside each head (see ``_unpermute_qk``).
+
+Which llama.cpp types we read, their tensor names and whether Q/K are permuted
+come from the architecture's ``ArchSpec`` (inflight/models). Tensors are
+dequantized one at a time, when read (``GgufSource``).
 """
 
 from __future__ import annotations
@@ -14,27 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import normalize_hf_config
-from .types import ModelLoadError, unsupported_architecture
+from inflight.models.registry import ArchSpec, spec_for_gguf
 
-# general.architecture -> HF architecture; other GGUF architectures are refused.
-_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+from .config import normalize_hf_config
+from .stream import WeightSource
+from .types import ModelLoadError, unsupported_architecture
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
-}
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
 }
 
 
@@ -58,9 +51,10 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 def gguf_architecture(reader: Any, source: str) -> tuple[str, str]:
     """Return (gguf architecture, HF architecture), refusing unsupported ones."""
     arch = _field(reader, "general.architecture")
-    if arch not in _GGUF_ARCHITECTURES:
+    spec = spec_for_gguf(arch)
+    if spec is None:
         raise unsupported_architecture(arch, source)
-    hf_arch = _GGUF_ARCHITECTURES[arch]
+    hf_arch = spec.architecture
     # llama.cpp files Mistral models under "llama"; the name is the only hint left.
     if arch == "llama" and "mistral" in str(_field(reader, "general.name", "")).lower():
         hf_arch = "MistralForCausalLM"
@@ -126,12 +120,12 @@ def gguf_hf_config(reader: Any, source: str) -> dict[str, Any]:
     return normalize_hf_config(raw, source)
 
 
-def _hf_name(gguf_name: str, source: str) -> str:
+def _hf_name(gguf_name: str, spec: ArchSpec, source: str) -> str:
     base, _, kind = gguf_name.rpartition(".")  # kind: "weight" or "bias"
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
-        if part in _LAYER_NAMES:
-            return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        if part in spec.gguf_tensors:
+            return f"model.layers.{layer}.{spec.gguf_tensors[part]}.{kind}"
     elif base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{kind}"
     if base == "rope_freqs":
@@ -163,19 +157,35 @@ def _dequantize(tensor: Any) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
-def gguf_weights(reader: Any, hf_config: dict[str, Any], source: str) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor to float32 and return it under its HF name and shape."""
-    permute = hf_config["model_type"] in ("llama", "mistral")  # qwen2 is stored unpermuted
-    heads = {"q_proj": hf_config["num_attention_heads"], "k_proj": hf_config["num_key_value_heads"]}
-    weights: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name, source)
+class GgufSource(WeightSource):
+    """The tensors of a GGUF file under their HF names and shapes, dequantized to
+    float32 one at a time when read."""
+
+    def __init__(self, reader: Any, hf_config: dict[str, Any], source: str) -> None:
+        spec = spec_for_gguf(_field(reader, "general.architecture"))
+        self.source = source
+        self.permute = spec.gguf_permute_qk
+        self.heads = {"q_proj": hf_config["num_attention_heads"], "k_proj": hf_config["num_key_value_heads"]}
+        self.entries = {_hf_name(t.name, spec, source): t for t in reader.tensors}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in reversed(self.entries[name].shape))
+
+    def dtype(self, name: str) -> torch.dtype:
+        return torch.float32
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        tensor = self.entries[name]
         try:
             value = _dequantize(tensor)
         except Exception as exc:
-            raise ModelLoadError(f"cannot dequantize {tensor.name} in {source}: {exc}") from exc
+            raise ModelLoadError(f"cannot dequantize {tensor.name} in {self.source}: {exc}") from exc
         proj = name.split(".")[-2]
-        if permute and proj in heads:
-            value = _unpermute_qk(value, heads[proj])
-        weights[name] = value
-    return weights
+        if self.permute and proj in self.heads:
+            value = _unpermute_qk(value, self.heads[proj])
+        out.copy_(value)
+
+
+def gguf_weights(reader: Any, hf_config: dict[str, Any], source: str) -> GgufSource:
+    """Every tensor under its HF name and shape, dequantized to float32 when read."""
+    return GgufSource(reader, hf_config, source)

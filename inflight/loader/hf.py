@@ -7,9 +7,8 @@ import json
 import os
 from typing import Any
 
-import torch
-
 from .config import normalize_hf_config
+from .stream import SafetensorsSource, read_safetensors_header
 from .types import ModelLoadError
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -61,14 +60,12 @@ def safetensors_files(folder: str) -> list[str]:
     raise ModelLoadError(f"{folder} has no *.safetensors weight files")
 
 
-def hf_weights(folder: str) -> dict[str, torch.Tensor]:
-    """Load every tensor of every shard, as stored (dtype conversion happens later)."""
-    from safetensors.torch import load_file
-
-    weights: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(folder):
+def hf_weights(folder: str) -> SafetensorsSource:
+    """Every tensor of every shard, as stored; read lazily (see stream.py)."""
+    paths = safetensors_files(folder)
+    for path in paths:
         try:
-            weights.update(load_file(path))
-        except Exception as exc:  # safetensors raises SafetensorError, OSError, ...
+            read_safetensors_header(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelLoadError(f"cannot read safetensors file {path}: {exc}") from exc
-    return weights
+    return SafetensorsSource(paths)

@@ -33,6 +33,8 @@ CONFIG_CLASSES = {
     "llama": transformers.LlamaConfig,
     "mistral": transformers.MistralConfig,
     "qwen2": transformers.Qwen2Config,
+    "qwen3": transformers.Qwen3Config,
+    "phi3": transformers.Phi3Config,
 }
 
 
@@ -47,7 +49,7 @@ TOKENS = SPECIAL_TOKENS + byte_level_tokens() + ["he", "Ġt"]
 
 
 def tiny_model(arch: str, tie: bool = False, seed: int = 0) -> transformers.PreTrainedModel:
-    """A 2-layer random ``arch`` model (llama, mistral, qwen2) over the byte-level TOKENS vocabulary."""
+    """A 2-layer random ``arch`` model (a key of CONFIG_CLASSES) over the byte-level TOKENS vocabulary."""
     cfg = CONFIG_CLASSES[arch](
         vocab_size=len(TOKENS),
         hidden_size=64,
@@ -60,6 +62,7 @@ def tiny_model(arch: str, tie: bool = False, seed: int = 0) -> transformers.PreT
         tie_word_embeddings=tie,
         bos_token_id=1,
         eos_token_id=2,
+        pad_token_id=0,
     )
     cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
     torch.manual_seed(seed)

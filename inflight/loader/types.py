@@ -1,4 +1,4 @@
-"""Shared types of the loader: the result object, the error, supported architectures."""
+"""Shared types of the loader: the result object and the error."""
 
 from __future__ import annotations
 
@@ -6,16 +6,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # transformers is heavy to import; only needed for the annotation
-    import torch
     from transformers import PreTrainedTokenizerBase
 
-# HF architecture name -> HF model_type. Llama, Mistral and Qwen2 share one
-# decoder layout (RMSNorm, RoPE, GQA, SwiGLU); Qwen2 adds q/k/v biases.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
+    from .stream import WeightSource
 
 
 class ModelLoadError(Exception):
@@ -31,7 +24,7 @@ class LoadedModel:
     """Everything the engine needs from a checkpoint, independent of its file format."""
 
     hf_config: dict[str, Any]
-    weights: dict[str, "torch.Tensor"]
+    weights: "WeightSource"  # HF names; read lazily, each tensor straight into its parameter
     tokenizer: "PreTrainedTokenizerBase"
     source: str
     eos_token_ids: list[int] = field(default_factory=list)
@@ -39,5 +32,7 @@ class LoadedModel:
 
 def unsupported_architecture(arch: object, source: str) -> ModelLoadError:
     """The one error for every architecture we cannot run."""
-    supported = ", ".join(SUPPORTED_ARCHITECTURES)
+    from inflight.models.registry import supported_architectures
+
+    supported = ", ".join(supported_architectures())
     return ModelLoadError(f"unsupported architecture {arch} in {source}; supported: {supported}")

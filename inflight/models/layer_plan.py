@@ -19,6 +19,8 @@ class DecoderLayerPlan(NamedTuple):
     gate_up_proj: nn.Module
     down_proj: nn.Module
     attention: nn.Module  # holds the attention backend
+    q_norm: Optional[torch.Tensor] = None  # per-head RMSNorm weights of q and k before RoPE (Qwen3)
+    k_norm: Optional[torch.Tensor] = None
 
 
 class LayerPlan(NamedTuple):

@@ -1,7 +1,8 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) on a flattened token batch."""
+"""Llama-shaped decoder on a flattened token batch: Llama, SmolLM2, Mistral and Qwen2
+here; Qwen3 (per-head q/k norm) and Phi-3 (fused checkpoint projections) reuse it."""
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,8 @@ from inflight.layers.activation import SiluAndMul
 from inflight.layers.layernorm import RMSNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
 from inflight.models.layer_plan import DecoderLayerPlan, LayerPlan
-from inflight.models.registry import ModelArchConfig
+from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
+from inflight.models.weight_loading import load_checkpoint
 
 
 class LlamaAttention(nn.Module):
@@ -22,11 +24,23 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         self.rotary = RotaryQKV(self.nh, self.nkv, self.hd)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.backend = backend
         self.scale = self.hd ** -0.5
 
+    def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Each q and k head RMS-normalised over head_dim (before RoPE, as Qwen3 does)."""
+        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = self.q_norm(q.reshape(-1, self.nh, self.hd))[0].view(q.shape)
+        k = self.k_norm(k.reshape(-1, self.nkv, self.hd))[0].view(k.shape)
+        return torch.cat([q, k, v], dim=-1)
+
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, md: AttentionMetadata):
-        q, k, v = self.rotary(self.qkv_proj(x), *rope)
+        qkv = self.qkv_proj(x)
+        if self.q_norm is not None:
+            qkv = self._norm_qk(qkv)
+        q, k, v = self.rotary(qkv, *rope)
         o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], md, self.scale)
         return self.o_proj(o.reshape(-1, self.nh * self.hd))
 
@@ -62,10 +76,6 @@ class LlamaForCausalLM(nn.Module):
     """The decoder stack; ``forward`` returns hidden states, ``compute_logits``
     projects only the rows that sample."""
 
-    # HF name fragment -> (our fused parameter, shard index)
-    _STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -93,7 +103,8 @@ class LlamaForCausalLM(nn.Module):
         cfg = self.cfg
         layers = [DecoderLayerPlan(ly.input_layernorm.weight, ly.self_attn.qkv_proj, ly.self_attn.o_proj,
                                    ly.post_attention_layernorm.weight, ly.mlp.gate_up_proj, ly.mlp.down_proj,
-                                   ly.self_attn) for ly in self.layers]
+                                   ly.self_attn, _weight(ly.self_attn.q_norm), _weight(ly.self_attn.k_norm))
+                  for ly in self.layers]
         return LayerPlan(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                          cfg.head_dim, cfg.rms_norm_eps, self.layers[0].self_attn.scale, layers,
                          cfg.attention_bias)
@@ -118,28 +129,27 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             self.lm_head = factory(self.embed_tokens.weight, None)
 
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
-        params = dict(self.named_parameters())
-        shards: dict[str, dict[int, torch.Tensor]] = {}
-        loaded = set()
-        for name, tensor in weights:
-            name = name.removeprefix("model.")
-            if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
-                continue
-            for frag, (fused, idx) in self._STACKED.items():
-                if f".{frag}." in name:
-                    shards.setdefault(name.replace(frag, fused), {})[idx] = tensor
-                    break
-            else:
-                if name not in params:
-                    raise ValueError(f"unexpected weight {name!r} in checkpoint")
-                params[name].copy_(tensor)
-                loaded.add(name)
-        for name, parts in shards.items():
-            params[name].copy_(torch.cat([parts[i] for i in sorted(parts)], dim=0))
-            loaded.add(name)
-        missing = set(params) - loaded
-        if missing:
-            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
+    def stacked_shard_rows(self) -> dict[str, list[int]]:
+        """Rows of each shard of the fused projections, in shard order."""
+        cfg = self.cfg
+        kv = cfg.num_key_value_heads * cfg.head_dim
+        return {"qkv_proj": [cfg.num_attention_heads * cfg.head_dim, kv, kv],
+                "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size]}
+
+    def load_weights(self, weights) -> None:
+        """Read HF-named checkpoint tensors (a loader WeightSource, a dict or (name,
+        tensor) pairs) into the parameters, fusing shards as the architecture's spec
+        says; every parameter must be set."""
+        load_checkpoint(self, arch_spec(self.cfg.architecture).stacked, weights)
+
+
+def _weight(norm: Optional[RMSNorm]) -> Optional[torch.Tensor]:
+    return None if norm is None else norm.weight
+
+
+ARCHITECTURES = (
+    ArchSpec("LlamaForCausalLM", "llama", LlamaForCausalLM, gguf_arch="llama", gguf_permute_qk=True),
+    # llama.cpp files Mistral under "llama"; the GGUF reader tells them apart by name.
+    ArchSpec("MistralForCausalLM", "mistral", LlamaForCausalLM),
+    ArchSpec("Qwen2ForCausalLM", "qwen2", LlamaForCausalLM, attention_bias=True, gguf_arch="qwen2"),
+)

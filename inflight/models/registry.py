@@ -1,13 +1,36 @@
-"""Architecture name -> model class, and the normalised config models read."""
+"""One description per architecture (``ArchSpec``), the one HF-config parser, and the lookup.
+
+Each model file under ``inflight/models/`` declares ``ARCHITECTURES``, a tuple of
+``ArchSpec``: the HF architecture and model_type, the model class, how checkpoint
+tensors map onto its parameters (stacked q/k/v and gate/up) and the llama.cpp GGUF
+names. The registry finds them by scanning the package, so adding an architecture
+touches one file (plus its test).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Optional
+
+# Checkpoint name fragment -> (fused parameter fragment, shard index): separate
+# q/k/v and gate/up projections in the checkpoint, one matmul each in the model.
+LLAMA_STACKED: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+# llama.cpp per-layer tensor name -> HF module path, shared by its Llama-shaped types.
+LLAMA_GGUF_TENSORS: dict[str, str] = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
 
 
 @dataclass
 class ModelArchConfig:
-    """The handful of HF config fields a Llama-family model needs."""
+    """The HF config fields a decoder model reads, with transformers' defaults filled in."""
 
     architecture: str
     hidden_size: int
@@ -19,69 +42,129 @@ class ModelArchConfig:
     vocab_size: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
+    rope_scaling: Optional[dict] = None  # rope_type and its parameters; None for plain RoPE
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False
-    # Keys a token attends to (itself included); None: every earlier key.
-    sliding_window: Optional[int] = None
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    sliding_window: Optional[int] = None  # attention window in tokens; None: global attention
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelArchConfig":
-        arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
-        heads = hf["num_attention_heads"]
-        rope_scaling = hf.get("rope_scaling")
-        rope_theta = hf.get("rope_theta")
-        # transformers >= 5 keeps rope settings under rope_parameters.
-        rp = hf.get("rope_parameters") or {}
-        if rope_theta is None:
-            rope_theta = rp.get("rope_theta", 10000.0)
-        if rope_scaling is None and rp.get("rope_type", "default") != "default":
-            rope_scaling = rp
-        return cls(
-            architecture=arch,
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            vocab_size=hf["vocab_size"],
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
-            rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            sliding_window=parse_sliding_window(hf),
-        )
+        """Parse an HF config dict (config.json, or GGUF metadata translated to it)."""
+        return parse_hf_config(hf)
 
 
-def parse_sliding_window(hf: dict[str, Any]) -> Optional[int]:
-    """The HF config's ``sliding_window``, honouring ``use_sliding_window`` where the
-    model type has it (Qwen2 defaults it off; Mistral applies the window whenever set).
+@dataclass(frozen=True)
+class ArchSpec:
+    """Everything architecture-specific outside the model code itself."""
 
-    NOTE: ``layer_types`` (or Qwen2's ``max_window_layers``: layers from that index on
-    are windowed) can window only some layers; until the layers carry their own
-    window, only a config that windows every layer gets one."""
-    window = hf.get("sliding_window")
-    if not window or not hf.get("use_sliding_window", True):
-        return None
-    types = hf.get("layer_types")
-    if types is None and "max_window_layers" in hf:
-        types = ["sliding_attention" if i >= hf["max_window_layers"] else "full_attention"
-                 for i in range(hf["num_hidden_layers"])]
-    if types is not None and any(t != "sliding_attention" for t in types):
-        return None
-    return int(window)
+    architecture: str  # HF ``architectures[0]``
+    model_type: str  # HF ``model_type``; picks transformers' config class (and so the defaults)
+    model_class: type
+    stacked: dict[str, tuple[str, int]] = field(default_factory=lambda: dict(LLAMA_STACKED))
+    attention_bias: bool = False  # q/k/v biases when the config does not say
+    qk_norm: bool = False
+    gguf_arch: Optional[str] = None  # llama.cpp ``general.architecture``, where it defines the type
+    gguf_tensors: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF_TENSORS))
+    gguf_permute_qk: bool = False  # llama.cpp's converter reorders Q/K rows for this type
+    check_config: Optional[Callable[[Any], None]] = None  # raises ValueError for unsupported features
 
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+@lru_cache(maxsize=1)
+def _specs() -> dict[str, ArchSpec]:
+    import inflight.models as pkg
+
+    specs: dict[str, ArchSpec] = {}
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for spec in getattr(module, "ARCHITECTURES", ()):
+            specs[spec.architecture] = spec
+    return specs
+
+
+def supported_architectures() -> list[str]:
+    """HF architecture names this build runs."""
+    return list(_specs())
+
+
+def arch_spec(architecture: str) -> ArchSpec:
+    """The spec for an HF architecture name; ValueError names the supported ones."""
+    spec = _specs().get(architecture)
+    if spec is None:
+        raise ValueError(f"unsupported architecture {architecture!r}; "
+                         f"supported: {', '.join(supported_architectures())}")
+    return spec
+
+
+def spec_for_model_type(model_type: Optional[str]) -> Optional[ArchSpec]:
+    """The first spec with this HF model_type (for configs that carry no architectures)."""
+    return next((s for s in _specs().values() if s.model_type == model_type), None)
+
+
+def spec_for_gguf(gguf_arch: Optional[str]) -> Optional[ArchSpec]:
+    """The first spec for a llama.cpp architecture name."""
+    return next((s for s in _specs().values() if s.gguf_arch == gguf_arch), None)
 
 
 def get_model_class(architecture: str):
     """The model class for an HF architecture name; ValueError names the supported ones."""
-    if architecture in SUPPORTED_ARCHITECTURES:
-        from inflight.models.llama import LlamaForCausalLM
-        return LlamaForCausalLM
-    raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch_spec(architecture).model_class
+
+
+def resolve_spec(hf: dict[str, Any]) -> ArchSpec:
+    """The spec of the first supported entry of ``architectures`` (or of ``model_type``)."""
+    archs = hf.get("architectures") or []
+    archs = [archs] if isinstance(archs, str) else archs
+    for arch in archs:
+        if arch in _specs():
+            return _specs()[arch]
+    spec = None if archs else spec_for_model_type(hf.get("model_type"))
+    if spec is None:
+        name = archs[0] if archs else hf.get("model_type") or "(none given)"
+        raise ValueError(f"unsupported architecture {name}; supported: {', '.join(supported_architectures())}")
+    return spec
+
+
+def _rope(c: Any) -> tuple[float, Optional[dict]]:
+    """(rope_theta, rope_scaling) from transformers 5 (rope_parameters) or 4 (rope_theta, rope_scaling)."""
+    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+    theta = float(params.pop("rope_theta", getattr(c, "rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    params.pop("type", None)
+    return theta, {**params, "rope_type": rope_type}
+
+
+def parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
+    """The one HF-config parser: transformers' own config class for the architecture's
+    model_type fills what the dict leaves out (defaults differ by type: rms_norm_eps,
+    max_position_embeddings, Qwen3's head_dim of 128, Mistral's window). ValueError for
+    an unsupported architecture or feature."""
+    from transformers import AutoConfig
+
+    spec = resolve_spec(hf)
+    # None means "unset" in our dicts (GGUF metadata a file lacks): leave those to the defaults.
+    keys = {k: v for k, v in hf.items()
+            if v is not None and k not in ("model_type", "architectures", "transformers_version")}
+    c = AutoConfig.for_model(spec.model_type, **keys)
+    if spec.check_config is not None:
+        spec.check_config(c)
+    theta, scaling = _rope(c)
+    heads = int(c.num_attention_heads)
+    window = getattr(c, "sliding_window", None) if getattr(c, "use_sliding_window", True) else None
+    bias = getattr(c, "attention_bias", None)
+    return ModelArchConfig(
+        architecture=spec.architecture,
+        hidden_size=int(c.hidden_size), intermediate_size=int(c.intermediate_size),
+        num_hidden_layers=int(c.num_hidden_layers), num_attention_heads=heads,
+        num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(c, "head_dim", None) or int(c.hidden_size) // heads),
+        vocab_size=int(c.vocab_size), rms_norm_eps=float(c.rms_norm_eps),
+        rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=int(c.max_position_embeddings),
+        tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        attention_bias=spec.attention_bias if bias is None else bool(bias),
+        qk_norm=spec.qk_norm, sliding_window=int(window) if window else None,
+    )

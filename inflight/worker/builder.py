@@ -58,7 +58,7 @@ class BuiltRunner:
     num_host_blocks: int = 0  # host swap pool, for preemption_mode="swap"
 
 
-def _build_model(config: EngineConfig, platform: Platform, arch: ModelArchConfig, weights: dict,
+def _build_model(config: EngineConfig, platform: Platform, arch: ModelArchConfig, weights,
                  device: torch.device, dtype: torch.dtype, max_len: int):
     backend = platform.attention_backend(config.attention_backend)
     with torch.device("meta"), _SkipParamInit():
@@ -70,12 +70,12 @@ def _build_model(config: EngineConfig, platform: Platform, arch: ModelArchConfig
     model = model._apply(lambda t: torch.empty(t.shape, device=device,
                                                dtype=dtype if t.is_floating_point() else t.dtype))
     model.rope.build_cache(device)  # buffers are not in the checkpoint
-    model.load_weights(weights.items())
+    model.load_weights(weights)  # streams each tensor into its parameter, cast on the way
     model = model.to(dtype).eval()  # casts the rope tables, as before
     return model, backend
 
 
-def build_runner(config: EngineConfig, hf_config: dict, weights: dict) -> BuiltRunner:
+def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     """Construct the model on its device, load weights and allocate the KV pool."""
     arch = ModelArchConfig.from_hf(hf_config)
     platform = current_platform(config.device)

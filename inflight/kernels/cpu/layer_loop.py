@@ -92,8 +92,8 @@ class CpuLayerLoop:
     def build(cls, plan: LayerPlan, dtype: torch.dtype) -> Optional["CpuLayerLoop"]:
         """The loop for a stack whose every layer is on the C fast path for ``dtype``."""
         sfx = _SUFFIX.get(dtype)
-        if sfx is None or not plan.layers:
-            return None
+        if sfx is None or not plan.layers or plan.layers[0].q_norm is not None:
+            return None  # the C loop has no per-head q/k norm: such models run op by op
         attn = getattr(plan.layers[0].attention, "backend", None)
         if not isinstance(attn, CpuPagedAttentionBackend) or attn.prefill_lib is None:
             return None
