@@ -1,0 +1,91 @@
+"""Qwen3 and Phi-3 from HF folders: greedy float32 tokens equal transformers' on tiny
+random-weight checkpoints, alone, batched, in tiny chunks, under preemption and
+prefix-cached, on the CPU fast path (the default) and on the plain-torch reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from inflight import LLM, SamplingParams
+from inflight.config import CacheConfig, SchedulerConfig
+from inflight.core.scheduler import Scheduler
+from inflight.kernels.cpu.packing import packed_linear_class
+from inflight.loader.testing import tiny_model, write_tiny_gguf
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 12
+SHARED = [7 + (5 * j) % 240 for j in range(40)]  # a prefix longer than two 16-token blocks
+PROMPTS = [[5 + (i * 7 + j * 13) % 250 for j in range(6 + 11 * i)] for i in range(5)]
+PROMPTS += [SHARED + [100, 101, 102], SHARED + [200, 201]]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    write_tiny_gguf(str(folder / "tok.gguf"), None)
+    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="tok.gguf")
+
+
+def _hf_greedy(model, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
+    new = out[0, len(ids):].tolist()
+    return new[: new.index(2) + 1] if 2 in new else new
+
+
+@pytest.fixture(scope="module", params=["qwen3", "phi3"])
+def checkpoint(request, tmp_path_factory, tokenizer):
+    """(arch, HF folder, transformers' greedy tokens for every prompt)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    model = tiny_model(request.param, seed=3).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return request.param, str(folder), [_hf_greedy(model, p) for p in PROMPTS]
+
+
+def _run(llm, prompts) -> list[list[int]]:
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=sp,
+                                                          use_tqdm=False)]
+
+
+def _scheduler(llm, sched: dict | None = None, **cache) -> Scheduler:
+    """The loaded model with other scheduler settings."""
+    eng = llm.llm_engine
+    cfg = SchedulerConfig(**{**eng.config.scheduler_config.__dict__, **(sched or {})})
+    cc = CacheConfig(**{**eng.config.cache_config.__dict__, **cache})
+    eng.scheduler = Scheduler(cfg, cc, cc.num_gpu_blocks_override or eng.num_blocks, eng.max_model_len)
+    return eng.scheduler
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_greedy_equals_transformers(checkpoint, backend):
+    arch, folder, want = checkpoint
+    llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+              max_num_seqs=16, max_num_batched_tokens=256)
+    model = llm.llm_engine.runner.model
+    if backend == "auto" and packed_linear_class(torch.float32) is not None:
+        assert isinstance(model.layers[0].mlp.down_proj, packed_linear_class(torch.float32))
+        # the C layer loop runs Phi-3; it declines Qwen3's q/k norm, which runs op by op
+        assert (model.layer_loop is None) == (arch == "qwen3")
+    if backend == "torch":
+        assert type(model.layers[0].mlp.down_proj) is torch.nn.Linear and model.layer_loop is None
+
+    for p, w in zip(PROMPTS[:3], want[:3]):
+        assert _run(llm, [p]) == [w]
+    assert _run(llm, PROMPTS) == want
+
+    s = _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+    assert _run(llm, PROMPTS) == want  # prefills in chunks of at most 4 tokens beside decodes
+    assert s.kv.num_free_blocks == s.kv.num_blocks
+
+    s = _scheduler(llm, num_gpu_blocks_override=8)
+    assert _run(llm, PROMPTS) == want
+    assert s.num_preemptions > 0
+
+    s = _scheduler(llm, enable_prefix_caching=True)
+    assert _run(llm, PROMPTS[-2:-1]) + _run(llm, PROMPTS[-1:]) == want[-2:]
+    assert s.kv.prefix_cache_hits >= 32  # the second prompt's shared blocks came from the cache
