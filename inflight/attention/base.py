@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -33,11 +34,16 @@ class AttentionMetadata:
 
 class AttentionBackend(abc.ABC):
     """Writes new K/V into the paged cache and attends each request's queries
-    over its own history (causal within the new tokens)."""
+    over its own history (causal within the new tokens).
+
+    ``sliding_window`` (a per-layer setting): the token at position p sees only keys
+    (p - W, p], as transformers' sliding-window mask; keys before that are skipped,
+    never read, so their blocks may already be back in the pool (the block table
+    then holds a placeholder there)."""
 
     @abc.abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, sliding_window: Optional[int] = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D].
         Returns [T, H, D]."""

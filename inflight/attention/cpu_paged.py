@@ -1,7 +1,8 @@
 """CPU attention: decode rows through the C paged-decode kernel, prefill chunks
 through the C paged-prefill kernel (bf16 on AVX-512-BF16; float32 on every ISA level),
 both reading K/V from the block pool in place; anything else through the torch
-reference path."""
+reference path. A sliding window runs on the float32 kernels (their ``_sw`` entry
+points); bf16 declines it to the torch reference."""
 from __future__ import annotations
 
 import ctypes
@@ -34,29 +35,34 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             self.prefill_lib.paged_prefill_workspace.restype = ctypes.c_int64
             self.prefill_lib.paged_prefill_f32.argtypes = _PREFILL_ARGS
             self.prefill_lib.paged_prefill_f32_supported.argtypes = [_i32, _i32]
+            self.prefill_lib.paged_prefill_f32_sw.argtypes = _PREFILL_ARGS + [_i32]
         self._workspace = torch.empty(0, dtype=torch.uint8)
         for name in _FNS.values():
             getattr(self.lib, name).argtypes = _DECODE_ARGS
+        self.lib.paged_decode_f32_sw.argtypes = _DECODE_ARGS + [_i32]
         self.lib.write_kv_rows.argtypes = _WRITE_ARGS
         g, d = ctypes.c_int(), ctypes.c_int()
         self.lib.paged_decode_limits(ctypes.byref(g), ctypes.byref(d))
         self.max_g, self.max_d = g.value, d.value
 
-    def supports(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    def supports(self, q: torch.Tensor, k_cache: torch.Tensor, sliding_window: Optional[int] = None) -> bool:
         nh, d = q.shape[1], q.shape[2]
         kvh = k_cache.shape[2]
+        if sliding_window and q.dtype != torch.float32:
+            return False  # the bf16 kernels take no window
         return (q.device.type == "cpu" and q.dtype == k_cache.dtype and q.dtype in _FNS
                 and nh % kvh == 0 and nh // kvh <= self.max_g and d <= self.max_d and k_cache.is_contiguous())
 
-    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-        if is_quantized(k_cache) or not self.supports(q, k_cache):
-            return super().forward(q, k, v, k_cache, v_cache, md, scale)
+    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
+                sliding_window: Optional[int] = None) -> torch.Tensor:
+        if is_quantized(k_cache) or not self.supports(q, k_cache, sliding_window):
+            return super().forward(q, k, v, k_cache, v_cache, md, scale, sliding_window)
         self._write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype)
         if md.num_decodes:
-            self._decode_into(q, k_cache, v_cache, md, scale, out)  # rows [0, num_decodes) of out
+            self._decode_into(q, k_cache, v_cache, md, scale, out, sliding_window)  # rows [0, num_decodes) of out
         if md.num_reqs > md.num_decodes:
-            self._prefills(q, k, v, k_cache, v_cache, md, scale, out)
+            self._prefills(q, k, v, k_cache, v_cache, md, scale, out, sliding_window)
         return out
 
     def _write_kv(self, k, v, k_cache, v_cache, slots: torch.Tensor) -> None:
@@ -70,22 +76,27 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         self.lib.write_kv_rows(k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size,
                                k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), slots.numel(), row * size)
 
-    def _decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-        if not self.supports(q, k_cache):
-            return super()._decode(q, k_cache, v_cache, md, scale)
+    def _decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float,
+                sliding_window: Optional[int] = None) -> torch.Tensor:
+        if is_quantized(k_cache) or not self.supports(q, k_cache, sliding_window):
+            return super()._decode(q, k_cache, v_cache, md, scale, sliding_window=sliding_window)
         out = torch.empty(md.num_decodes, *q.shape[1:], dtype=q.dtype)
-        self._decode_into(q, k_cache, v_cache, md, scale, out)
+        self._decode_into(q, k_cache, v_cache, md, scale, out, sliding_window)
         return out
 
-    def _decode_into(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _decode_into(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor,
+                     sliding_window: Optional[int] = None) -> None:
         """Decode rows [0, num_decodes) of q into the same rows of the contiguous ``out``."""
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
         bt = md.block_tables
-        getattr(self.lib, _FNS[q.dtype])(
-            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
-            md.seq_lens.data_ptr(), out.data_ptr(), md.num_decodes, q.shape[1], k_cache.shape[2], q.shape[2],
-            k_cache.shape[1], scale, md.max_decode_seq_len)
+        args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
+                md.seq_lens.data_ptr(), out.data_ptr(), md.num_decodes, q.shape[1], k_cache.shape[2], q.shape[2],
+                k_cache.shape[1], scale, md.max_decode_seq_len)
+        if sliding_window:
+            self.lib.paged_decode_f32_sw(*args, sliding_window)
+        else:
+            getattr(self.lib, _FNS[q.dtype])(*args)
 
     def prefill_args(self, md: AttentionMetadata, num_heads: int, num_kv_heads: int,
                      head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
@@ -105,14 +116,15 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             self._workspace = torch.empty(need, dtype=torch.uint8)
         return q_start, q_len, seq_len
 
-    def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor,
+                  sliding_window: Optional[int] = None) -> None:
         lib = self.prefill_lib
         if (lib is not None and q.dtype == torch.float32 and self.supports(q, k_cache) and out.is_contiguous()
                 and lib.paged_prefill_f32_supported(q.shape[2], q.shape[1] // k_cache.shape[2])):
-            return self._prefills_f32(q, k_cache, v_cache, md, scale, out)
-        if (lib is None or q.dtype != torch.bfloat16 or not self.supports(q, k_cache) or not out.is_contiguous()
-                or not lib.paged_prefill_supported(ctypes.c_int(q.shape[2]))):
-            return super()._prefills(q, k, v, k_cache, v_cache, md, scale, out)
+            return self._prefills_f32(q, k_cache, v_cache, md, scale, out, sliding_window)
+        if (lib is None or q.dtype != torch.bfloat16 or not self.supports(q, k_cache, sliding_window)
+                or not out.is_contiguous() or not lib.paged_prefill_supported(ctypes.c_int(q.shape[2]))):
+            return super()._prefills(q, k, v, k_cache, v_cache, md, scale, out, sliding_window)
         nd, n = md.num_decodes, md.num_reqs - md.num_decodes
         kvh, d = k_cache.shape[2], q.shape[2]
         q_start, q_len, seq_len = self.prefill_args(md, q.shape[1], kvh, d)
@@ -127,7 +139,8 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         if rc != 0:
             raise RuntimeError(f"paged_prefill_bf16 failed ({rc})")
 
-    def _prefills_f32(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _prefills_f32(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor,
+                      sliding_window: Optional[int] = None) -> None:
         """Every prefill chunk of the step in one paged_prefill_f32 call (K/V already in the pool)."""
         nd, n = md.num_decodes, md.num_reqs - md.num_decodes
         kvh, d = k_cache.shape[2], q.shape[2]
@@ -135,9 +148,12 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
         bt = md.block_tables[nd:]
-        rc = self.prefill_lib.paged_prefill_f32(
-            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
-            q_start.data_ptr(), q_len.data_ptr(), seq_len.data_ptr(), out.data_ptr(), n, q.shape[1], kvh, d,
-            k_cache.shape[1], scale, None)
+        args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
+                q_start.data_ptr(), q_len.data_ptr(), seq_len.data_ptr(), out.data_ptr(), n, q.shape[1], kvh, d,
+                k_cache.shape[1], scale, None)
+        if sliding_window:
+            rc = self.prefill_lib.paged_prefill_f32_sw(*args, sliding_window)
+        else:
+            rc = self.prefill_lib.paged_prefill_f32(*args)
         if rc != 0:
             raise RuntimeError(f"paged_prefill_f32 failed ({rc})")

@@ -1,6 +1,8 @@
 """Reference attention in plain torch: works on any device, easy to check."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -20,47 +22,63 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache.view(nb * bs, kvh, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """Contiguous [length, KVH, D] view of one request's cached tokens."""
+def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int, first_block: int = 0) -> torch.Tensor:
+    """Contiguous [length - first_block * block_size, KVH, D] view of one request's
+    cached tokens from block ``first_block`` on."""
     nblocks = -(-length // cache.shape[1])
-    return cache[block_ids[:nblocks]].flatten(0, 1)[:length]
+    return cache[block_ids[first_block:nblocks]].flatten(0, 1)[:length - first_block * cache.shape[1]]
 
 
 class TorchAttentionBackend(AttentionBackend):
     """Decodes in one batched SDPA call over a padded gather; each prefill chunk
-    in its own SDPA call (causal, offset by the cached prefix)."""
+    in its own SDPA call (causal, offset by the cached prefix). With a sliding
+    window, the gathers start at the block holding the window's first key."""
 
-    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
+                sliding_window: Optional[int] = None) -> torch.Tensor:
         self._write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty_like(q)
         nd = md.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], k_cache, v_cache, md, scale)
+            out[:nd] = self._decode(q[:nd], k_cache, v_cache, md, scale, sliding_window=sliding_window)
         if md.num_reqs > nd:
-            self._prefills(q, k, v, k_cache, v_cache, md, scale, out)
+            self._prefills(q, k, v, k_cache, v_cache, md, scale, out, sliding_window)
         return out
 
     @staticmethod
     def _write_kv(k, v, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
         write_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor,
+                  sliding_window: Optional[int] = None) -> None:
         """Every prefill chunk of the step (requests ``num_decodes..``) into ``out``."""
         qsl = md.query_start_loc_list
         for i in range(md.num_decodes, md.num_reqs):
             s, e = qsl[i], qsl[i + 1]
             out[s:e] = self._prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache,
-                                     md.block_tables[i], md.seq_lens_list[i], scale)
+                                     md.block_tables[i], md.seq_lens_list[i], scale, sliding_window)
 
     @staticmethod
-    def _decode(q, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _decode(q, k_cache, v_cache, md: AttentionMetadata, scale: float,
+                sliding_window: Optional[int] = None) -> torch.Tensor:
         nd, bs = md.num_decodes, md.block_size
-        max_len = md.max_decode_seq_len
-        nblocks = -(-max_len // bs)
-        bt = md.block_tables[:nd, :nblocks]
-        keys = k_cache[bt].flatten(1, 2)[:, :max_len]  # [nd, L, KVH, D]
-        vals = v_cache[bt].flatten(1, 2)[:, :max_len]
-        pad = torch.arange(max_len, device=q.device)[None, :] >= md.seq_lens[:nd, None]
+        seq_lens = md.seq_lens[:nd]
+        if sliding_window:
+            # each row from the block of its window's first key: O(window) per row
+            lo = (seq_lens - sliding_window).clamp(min=0)
+            first = lo // bs
+            # the most blocks a window can span: a fixed shape, no host sync (CUDA graphs)
+            nblocks = min((sliding_window + 2 * bs - 2) // bs, md.block_tables.shape[1])
+            idx = (first[:, None] + torch.arange(nblocks, device=q.device)).clamp(max=md.block_tables.shape[1] - 1)
+            bt = md.block_tables[:nd].gather(1, idx)
+            pos = first[:, None] * bs + torch.arange(nblocks * bs, device=q.device)[None, :]
+            pad = (pos >= seq_lens[:, None]) | (pos < lo[:, None])
+        else:
+            nblocks = -(-md.max_decode_seq_len // bs)
+            bt = md.block_tables[:nd, :nblocks]
+            pad = torch.arange(nblocks * bs, device=q.device)[None, :] >= seq_lens[:, None]
+        keys = k_cache[bt].flatten(1, 2)  # [nd, L, KVH, D]
+        vals = v_cache[bt].flatten(1, 2)
         # Grouped-query attention as two batched matmuls: [nd, KVH, G, D] x [nd, KVH, D, L].
         # For one query row this beats SDPA's flash kernel on the CPU.
         kvh, d = keys.shape[2], keys.shape[3]
@@ -72,15 +90,23 @@ class TorchAttentionBackend(AttentionBackend):
         return o.reshape(nd, -1, d)
 
     @staticmethod
-    def _prefill(q, k, v, k_cache, v_cache, block_ids, seq_len: int, scale: float) -> torch.Tensor:
+    def _prefill(q, k, v, k_cache, v_cache, block_ids, seq_len: int, scale: float,
+                 sliding_window: Optional[int] = None) -> torch.Tensor:
         qlen = q.shape[0]
-        if qlen == seq_len:  # no cached prefix: attend over the chunk itself
+        first = max(seq_len - qlen - sliding_window + 1, 0) // k_cache.shape[1] if sliding_window else 0
+        if qlen == seq_len and not sliding_window:  # no cached prefix: attend over the chunk itself
             keys, vals, mask, causal = k, v, None, True
         else:
-            keys = gather_kv(k_cache, block_ids, seq_len).to(q.dtype)
-            vals = gather_kv(v_cache, block_ids, seq_len).to(q.dtype)
-            pos_q = torch.arange(seq_len - qlen, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= pos_q[:, None]
+            if qlen == seq_len:
+                keys, vals = k, v
+            else:
+                keys = gather_kv(k_cache, block_ids, seq_len, first).to(q.dtype)
+                vals = gather_kv(v_cache, block_ids, seq_len, first).to(q.dtype)
+            pos_q = torch.arange(seq_len - qlen, seq_len, device=q.device)[:, None]
+            pos_k = torch.arange(seq_len - keys.shape[0], seq_len, device=q.device)[None, :]
+            mask = pos_k <= pos_q
+            if sliding_window:
+                mask &= pos_k > pos_q - sliding_window
             causal = False
         group = q.shape[1] // keys.shape[1]
         if group > 1:

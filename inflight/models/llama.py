@@ -28,6 +28,8 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.backend = backend
         self.scale = self.hd ** -0.5
+        # per layer, so stacks that mix windowed and global layers can set it layer by layer
+        self.sliding_window = cfg.sliding_window
 
     def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         """Each q and k head RMS-normalised over head_dim (before RoPE, as Qwen3 does)."""
@@ -41,7 +43,7 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             qkv = self._norm_qk(qkv)
         q, k, v = self.rotary(qkv, *rope)
-        o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], md, self.scale)
+        o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], md, self.scale, self.sliding_window)
         return self.o_proj(o.reshape(-1, self.nh * self.hd))
 
 

@@ -63,9 +63,11 @@ class TritonAttentionBackend(TorchAttentionBackend):
             sms = self._sms[q.device] = _num_sms(q.device)
         return _decode_mod.choose_num_splits(num_decodes, num_kv_heads, max_seq_len, sms)
 
-    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-        if not self.supports(q, k_cache):
-            return super().forward(q, k, v, k_cache, v_cache, md, scale)
+    def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
+                sliding_window: Optional[int] = None) -> torch.Tensor:
+        # NOTE: the kernels take no window yet; a windowed layer runs the torch reference
+        if sliding_window or not self.supports(q, k_cache):
+            return super().forward(q, k, v, k_cache, v_cache, md, scale, sliding_window)
         _write_mod.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty_like(q)
         nd = md.num_decodes
@@ -80,9 +82,9 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return out
 
     def _decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float,
-                out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if not self.supports(q, k_cache):
-            return super()._decode(q, k_cache, v_cache, md, scale)
+                out: Optional[torch.Tensor] = None, sliding_window: Optional[int] = None) -> torch.Tensor:
+        if sliding_window or not self.supports(q, k_cache):
+            return super()._decode(q, k_cache, v_cache, md, scale, sliding_window=sliding_window)
         nd = md.num_decodes
         splits = self.num_splits_for(q, nd, k_cache.shape[2], md.max_decode_seq_len)
         return _decode_mod.paged_decode(q[:nd], k_cache, v_cache, md.block_tables, md.seq_lens, scale,

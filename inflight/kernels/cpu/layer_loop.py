@@ -30,7 +30,7 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 class _Kernels(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("gemm", "add_rmsnorm", "rope", "silu_mul", "write_kv", "decode", "prefill",
-                                  "gemm_silu")]
+                                  "gemm_silu", "decode_sw", "prefill_sw")]
 
 
 class _Dims(ctypes.Structure):
@@ -41,7 +41,7 @@ class _Dims(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("input_norm", "qkv", "qkv_bias", "o", "post_norm", "gate_up", "down",
-                                  "k_cache", "v_cache")]
+                                  "k_cache", "v_cache")] + [("window", _I64)]
 
 
 class _Step(ctypes.Structure):
@@ -64,6 +64,15 @@ def _addr(lib: ctypes.CDLL, name: str) -> int:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+def _window(layer) -> int:
+    """A layer's sliding window (0: global attention)."""
+    return getattr(layer.attention, "sliding_window", None) or 0
+
+
+def _sw_kernels(attn: CpuPagedAttentionBackend) -> tuple[int, int]:
+    return _addr(attn.lib, "paged_decode_f32_sw"), _addr(attn.prefill_lib, "paged_prefill_f32_sw")
+
+
 class CpuLayerLoop:
     """Runs a model's decoder layers in one C call; ``build`` returns None where it cannot."""
 
@@ -78,7 +87,8 @@ class CpuLayerLoop:
                                 _addr(fused, f"rope_{sfx}"), _addr(fused, f"silu_mul_{sfx}"),
                                 _addr(attn.lib, "write_kv_rows"), _addr(attn.lib, f"paged_decode_{sfx}"),
                                 _addr(attn.prefill_lib, f"paged_prefill_{sfx}"),
-                                _addr(gemm, f"gemm_{sfx}_silu") if silu_ok else None)
+                                _addr(gemm, f"gemm_{sfx}_silu") if silu_ok else None,
+                                *(_sw_kernels(attn) if any(_window(ly) for ly in plan.layers) else (None, None)))
         self.dims = _Dims(plan.hidden_size, plan.intermediate_size, plan.num_heads, plan.num_kv_heads,
                           plan.head_dim, 0, dtype.itemsize, plan.rms_norm_eps, plan.scale)
         self.inter = plan.intermediate_size
@@ -99,6 +109,8 @@ class CpuLayerLoop:
             return None
         if not _prefill_supported(attn.prefill_lib, dtype, plan.head_dim, plan.num_heads // plan.num_kv_heads):
             return None
+        if dtype != torch.float32 and any(_window(ly) for ly in plan.layers):
+            return None  # only the float32 kernels take a sliding window
         fused = load_library("fused_ops")
         if fused is None or not hasattr(fused, f"add_rmsnorm_{sfx}"):
             return None
@@ -133,6 +145,7 @@ class CpuLayerLoop:
                 a.qkv_bias = None if layer.qkv_proj.bias is None else layer.qkv_proj.bias.data_ptr()
                 a.gate_up, a.down = layer.gate_up_proj.packed.data_ptr(), layer.down_proj.packed.data_ptr()
                 a.k_cache, a.v_cache = kc.data_ptr(), vc.data_ptr()
+                a.window = _window(layer)
             self._layers = (kv_caches, arr)
             self.dims.block_size = kv_caches[0][0].shape[1]
         return self._layers[1]

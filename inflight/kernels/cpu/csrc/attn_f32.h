@@ -10,7 +10,10 @@
  *   online softmax per row (running max and sum; the output rescaled when the max grows);
  *   O += P V      register blocks of up to 4 rows x AF_DV vectors, V rows in place.
  * Token i of the run sits at position ctx + i and sees keys [0, ctx + i] (causal over
- * the cache and the chunk's own earlier tokens). Decode is the run of one token.
+ * the cache and the chunk's own earlier tokens), or with a sliding window W > 0 only
+ * keys (ctx + i - W, ctx + i]: tiles start at the first token's first key, so keys
+ * before it are never read (their blocks may be back in the pool). Decode is the run
+ * of one token.
  *
  * Layouts: q rows q_stride floats apart (a view into the fused qkv output), heads of D
  * inside a row; out rows out_stride apart; caches [num_blocks, block_size, num_kv_heads, D].
@@ -85,6 +88,21 @@ static inline vf af_keep(vf a, int64_t n, float fill) {
     vi lane;
     for (int i = 0; i < VL; i++) lane[i] = i;
     const vi keep = lane < (vi){0} + (int32_t)n;
+    const vf f = vf_set1(fill);
+    vi ai, fi;
+    memcpy(&ai, &a, sizeof a);
+    memcpy(&fi, &f, sizeof f);
+    ai = (ai & keep) | (fi & ~keep);
+    memcpy(&a, &ai, sizeof a);
+    return a;
+}
+
+/* lanes [lo, hi) of a, the rest `fill` (lo may be negative, hi past VL) */
+static inline vf af_keep_range(vf a, int64_t lo, int64_t hi, float fill) {
+    if (lo <= 0) return af_keep(a, hi, fill);
+    vi lane;
+    for (int i = 0; i < VL; i++) lane[i] = i;
+    const vi keep = (lane >= (vi){0} + (int32_t)lo) & (lane < (vi){0} + (int32_t)(hi < VL ? hi : VL));
     const vf f = vf_set1(fill);
     vi ai, fi;
     memcpy(&ai, &a, sizeof a);
@@ -190,10 +208,11 @@ static inline int64_t af_scratch_floats(void) {
 
 /* One work item: ntok tokens (ntok * G <= AF_MAX_ROWS) of one request from q / out (the
  * run's first token), the query heads of kv head kh; token i at position ctx + i. bt:
- * the request's block table row; scratch: af_scratch_floats() floats. */
+ * the request's block table row; window: the sliding window (0: none); scratch:
+ * af_scratch_floats() floats. */
 static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
                       int G, int kh, int D, const float* k_cache, const float* v_cache, const int64_t* bt,
-                      int block_size, int64_t tok_stride, float scale, float* scratch) {
+                      int block_size, int64_t tok_stride, float scale, int64_t window, float* scratch) {
     const int R = ntok * G, Dp = AF_PAD(D);
     float* qb = scratch;                             /* [R][Dp] scaled queries, zero padded */
     float* ob = qb + (int64_t)AF_MAX_ROWS * Dp;      /* [R][Dp] unnormalized outputs */
@@ -214,10 +233,12 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
         l[r] = 0.f;
     }
     const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
+    const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
     const float* kbase = k_cache + (int64_t)kh * D;
     const float* vbase = v_cache + (int64_t)kh * D;
-    af_tile_rows(kbase, vbase, bt, block_size, tok_stride, D, 0, nkeys < AF_KT ? (int)nkeys : AF_KT, kq[0], vq[0]);
-    for (int64_t t0 = 0, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
+    af_tile_rows(kbase, vbase, bt, block_size, tok_stride, D, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
+                 kq[0], vq[0]);
+    for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
         const float** kp = kq[cur];
         const float** vp = vq[cur];
@@ -226,15 +247,21 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kq[cur ^ 1], vq[cur ^ 1]);
         for (int j = nk; j < AF_PAD(nk); j++) kp[j] = kp[nk - 1];  /* read real rows; masked below */
         const int r0 = t0 > ctx ? (int)(t0 - ctx) * G : 0;  /* rows before r0 see none of this tile */
+        /* rows from r1 on start their window past this tile; the rows between see >= 1 key of it */
+        const int64_t ntok_seen = window > 0 ? t0 + nk + window - 1 - ctx : ntok;
+        const int r1 = ntok_seen < ntok ? (int)ntok_seen * G : R;
         const int nkp = AF_PAD(nk);
-        for (int r = r0; r < R; r++) {
+        for (int r = r0; r < r1; r++) {
             const int64_t pos = ctx + r / G;
             const int nr = pos - t0 + 1 < nk ? (int)(pos - t0 + 1) : nk;  /* keys of the tile row r sees */
+            const int jlo = window > 0 && pos - window + 1 > t0 ? (int)(pos - window + 1 - t0) : 0;  /* ... from */
             const float* qr = qb + (int64_t)r * Dp;
             float* s = sb + (int64_t)r * AF_KT;
+            const int js = jlo / VL * VL;  /* whole vectors before the window are skipped */
+            for (int j0 = 0; j0 < js; j0 += VL) AF_ST(s + j0, vf_zero());
             vf vmax = vf_set1(-INFINITY);
-            for (int j0 = 0; j0 < nr; j0 += VL) {
-                const vf sc = af_keep(af_qk(qr, kp + j0, D), nr - j0, -INFINITY);
+            for (int j0 = js; j0 < nr; j0 += VL) {
+                const vf sc = af_keep_range(af_qk(qr, kp + j0, D), jlo - j0, nr - j0, -INFINITY);
                 AF_ST(s + j0, sc);
                 vmax = vf_max(vmax, sc);
             }
@@ -242,9 +269,9 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
             const float alpha = expf(m[r] - mnew);  /* 0 on the first tile (m = -inf) */
             const vf vm = vf_set1(mnew);
             vf sum = vf_zero();
-            int j0 = 0;
+            int j0 = js;
             for (; j0 < nr; j0 += VL) {
-                const vf pr = af_keep(vf_exp(AF_LD(s + j0) - vm), nr - j0, 0.f);
+                const vf pr = af_keep_range(vf_exp(AF_LD(s + j0) - vm), jlo - j0, nr - j0, 0.f);
                 AF_ST(s + j0, pr);
                 sum += pr;
             }
@@ -257,7 +284,7 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
                 for (int d = 0; d < Dp; d += VL) AF_ST(o + d, AF_LD(o + d) * va);
             }
         }
-        af_pv_rows(ob, sb, r0, R, Dp, D, vp, nk);
+        af_pv_rows(ob, sb, r0, r1, Dp, D, vp, nk);
     }
     for (int r = 0; r < R; r++) {
         float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)(kh * G + r % G) * D;

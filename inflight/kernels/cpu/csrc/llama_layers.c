@@ -40,6 +40,12 @@ typedef int (*gemm_silu_fn)(const void*, int64_t, int64_t, int64_t, const void*,
 typedef int (*prefill_fn)(const void*, int64_t, const void*, const void*, const int64_t*, int64_t,
                           const int64_t*, const int64_t*, const int64_t*, void*, int, int, int, int, int,
                           float, void*);
+/* the same with a trailing sliding window (paged_decode_f32_sw, paged_prefill_f32_sw) */
+typedef void (*decode_sw_fn)(const void*, int64_t, const void*, const void*, const int64_t*, int64_t,
+                             const int64_t*, void*, int, int, int, int, int, float, int, int);
+typedef int (*prefill_sw_fn)(const void*, int64_t, const void*, const void*, const int64_t*, int64_t,
+                             const int64_t*, const int64_t*, const int64_t*, void*, int, int, int, int, int,
+                             float, void*, int);
 
 struct kernels {
     gemm_fn gemm;
@@ -50,6 +56,8 @@ struct kernels {
     decode_fn decode;
     prefill_fn prefill;
     gemm_silu_fn gemm_silu;  /* gate_up and SiLU in one pass; NULL: gemm then silu_mul */
+    decode_sw_fn decode_sw;    /* for layers with a sliding window; NULL when none has one */
+    prefill_sw_fn prefill_sw;
 };
 
 struct dims {
@@ -57,10 +65,12 @@ struct dims {
     float eps, scale;
 };
 
-/* one layer: packed projection panels (gemm_*.py), norm weights, its KV pool */
+/* one layer: packed projection panels (gemm_*.py), norm weights, its KV pool, and its
+ * sliding window (0: global attention) */
 struct layer {
     const void *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
     void *k_cache, *v_cache;
+    int64_t window;
 };
 
 /* one step: decodes are rows [0, num_decodes), one token each; prefill request i
@@ -106,15 +116,26 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         k->write_kv((const char*)s->qkv + attn_dim * es, qkv_dim * es, (const char*)s->qkv + (attn_dim + nkv * hd) * es,
                     qkv_dim * es, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes);
         tick(tk, T_WRITE, &last);
-        if (s->num_decodes)
+        if (w->window && !(k->decode_sw && k->prefill_sw)) return -2;  /* the caller declines such stacks */
+        if (s->num_decodes && w->window)
+            k->decode_sw(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables, s->bt_stride, s->seq_lens,
+                         s->attn, (int)s->num_decodes, (int)nh, (int)nkv, (int)hd, (int)d->block_size, d->scale,
+                         (int)s->max_decode_len, (int)w->window);
+        else if (s->num_decodes)
             k->decode(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables, s->bt_stride, s->seq_lens, s->attn,
                       (int)s->num_decodes, (int)nh, (int)nkv, (int)hd, (int)d->block_size, d->scale,
                       (int)s->max_decode_len);
         tick(tk, T_DECODE, &last);
         if (s->num_prefills) {
-            rc = k->prefill(s->qkv, qkv_dim, w->k_cache, w->v_cache, s->block_tables + s->num_decodes * s->bt_stride,
-                            s->bt_stride, s->q_start, s->q_len, s->pf_seq_len, s->attn, (int)s->num_prefills,
-                            (int)nh, (int)nkv, (int)hd, (int)d->block_size, d->scale, s->workspace);
+            const int64_t* bt = s->block_tables + s->num_decodes * s->bt_stride;
+            if (w->window)
+                rc = k->prefill_sw(s->qkv, qkv_dim, w->k_cache, w->v_cache, bt, s->bt_stride, s->q_start, s->q_len,
+                                   s->pf_seq_len, s->attn, (int)s->num_prefills, (int)nh, (int)nkv, (int)hd,
+                                   (int)d->block_size, d->scale, s->workspace, (int)w->window);
+            else
+                rc = k->prefill(s->qkv, qkv_dim, w->k_cache, w->v_cache, bt, s->bt_stride, s->q_start, s->q_len,
+                                s->pf_seq_len, s->attn, (int)s->num_prefills, (int)nh, (int)nkv, (int)hd,
+                                (int)d->block_size, d->scale, s->workspace);
             if (rc) return rc;
         }
         tick(tk, T_PREFILL, &last);

@@ -88,12 +88,11 @@ void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, cons
 }
 
 /* float32 on every ISA level: attn_f32.h's tiles with one query token per work item,
- * parallel over (sequence, kv head). Same arguments as paged_decode_bf16. */
-void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                      const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
-                      int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-                      int max_len) {
-    (void)max_len;
+ * parallel over (sequence, kv head); window > 0: the sliding window (paged_decode_f32_sw). */
+static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                       const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+                       int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                       int64_t window) {
     const int G = num_heads / num_kv_heads;
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
     _Pragma("omp parallel")
@@ -105,9 +104,30 @@ void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cache, co
                 if (seq_lens[s] > 0)
                     af_attend(q + (int64_t)s * q_stride, q_stride, out + (int64_t)s * num_heads * head_dim,
                               (int64_t)num_heads * head_dim, 1, seq_lens[s] - 1, G, kh, head_dim, k_cache, v_cache,
-                              block_tables + (int64_t)s * bt_stride, block_size, tok_stride, scale, scratch);
+                              block_tables + (int64_t)s * bt_stride, block_size, tok_stride, scale, window, scratch);
         free(scratch);
     }
+}
+
+/* Same arguments as paged_decode_bf16. */
+void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                      const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+                      int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                      int max_len) {
+    (void)max_len;
+    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
+               num_kv_heads, head_dim, block_size, scale, 0);
+}
+
+/* paged_decode_f32 with a sliding window: the token at position p reads only keys
+ * (p - window, p]; block table entries before them are never read. */
+void paged_decode_f32_sw(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                         const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+                         int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                         int max_len, int window) {
+    (void)max_len;
+    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
+               num_kv_heads, head_dim, block_size, scale, window);
 }
 
 DEFINE_DECODE(paged_decode_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)

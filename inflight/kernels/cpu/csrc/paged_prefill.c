@@ -280,7 +280,7 @@ static int prefill_bf16_widened(const uint16_t* q, int64_t q_stride, const uint1
                     }
                 /* kv head 0 of a one-head pool: q and out rows are [G][D], the pool [lp][D] */
                 af_attend(qbuf, (int64_t)G * D, obuf, (int64_t)G * D, ntok, seq_len[r] - q_len[r] + i0, G, 0, D,
-                          kw, kw + lp * D, zero_table, (int)lp, D, scale, scratch);
+                          kw, kw + lp * D, zero_table, (int)lp, D, scale, 0, scratch);
                 for (int i = 0; i < ntok; i++)
                     for (int g = 0; g < G; g++) {
                         uint16_t* dst = out + (q_start[r] + i0 + i) * num_heads * D + (int64_t)(kh * G + g) * D;
@@ -394,13 +394,12 @@ int paged_prefill_f32_supported(int head_dim, int group) {
     return head_dim > 0 && head_dim <= AF_MAX_D && group >= 1 && group <= AF_MAX_ROWS;
 }
 
-int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                      const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
-                      const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
-                      int head_dim, int block_size, float scale, void* workspace) {
-    (void)workspace;
+static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                       const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
+                       const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
+                       int head_dim, int block_size, float scale, int64_t window) {
     const int D = head_dim, G = num_heads / num_kv_heads;
-    if (!paged_prefill_f32_supported(D, G) || G * num_kv_heads != num_heads) return -1;
+    if (!paged_prefill_f32_supported(D, G) || G * num_kv_heads != num_heads || window < 0) return -1;
     const int64_t tok_stride = (int64_t)num_kv_heads * D;
     const int tq = AF_MAX_ROWS / G;  /* query tokens per work item */
     int64_t n = 0;
@@ -421,10 +420,30 @@ int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cache, co
                 const int64_t row = q_start[r] + i0;
                 af_attend(q + row * q_stride, q_stride, out + row * num_heads * D, (int64_t)num_heads * D,
                           (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh, D, k_cache, v_cache,
-                          block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, scratch);
+                          block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch);
             }
         free(scratch);
     }
     free(items);
     return 0;
+}
+
+int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                      const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
+                      const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
+                      int head_dim, int block_size, float scale, void* workspace) {
+    (void)workspace;
+    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0);
+}
+
+/* paged_prefill_f32 with a sliding window: the token at position p reads only keys
+ * (p - window, p]; block table entries before them are never read. */
+int paged_prefill_f32_sw(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                         const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
+                         const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
+                         int head_dim, int block_size, float scale, void* workspace, int window) {
+    (void)workspace;
+    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, window);
 }
