@@ -3,6 +3,7 @@ projection into heads with q and k rotated."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -12,10 +13,42 @@ from inflight.layers.custom_op import CustomOp
 from inflight.models.registry import ModelArchConfig
 
 
-def rope_inv_freq(cfg: ModelArchConfig, device: torch.device) -> torch.Tensor:
-    """Inverse frequencies, with llama3 / linear scaling when the config asks."""
+def _yarn(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig) -> tuple[torch.Tensor, float]:
+    """YaRN: interpolate the low frequencies, keep the high ones, ramp between; cos/sin
+    are scaled by the attention factor."""
+    d, base, factor = cfg.head_dim, cfg.rope_theta, sc.get("factor")
+    old = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
+    factor = factor or cfg.max_position_embeddings / old
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = sc.get("attention_factor")
+    if attn is None:
+        m, m_all = sc.get("mscale"), sc.get("mscale_all_dim")
+        attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def dim_of(rotations: float) -> float:  # the dimension that turns ``rotations`` times over ``old``
+        return d * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = dim_of(sc.get("beta_fast") or 32), dim_of(sc.get("beta_slow") or 1)
+    if sc.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float32, device=pos_freqs.device) - lo) / (hi - lo if hi != lo else 0.001))
+    keep = 1 - ramp.clamp(0, 1)  # 1: extrapolate (unchanged), 0: interpolate (divided by factor)
+    return 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep, float(attn)
+
+
+def rope_inv_freq(cfg: ModelArchConfig, device: torch.device,
+                  max_positions: Optional[int] = None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, cos/sin scale) for the config's rope_scaling, as transformers'
+    ROPE_INIT_FUNCTIONS compute them. Dynamic NTK is fixed at the table's length
+    ``max_positions``: transformers recomputes it per sequence length, which equals
+    this up to the model's max_position_embeddings (plain RoPE there) and at that length."""
     d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    pos_freqs = cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d)
+    inv = 1.0 / pos_freqs
     sc = cfg.rope_scaling or {}
     kind = sc.get("rope_type", sc.get("type", "default"))
     if kind == "linear":
@@ -29,9 +62,16 @@ def rope_inv_freq(cfg: ModelArchConfig, device: torch.device) -> torch.Tensor:
         mid = (1 - smooth) * inv / factor + smooth * inv
         is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
         inv = torch.where(is_mid, mid, scaled)
+    elif kind == "dynamic":
+        max_pos = cfg.max_position_embeddings
+        seq_len = max(max_positions or max_pos, max_pos)
+        base = cfg.rope_theta * ((sc["factor"] * seq_len / max_pos) - (sc["factor"] - 1)) ** (d / (d - 2))
+        inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    elif kind == "yarn":
+        return _yarn(pos_freqs, sc, cfg)
     elif kind not in ("default", None):
         raise ValueError(f"unsupported rope_scaling type {kind!r}")
-    return inv
+    return inv, 1.0
 
 
 class RotaryEmbedding(nn.Module):
@@ -47,9 +87,9 @@ class RotaryEmbedding(nn.Module):
     def build_cache(self, device: torch.device) -> None:
         """(Re)compute the table in float32; needed after building on the meta device."""
         t = torch.arange(self.max_positions, dtype=torch.float32, device=device)
-        freqs = torch.outer(t, rope_inv_freq(self.cfg, device))
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        inv_freq, scale = rope_inv_freq(self.cfg, device, self.max_positions)
+        emb = torch.cat([torch.outer(t, inv_freq)] * 2, dim=-1)
+        self.cos, self.sin = emb.cos() * scale, emb.sin() * scale
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for the step's positions, gathered once and shared by every layer."""

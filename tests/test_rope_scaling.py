@@ -1,0 +1,73 @@
+"""RoPE scaling variants (llama3, linear, dynamic NTK, yarn): our inverse frequencies and
+cos/sin tables equal transformers' for the same config, parsed from its config.json."""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from inflight.layers.rotary import RotaryEmbedding, rope_inv_freq
+from inflight.models.registry import parse_hf_config
+
+MAX_POS = 256
+VARIANTS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                    "beta_fast": 16, "beta_slow": 2, "mscale": 0.9, "mscale_all_dim": 0.7},
+}
+
+
+def _hf_config(scaling: dict, model_type: str = "llama") -> transformers.PretrainedConfig:
+    cls = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[model_type]
+    cfg = cls(hidden_size=128, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=64, vocab_size=32, max_position_embeddings=MAX_POS,
+              rope_parameters={"rope_theta": 50000.0, **scaling})
+    cfg.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
+    return cfg
+
+
+def _hf_cos_sin(cfg: transformers.PretrainedConfig, positions: int):
+    """transformers' cos/sin for one sequence of ``positions`` tokens, as its model computes them."""
+    module = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(cfg)
+    pos = torch.arange(positions)[None]
+    cos, sin = module(torch.zeros(1, positions, 64), pos)
+    return cos[0], sin[0]
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_inv_freq_and_tables_equal_transformers(name):
+    hf = _hf_config(VARIANTS[name])
+    ours = parse_hf_config(hf.to_dict())  # through config.json's dict, as the loader reads it
+    assert ours.rope_scaling["rope_type"] == VARIANTS[name]["rope_type"]
+    for length in (MAX_POS, 2 * MAX_POS):  # the model's context, and served beyond it
+        inv, scale = rope_inv_freq(ours, torch.device("cpu"), length)
+        want_inv, want_scale = ROPE_INIT_FUNCTIONS[VARIANTS[name]["rope_type"]](hf, torch.device("cpu"), seq_len=length)
+        assert torch.equal(inv, want_inv), name
+        assert scale == pytest.approx(want_scale, rel=1e-12)
+        table = RotaryEmbedding(ours, length)
+        cos, sin = _hf_cos_sin(hf, length)
+        torch.testing.assert_close(table.cos, cos, rtol=0, atol=1e-6)
+        torch.testing.assert_close(table.sin, sin, rtol=0, atol=1e-6)
+    if name.startswith("yarn"):
+        assert scale > 1.0  # the attention factor reaches the tables
+
+
+def test_dynamic_ntk_is_plain_rope_within_the_context():
+    hf = _hf_config(VARIANTS["dynamic"])
+    inv, _ = rope_inv_freq(parse_hf_config(hf.to_dict()), torch.device("cpu"), MAX_POS)
+    plain, _ = rope_inv_freq(parse_hf_config(_hf_config({"rope_type": "default"}).to_dict()), torch.device("cpu"))
+    assert torch.equal(inv, plain)
+    longer, _ = rope_inv_freq(parse_hf_config(hf.to_dict()), torch.device("cpu"), 4 * MAX_POS)
+    assert (longer[1:] < plain[1:]).all()  # a larger base beyond it
+
+
+def test_unknown_rope_type_is_refused():
+    cfg = parse_hf_config(_hf_config(VARIANTS["linear"]).to_dict())
+    cfg.rope_scaling = {"rope_type": "longrope"}
+    with pytest.raises(ValueError, match="longrope"):
+        rope_inv_freq(cfg, torch.device("cpu"))
