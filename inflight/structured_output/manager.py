@@ -7,6 +7,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from inflight.errors import InvalidRequestError
 from inflight.structured_output.params import StructuredOutputsParams
 
 if TYPE_CHECKING:  # the grammar library is imported on first use: seconds an engine without it never pays
@@ -54,9 +55,18 @@ class StructuredOutputManager:
         if owner:
             try:
                 fut.set_result(self.backend().compile(params))
-            except BaseException as e:
+            except InvalidRequestError as e:
                 fut.set_exception(e)
-        return fut.result()  # another thread compiling the same key: wait for it
+            except BaseException as e:  # not the request's fault: not cached
+                with self._lock:
+                    self._cache.pop(key, None)
+                fut.set_exception(e)
+                raise
+        error = fut.exception()  # waits while another thread compiles the same constraint
+        if isinstance(error, InvalidRequestError):
+            # a fresh exception each time: raising the cached one would grow its traceback forever
+            raise InvalidRequestError(str(error))
+        return fut.result()
 
     async def compile_async(self, params: StructuredOutputsParams) -> Any:
         """``compile`` on the manager's worker thread, off the event loop and the step thread."""
