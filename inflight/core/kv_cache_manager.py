@@ -21,6 +21,11 @@ class ComputedBlocks(NamedTuple):
 # The parent of a request's first block; any fixed 32 bytes keep every parent the same length.
 ROOT_BLOCK_HASH = hashlib.sha256(b"inflight prefix cache root").digest()
 
+# With a sliding window: the placeholder for a block-table slot whose block went back to
+# the pool (every later token's window starts past it). Not in the pool, never counted,
+# and never read: attention skips keys before the window (block id 0 fills the table).
+NULL_BLOCK = KVCacheBlock(0)
+
 
 def hash_block_tokens(parent_hash: Optional[bytes], token_ids: Sequence[int],
                       extra: Optional[str] = None) -> bytes:
@@ -50,11 +55,20 @@ class KVCacheManager:
     NOTE: a block in any block table has ref_cnt > 0; blocks shared through the
     prefix cache are never written, because a request only writes slots at
     positions >= its num_computed_tokens, which lie past every hit block.
+
+    With ``sliding_window`` W (every layer windowed; the token at position p sees
+    keys (p - W, p]), the blocks that lie wholly before the window of the next token
+    to compute are returned to the pool as the request runs (:data:`NULL_BLOCK`
+    takes their slot in the block table), so a request holds at most
+    ``ceil((W - 1 + chunk) / block_size) + 1`` blocks; a prefix-cache hit needs only
+    the hit blocks inside the window of the first uncached token.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding_window: Optional[int] = None) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_window = sliding_window or None
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._num_cached_blocks: dict[str, int] = {}
@@ -77,6 +91,31 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
+        """Leading blocks no token at a position >= ``num_computed_tokens`` attends to."""
+        if self.sliding_window is None:
+            return 0
+        return max(num_computed_tokens - self.sliding_window + 1, 0) // self.block_size
+
+    def max_blocks_held(self, num_tokens: int, max_chunk: int) -> int:
+        """The most blocks a request of ``num_tokens`` tokens ever holds at once, computed
+        in chunks of at most ``max_chunk`` tokens."""
+        full = self.blocks_needed(num_tokens)
+        if self.sliding_window is None:
+            return full
+        return min(full, self.blocks_needed(self.sliding_window - 1 + max_chunk) + 1)
+
+    def _remove_skipped_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Return the blocks before the window of the next token to the pool."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks or self.sliding_window is None:
+            return
+        n = min(self.num_skipped_blocks(num_computed_tokens), len(blocks))
+        freed = [b for b in blocks[:n] if b is not NULL_BLOCK]
+        if freed:
+            blocks[:n] = [NULL_BLOCK] * n
+            self.pool.free(reversed(freed))
+
     def _update_block_hashes(self, request: Request) -> list[bytes]:
         hashes = request.block_hashes
         bs = self.block_size
@@ -98,16 +137,32 @@ class KVCacheManager:
             return ComputedBlocks([], 0)
         hashes = self._update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[KVCacheBlock] = []
-        for h in hashes[:max_blocks]:
-            block = self.pool.get_cached_block(h)
-            if block is None:
-                break
-            hits.append(block)
+        if self.sliding_window is not None:
+            hits = self._windowed_hit(hashes[:max_blocks])
+        else:
+            hits = []
+            for h in hashes[:max_blocks]:
+                block = self.pool.get_cached_block(h)
+                if block is None:
+                    break
+                hits.append(block)
         num_tokens = len(hits) * self.block_size
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += num_tokens
         return ComputedBlocks(hits, num_tokens)
+
+    def _windowed_hit(self, hashes: list[bytes]) -> list[KVCacheBlock]:
+        """The longest hit of k blocks whose blocks inside the window of token k * block_size
+        are all cached (the chained hash names the whole prefix, so a cached block is right
+        whatever became of its parents); :data:`NULL_BLOCK` for the blocks before it."""
+        cached = [self.pool.get_cached_block(h) for h in hashes]
+        best, run = 0, 0
+        for k in range(1, len(cached) + 1):
+            run = run + 1 if cached[k - 1] is not None else 0
+            if run >= k - self.num_skipped_blocks(k * self.block_size):
+                best = k
+        skip = self.num_skipped_blocks(best * self.block_size)
+        return [NULL_BLOCK] * skip + cached[skip:best]
 
     def num_blocks_to_allocate(self, request: Request, num_new_tokens: int,
                                computed: Optional[ComputedBlocks] = None) -> int:
@@ -118,14 +173,16 @@ class KVCacheManager:
         total = request.num_computed_tokens + hit_tokens + num_new_tokens
         num_new = self.blocks_needed(total) - held - len(hit_blocks)
         # Hit blocks with ref_cnt 0 sit on the free list: taking them uses up free blocks too.
-        num_reclaimed = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        num_reclaimed = sum(1 for b in hit_blocks if b.ref_cnt == 0 and b is not NULL_BLOCK)
         return max(num_new, 0) + num_reclaimed
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        computed: Optional[ComputedBlocks] = None) -> bool:
         """Make room for ``num_new_tokens`` past the request's computed tokens
         (plus any prefix-cache hits passed in). Returns False, changing nothing,
-        when the pool cannot supply the blocks."""
+        when the pool cannot supply the blocks (blocks before a sliding window may
+        have gone back to the pool first: no token will read them again)."""
+        self._remove_skipped_blocks(request, request.num_computed_tokens)
         if self.num_blocks_to_allocate(request, num_new_tokens, computed) > self.pool.num_free_blocks:
             return False
         hit_blocks = computed.blocks if computed else []
@@ -133,7 +190,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         total = request.num_computed_tokens + hit_tokens + num_new_tokens
         num_new = self.blocks_needed(total) - len(blocks) - len(hit_blocks)
-        self.pool.touch(hit_blocks)
+        self.pool.touch(b for b in hit_blocks if b is not NULL_BLOCK)
         blocks.extend(hit_blocks)
         if num_new > 0:
             blocks.extend(self.pool.allocate(num_new))
@@ -149,14 +206,15 @@ class KVCacheManager:
             return
         hashes = self._update_block_hashes(request)
         for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], hashes[i])
+            if blocks[i] is not NULL_BLOCK:
+                self.pool.cache_block(blocks[i], hashes[i])
         self._num_cached_blocks[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first so deeper blocks are evicted first."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self._num_cached_blocks.pop(request.request_id, None)
-        self.pool.free(reversed(blocks))
+        self.pool.free(b for b in reversed(blocks) if b is not NULL_BLOCK)
 
     def free_preempted(self, request: Request) -> None:
         """Free a request preempted before this step ran. Blocks past its computed
@@ -168,31 +226,40 @@ class KVCacheManager:
         these blocks are held by this request alone."""
         blocks = self.req_to_blocks.get(request.request_id, [])
         for block in blocks[request.num_computed_tokens // self.block_size:]:
-            if block.block_hash is not None and block.ref_cnt == 1:
+            if block is not NULL_BLOCK and block.block_hash is not None and block.ref_cnt == 1:
                 self.pool.uncache(block)
         self.free(request)
 
     def computed_block_ids(self, request: Request) -> list[int]:
-        """Blocks holding the request's computed tokens: what a swap-out copies."""
+        """Blocks holding the request's computed tokens: what a swap-out copies (with a
+        sliding window, those still held: a suffix of them)."""
         n = self.blocks_needed(request.num_computed_tokens)
-        return [b.block_id for b in self.req_to_blocks.get(request.request_id, [])[:n]]
+        return [b.block_id for b in self.req_to_blocks.get(request.request_id, [])[:n] if b is not NULL_BLOCK]
 
     def allocate_swapped_in(self, request: Request, num_blocks: int) -> list[int]:
         """Fresh blocks for a request coming back from the host pool; the caller
         copies its KV into them before the step runs, so full blocks are
-        registered in the prefix cache at once (an existing entry wins)."""
+        registered in the prefix cache at once (an existing entry wins). The
+        ``num_blocks`` blocks take the last slots of the computed tokens' table."""
         assert request.request_id not in self.req_to_blocks, f"{request.request_id} already holds blocks"
-        blocks = self.pool.allocate(num_blocks)
+        num_null = self.blocks_needed(request.num_computed_tokens) - num_blocks
+        blocks = [NULL_BLOCK] * num_null + self.pool.allocate(num_blocks)
         self.req_to_blocks[request.request_id] = blocks
         self._num_cached_blocks.pop(request.request_id, None)
         self._cache_full_blocks(request, blocks, request.num_computed_tokens)
-        return [b.block_id for b in blocks]
+        return [b.block_id for b in blocks[num_null:]]
+
+    def blocks_to_resume(self, request: Request, num_host_blocks: int, num_new_tokens: int) -> int:
+        """Free blocks a swapped request needs to come back and compute ``num_new_tokens``."""
+        nc = request.num_computed_tokens
+        return num_host_blocks + self.blocks_needed(nc + num_new_tokens) - self.blocks_needed(nc)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
     def num_blocks_of(self, request_id: str) -> int:
-        return len(self.req_to_blocks.get(request_id, ()))
+        """Pool blocks the request holds (placeholders for freed window blocks not counted)."""
+        return sum(1 for b in self.req_to_blocks.get(request_id, ()) if b is not NULL_BLOCK)
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()
@@ -202,6 +269,11 @@ class KVCacheManager:
         self.pool.check_integrity()
         counts: dict[int, int] = {}
         for rid, blocks in self.req_to_blocks.items():
+            if self.sliding_window is None:
+                assert NULL_BLOCK not in blocks, f"request {rid} holds a placeholder with no window"
+            n_null = next((i for i, b in enumerate(blocks) if b is not NULL_BLOCK), len(blocks))
+            assert NULL_BLOCK not in blocks[n_null:], f"request {rid}: a placeholder after a held block"
+            blocks = blocks[n_null:]
             ids = [b.block_id for b in blocks]
             assert len(ids) == len(set(ids)), f"request {rid} holds a block twice"
             for b in blocks:

@@ -140,8 +140,7 @@ class PreemptionMixin:
         that ignores prefix-cache hits and reserves a block for each running request
         whose next token opens a new block)."""
         if cand.status == RequestStatus.SWAPPED:
-            need = max(self.swap.num_blocks_of(cand.request_id),
-                       self.kv.blocks_needed(cand.num_computed_tokens + 1))
+            need = self.kv.blocks_to_resume(cand, self.swap.num_blocks_of(cand.request_id), 1)
         else:
             need = self.kv.blocks_needed(self._chunk(cand, 0, self.config.max_num_batched_tokens))
         reserve = sum(1 for r in self.running if r.num_computed_tokens % self.block_size == 0)

@@ -37,16 +37,20 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
 
     ``num_host_blocks`` sizes the host pool for ``preemption_mode="swap"`` (the
     worker computes it from ``swap_space``); with none, swap falls back to recompute.
+    ``sliding_window``: the model's, when every layer has it (the KV manager then
+    frees the blocks that fall out of it).
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int, num_host_blocks: int = 0,
-                 speculative_config: Optional[SpeculativeConfig] = None) -> None:
+                 speculative_config: Optional[SpeculativeConfig] = None,
+                 sliding_window: Optional[int] = None) -> None:
         self.config = scheduler_config
         self._init_spec(speculative_config)
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
-        self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching,
+                                 sliding_window)
         # NOTE: static batching (the comparison baseline) preempts by recompute only: its
         # padding rows start once no member waits, and a swapped member would look started.
         swap_mode = scheduler_config.preemption_mode == "swap" and scheduler_config.scheduling == "continuous"
@@ -78,7 +82,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     def check_feasible(self, request: Request) -> None:
         """Raise ValueError if the request could never run, whatever else is running."""
         max_tokens = request.sampling_params.max_tokens or (self.max_model_len - request.num_prompt_tokens)
-        need = self.kv.blocks_needed(request.num_prompt_tokens + max_tokens)
+        need = self.kv.max_blocks_held(request.num_prompt_tokens + max_tokens, self.config.max_num_batched_tokens)
         if need > self.kv.num_blocks:
             raise ValueError(
                 f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {need} KV "
@@ -248,7 +252,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
         """Bring a swapped request back: fresh device blocks, host -> device copies, next chunk."""
         n = self._chunk(req, req.num_computed_tokens, budget)
         num_host = self.swap.num_blocks_of(req.request_id)
-        if not self._room_for(max(num_host, self.kv.blocks_needed(req.num_computed_tokens + n))):
+        if not self._room_for(self.kv.blocks_to_resume(req, num_host, n)):
             return None
         device_ids = self.kv.allocate_swapped_in(req, num_host)
         out.blocks_to_swap_in.extend(self.swap.swap_in(req.request_id, device_ids))
