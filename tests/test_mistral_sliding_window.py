@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 WINDOW = 8
 HOST_BLOCKS = 64
-MAX_TOKENS = 20
+MAX_TOKENS = 16
 SHARED = [7 + (5 * j) % 240 for j in range(40)]
 PROMPTS = [[5 + (i * 7 + j * 13) % 250 for j in range(6 + 11 * i)] for i in range(5)]
 PROMPTS += [SHARED + [100, 101, 102], SHARED + [200, 201]]
@@ -103,7 +103,7 @@ def test_greedy_equals_transformers(checkpoint, backend):
     if backend == "auto" and eng.runner.model.layer_loop is None:
         pytest.skip("no C layer loop on this machine")  # the torch run still checks the reference path
 
-    for p, w in zip(PROMPTS[:3], want[:3]):
+    for p, w in zip(PROMPTS[2:4], want[2:4]):
         assert _run(llm, [p]) == [w]
     s = _scheduler(llm)
     peak = _track_peak(s)

@@ -64,7 +64,7 @@ STEP = [(0, 1), (5, 1), (16, 1), (17, 1), (40, 1), (300, 1), (0, 5), (0, 77), (3
         (200, 40), (61, 3), (127, 2)]
 
 
-@pytest.mark.parametrize("window", [1, 37, 100])
+@pytest.mark.parametrize("window", [1, 37])
 @pytest.mark.parametrize("heads,kv_heads,dim,block_size", [(9, 3, 64, 16), (16, 1, 36, 5)])
 def test_windowed_step_matches_dense_mask(backend, monkeypatch, window, heads, kv_heads, dim, block_size):
     q, k, v, kc, vc, md = make_step(window + heads + dim, heads, kv_heads, dim, block_size, STEP)

@@ -154,3 +154,27 @@ def test_windowed_kv_under_random_traffic(reqs, window, num_blocks, block_size, 
     assert s.kv.num_free_blocks == num_blocks and s.swap.num_free_blocks == s.swap.num_blocks
     for req in accepted:
         assert req.status.is_finished
+
+
+def _blocks_of_a_4096_token_request(window):
+    """(peak, final) blocks a 4,000-token prompt + 96 generated tokens holds, 16-token
+    blocks, 1,024-token prefill chunks."""
+    s = make_scheduler(num_blocks=300, block_size=16, max_num_batched_tokens=1024, max_model_len=8192,
+                       sliding_window=window)
+    req = make_request("a", prompt_len=4000, max_tokens=96)
+    s.add_request(req)
+    peak = final = 0
+    while s.has_unfinished_requests():
+        sched, _ = run_step(s)
+        final = s.kv.num_blocks_of("a") or final
+        peak = max(peak, final)
+    assert req.num_tokens == 4096 and s.kv.num_free_blocks == 300
+    return peak, final
+
+
+def test_a_1024_window_holds_a_quarter_of_a_4096_token_request():
+    peak, final = _blocks_of_a_4096_token_request(1024)
+    full_peak, full_final = _blocks_of_a_4096_token_request(None)
+    assert full_peak == full_final == 256
+    assert final == 1024 // 16 + 1  # the window's blocks and the one being filled
+    assert peak == (1023 + 1024) // 16 + 1  # a 1,024-token chunk on top of the window
