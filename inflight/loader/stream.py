@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 # Casts go through a bounded buffer, so a 1 GB embedding never needs a 1 GB temporary.
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 4 << 20
 
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

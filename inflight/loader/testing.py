@@ -13,22 +13,13 @@ import numpy as np
 import torch
 import transformers
 
+from inflight.models.registry import spec_for_gguf
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-HF_TO_GGUF = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
 CONFIG_CLASSES = {
     "llama": transformers.LlamaConfig,
     "mistral": transformers.MistralConfig,
@@ -85,14 +76,15 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf_name: str) -> str:
-    """HF parameter name -> llama.cpp tensor name."""
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
+    """HF parameter name -> llama.cpp tensor name for the llama.cpp architecture ``arch``."""
     globals_ = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     base, kind = hf_name.rsplit(".", 1)
     if base in globals_:
         return f"{globals_[base]}.{kind}"
     _, _, layer, part = base.split(".", 3)
-    return f"blk.{layer}.{HF_TO_GGUF[part]}.{kind}"
+    to_gguf = {hf: gg for gg, hf in spec_for_gguf(arch).gguf_tensors.items()}
+    return f"blk.{layer}.{to_gguf[part]}.{kind}"
 
 
 def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch: str = "llama") -> None:
@@ -107,6 +99,10 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
         writer.add_feed_forward_length(cfg.intermediate_size)
         writer.add_head_count(cfg.num_attention_heads)
         writer.add_head_count_kv(cfg.num_key_value_heads)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         writer.add_rope_freq_base(rope_theta(cfg))
     writer.add_tokenizer_model("gpt2")
@@ -116,6 +112,7 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
     writer.add_token_merges(["h e", "Ġ t"])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
     writer.add_chat_template(CHAT_TEMPLATE)
     if model is not None:
         heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
@@ -125,7 +122,7 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
             proj = name.split(".")[-2]
             if arch == "llama" and proj in heads:
                 value = llama_cpp_permute(value, heads[proj])
-            writer.add_tensor(gguf_name(name), value.numpy().astype(np.float32))
+            writer.add_tensor(gguf_name(name, arch), value.numpy().astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
