@@ -73,12 +73,13 @@ class TorchAttentionBackend(AttentionBackend):
             bt = md.block_tables[:nd].gather(1, idx)
             pos = first[:, None] * bs + torch.arange(nblocks * bs, device=q.device)[None, :]
             pad = (pos >= seq_lens[:, None]) | (pos < lo[:, None])
+            length = nblocks * bs
         else:
-            nblocks = -(-md.max_decode_seq_len // bs)
-            bt = md.block_tables[:nd, :nblocks]
-            pad = torch.arange(nblocks * bs, device=q.device)[None, :] >= seq_lens[:, None]
-        keys = k_cache[bt].flatten(1, 2)  # [nd, L, KVH, D]
-        vals = v_cache[bt].flatten(1, 2)
+            length = md.max_decode_seq_len
+            bt = md.block_tables[:nd, :-(-length // bs)]
+            pad = torch.arange(length, device=q.device)[None, :] >= seq_lens[:, None]
+        keys = k_cache[bt].flatten(1, 2)[:, :length]  # [nd, L, KVH, D]
+        vals = v_cache[bt].flatten(1, 2)[:, :length]
         # Grouped-query attention as two batched matmuls: [nd, KVH, G, D] x [nd, KVH, D, L].
         # For one query row this beats SDPA's flash kernel on the CPU.
         kvh, d = keys.shape[2], keys.shape[3]
