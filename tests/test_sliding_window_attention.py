@@ -94,3 +94,15 @@ def test_bf16_declines_the_window_to_the_reference(backend):
     poison_outside_window(kc, vc, md, 24)
     got = backend.forward(q, k, v, kc, vc, md, 0.125, 24)
     torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_triton_backend_declines_the_window_to_the_reference():
+    """The Triton kernels take no window: a windowed layer gets the torch reference's result."""
+    triton_attn = pytest.importorskip("inflight.attention.triton")
+    if not triton_attn.is_available():
+        pytest.skip("no Triton")
+    q, k, v, kc, vc, md = make_step(6, 8, 2, 64, 16, [(40, 1), (300, 1), (100, 30)])
+    want = dense_reference(q, k, v, kc, vc, md, 0.125, 24)
+    poison_outside_window(kc, vc, md, 24)
+    got = triton_attn.TritonAttentionBackend().forward(q, k, v, kc, vc, md, 0.125, 24)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
