@@ -410,3 +410,33 @@ def test_streaming_load_peak_rss(tmp_path):
     r = loader_rss.measure_in_subprocess(str(tmp_path), "bfloat16")
     assert r["model_bytes"] > 80 << 20  # large enough that the interpreter's own growth is noise
     assert r["overhead"] <= 1.3, r
+
+
+# ------------------------------------------------------------- one config parser
+
+SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=300)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "phi3"])
+def test_config_defaults_are_transformers_per_model_type(tmp_path, model_type):
+    """What a config.json leaves out takes the value transformers gives that model type
+    (rms_norm_eps 1e-6 or 1e-5, max positions 2048 to 131072, Qwen3's head_dim of 128)."""
+    cfg = _folder_with_config(tmp_path, model_type=model_type, **SIZES)
+    ours = loader_api.hf_config(cfg)
+    ref = transformers.AutoConfig.for_model(model_type, **SIZES)
+    assert ours["rms_norm_eps"] == ref.rms_norm_eps
+    assert ours["max_position_embeddings"] == ref.max_position_embeddings
+    assert ours["head_dim"] == (getattr(ref, "head_dim", None) or 16)
+    assert ours["num_key_value_heads"] == ref.num_key_value_heads
+    assert ours["rope_theta"] == rope_theta(ref) and ours["rope_scaling"] is None
+    assert ours["qk_norm"] == (model_type == "qwen3") and ours["attention_bias"] == (model_type == "qwen2")
+
+
+def test_explicit_null_sliding_window_is_no_window(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    absent = loader_api.hf_config(_folder_with_config(tmp_path / "a", model_type="mistral", **SIZES))
+    null = loader_api.hf_config(_folder_with_config(tmp_path / "b", model_type="mistral", sliding_window=None,
+                                                    **SIZES))
+    assert absent["sliding_window"] == transformers.MistralConfig().sliding_window == 4096
+    assert null["sliding_window"] is None

@@ -35,7 +35,8 @@ def _yarn(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig) -> tuple[torc
     if sc.get("truncate", True):
         lo, hi = math.floor(lo), math.ceil(hi)
     lo, hi = max(lo, 0), min(hi, d - 1)
-    ramp = ((torch.arange(d // 2, dtype=torch.float32, device=pos_freqs.device) - lo) / (hi - lo if hi != lo else 0.001))
+    dims = torch.arange(d // 2, dtype=torch.float32, device=pos_freqs.device)
+    ramp = (dims - lo) / (hi - lo if hi != lo else 0.001)
     keep = 1 - ramp.clamp(0, 1)  # 1: extrapolate (unchanged), 0: interpolate (divided by factor)
     return 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep, float(attn)
 

@@ -117,7 +117,8 @@ def gguf_hf_config(reader: Any, source: str) -> dict[str, Any]:
         "torch_dtype": "float32",  # we dequantize everything to float32
         "gguf_file_type": _field(reader, "general.file_type"),
     }
-    return normalize_hf_config(raw, source)
+    # Metadata the file lacks is left to the model type's defaults, not set to None.
+    return normalize_hf_config({k: v for k, v in raw.items() if v is not None}, source)
 
 
 def _hf_name(gguf_name: str, spec: ArchSpec, source: str) -> str:

@@ -145,9 +145,9 @@ def parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
     from transformers import AutoConfig
 
     spec = resolve_spec(hf)
-    # None means "unset" in our dicts (GGUF metadata a file lacks): leave those to the defaults.
-    keys = {k: v for k, v in hf.items()
-            if v is not None and k not in ("model_type", "architectures", "transformers_version")}
+    # An explicit null stays null (Mistral's "sliding_window": null is no window); what a
+    # config leaves out gets its type's default (Mistral's 4096).
+    keys = {k: v for k, v in hf.items() if k not in ("model_type", "architectures", "transformers_version")}
     c = AutoConfig.for_model(spec.model_type, **keys)
     if spec.check_config is not None:
         spec.check_config(c)
