@@ -287,11 +287,12 @@ static const float* pool_row(const struct pool* p, const float* cache, int s, in
     return cache + ((blk * p->block_size + t % p->block_size) * p->nkv + kh) * p->hd;
 }
 
-/* out[hd] = softmax(scale q . K[0:n]) V[0:n] over sequence s's cache, in double */
-static void ref_attend(const struct pool* p, int s, int kh, const float* q, int64_t n, float scale, double* out) {
+/* out[hd] = softmax(scale q . K[lo:n]) V[lo:n] over sequence s's cache, in double */
+static void ref_attend_from(const struct pool* p, int s, int kh, const float* q, int64_t lo, int64_t n, float scale,
+                            double* out) {
     double* sc = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     double mx = -INFINITY, sum = 0;
-    for (int64_t t = 0; t < n; t++) {
+    for (int64_t t = lo; t < n; t++) {
         const float* k = pool_row(p, p->k, s, t, kh);
         double d = 0;
         for (int i = 0; i < p->hd; i++) d += (double)q[i] * k[i];
@@ -299,7 +300,7 @@ static void ref_attend(const struct pool* p, int s, int kh, const float* q, int6
         mx = sc[t] > mx ? sc[t] : mx;
     }
     for (int i = 0; i < p->hd; i++) out[i] = 0;
-    for (int64_t t = 0; t < n; t++) {
+    for (int64_t t = lo; t < n; t++) {
         const double w = exp(sc[t] - mx);
         sum += w;
         const float* v = pool_row(p, p->v, s, t, kh);
@@ -307,6 +308,10 @@ static void ref_attend(const struct pool* p, int s, int kh, const float* q, int6
     }
     for (int i = 0; i < p->hd; i++) out[i] /= sum;
     free(sc);
+}
+
+static void ref_attend(const struct pool* p, int s, int kh, const float* q, int64_t n, float scale, double* out) {
+    ref_attend_from(p, s, kh, q, 0, n, scale, out);
 }
 
 struct attn_case {
@@ -414,6 +419,70 @@ static void check_paged_prefill(void) {
     if (paged_prefill_f32_supported)
         result(!paged_prefill_f32_supported(300, 1) && paged_prefill_f32_supported(128, 8),
                "paged_prefill_f32_supported", "head_dim 300 refused, 128 x G 8 taken");
+}
+
+/* Sliding window W: the token at position t sees keys (t - W, t]. The blocks wholly before
+ * each request's first window are filled with NaN: a kernel that reads them fails. */
+static void check_sliding_window(void) {
+    if (!present((const void*)paged_prefill_f32_sw, "paged_prefill_f32_sw")
+        || !present((const void*)paged_decode_f32_sw, "paged_decode_f32_sw")) return;
+    const int nh = 8, nkv = 2, hd = 80, bs = 16, G = nh / nkv, nreq = 4;
+    const int64_t ctx[4] = {0, 100, 300, 64}, qn[4] = {90, 40, 1, 3};
+    const int windows[3] = {1, 37, 100};
+    for (int w = 0; w < 3; w++) {
+        const int W = windows[w];
+        int64_t q_start[4], seq_len[4], tokens = 0;
+        for (int r = 0; r < nreq; r++) {
+            q_start[r] = tokens;
+            seq_len[r] = ctx[r] + qn[r];
+            tokens += qn[r];
+        }
+        struct pool p = make_pool(nreq, seq_len, bs, nkv, hd);
+        for (int r = 0; r < nreq; r++) {
+            const int64_t skip = (ctx[r] - W + 1 > 0 ? ctx[r] - W + 1 : 0) / bs;
+            for (int64_t b = 0; b < skip; b++) {
+                const int64_t off = p.bt[r * p.bt_stride + b] * bs * nkv * hd;
+                for (int64_t i = 0; i < (int64_t)bs * nkv * hd; i++) p.k[off + i] = p.v[off + i] = NAN;
+            }
+        }
+        const int64_t row = (int64_t)nh * hd, q_stride = row + 2 * (int64_t)nkv * hd;
+        float* q = frand(tokens * q_stride, 2.f);
+        float* out = malloc(sizeof(float) * (size_t)(tokens * row));
+        double* want = malloc(sizeof(double) * (size_t)(tokens * row));
+        const float scale = 1.f / sqrtf((float)hd);
+        for (int r = 0; r < nreq; r++)
+            for (int64_t i = 0; i < qn[r]; i++)
+                for (int h = 0; h < nh; h++) {
+                    const int64_t t = ctx[r] + i;
+                    ref_attend_from(&p, r, h / G, q + (q_start[r] + i) * q_stride + (int64_t)h * hd,
+                                    t - W + 1 > 0 ? t - W + 1 : 0, t + 1, scale, want + (q_start[r] + i) * row + (int64_t)h * hd);
+                }
+        char name[96];
+        const int rc = paged_prefill_f32_sw(q, q_stride, p.k, p.v, p.bt, p.bt_stride, q_start, qn, seq_len, out, nreq,
+                                            nh, nkv, hd, bs, scale, NULL, W);
+        double wa = 0;
+        double e = rc == 0 ? err_ratio(out, want, tokens * row, 2e-6, 2e-5, &wa) : INFINITY;
+        snprintf(name, sizeof name, "paged_prefill_f32_sw window=%d", W);
+        result(rc == 0 && e <= 1, name, "rc %d, max abs err %.3g (atol 2e-6 + rtol 2e-5)", rc, wa);
+        /* one decode row per request: its last token, over the same pool */
+        float* dq = malloc(sizeof(float) * (size_t)(nreq * q_stride));
+        double* dwant = malloc(sizeof(double) * (size_t)(nreq * row));
+        for (int r = 0; r < nreq; r++) {
+            memcpy(dq + r * q_stride, q + (q_start[r] + qn[r] - 1) * q_stride, sizeof(float) * (size_t)q_stride);
+            memcpy(dwant + r * row, want + (q_start[r] + qn[r] - 1) * row, sizeof(double) * (size_t)row);
+        }
+        paged_decode_f32_sw(dq, q_stride, p.k, p.v, p.bt, p.bt_stride, seq_len, out, nreq, nh, nkv, hd, bs, scale,
+                            400, W);
+        e = err_ratio(out, dwant, nreq * row, 2e-6, 2e-5, &wa);
+        snprintf(name, sizeof name, "paged_decode_f32_sw window=%d", W);
+        result(e <= 1, name, "max abs err %.3g (atol 2e-6 + rtol 2e-5)", wa);
+        free(dq);
+        free(dwant);
+        free(q);
+        free(out);
+        free(want);
+        free_pool(&p);
+    }
 }
 
 /* ---- fused element-wise ops ---- */
@@ -734,6 +803,7 @@ int main(int argc, char** argv) {
     check_vec_lanes();
     check_paged_decode();
     check_paged_prefill();
+    check_sliding_window();
     check_fused();
     check_gemm();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);

@@ -38,5 +38,14 @@ KWEAK int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cac
                             const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
                             const int64_t* q_len, const int64_t* seq_len, float* out, int num_reqs, int num_heads,
                             int num_kv_heads, int head_dim, int block_size, float scale, void* workspace);
+KWEAK int paged_prefill_f32_sw(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                               const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
+                               const int64_t* q_len, const int64_t* seq_len, float* out, int num_reqs, int num_heads,
+                               int num_kv_heads, int head_dim, int block_size, float scale, void* workspace,
+                               int window);
+KWEAK void paged_decode_f32_sw(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                               const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+                               int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                               float scale, int max_len, int window);
 
 #endif
