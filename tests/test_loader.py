@@ -304,6 +304,17 @@ def _folder_missing_tensor(tmp_path) -> str:
     return str(tmp_path)
 
 
+def _folder_with_tensors(tmp_path, change) -> str:
+    from safetensors.torch import save_file
+
+    model = tiny_model("llama")
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    change(sd)
+    model.config.save_pretrained(tmp_path)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    return str(tmp_path)
+
+
 def _garbage_gguf(tmp_path) -> str:
     (tmp_path / "junk.gguf").write_bytes(b"definitely not gguf" * 64)
     return str(tmp_path / "junk.gguf")
@@ -331,6 +342,15 @@ ERROR_CASES = {  # name -> (make the bad path from tmp_path and the tiny GGUF fo
         "unsupported architecture GPT2LMHeadModel",
     ),
     "folder without weights": (lambda t, g: _folder_without_weights(t), "no *.safetensors"),
+    "folder with a misshapen shard": (
+        lambda t, g: _folder_with_tensors(
+            t, lambda sd: sd.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 64)})),
+        "model.layers.0.self_attn.k_proj.weight in",
+    ),
+    "folder with an unknown tensor": (
+        lambda t, g: _folder_with_tensors(t, lambda sd: sd.update({"model.layers.0.mlp.extra.weight": torch.zeros(2)})),
+        "unexpected tensor model.layers.0.mlp.extra.weight",
+    ),
     "folder missing a tensor": (
         lambda t, g: _folder_missing_tensor(t),
         "model.layers.1.mlp.up_proj.weight missing",
