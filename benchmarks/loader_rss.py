@@ -59,13 +59,13 @@ def measure(folder: str, dtype: str) -> dict:
     from inflight.loader.hf import hf_config, hf_weights
     from inflight.loader.weights import check_weights
     from inflight.models.registry import ModelArchConfig, get_model_class
-    from inflight.worker.builder import _SkipParamInit
+    from inflight.models.weight_loading import SkipParamInit
 
     dt = getattr(torch, dtype)
     config = hf_config(folder)
     weights = check_weights(hf_weights(folder), config, folder)
     arch = ModelArchConfig.from_hf(config)
-    with torch.device("meta"), _SkipParamInit():
+    with torch.device("meta"), SkipParamInit():
         model = get_model_class(arch.architecture)(arch, None, 2048)
     model = model._apply(lambda t: torch.empty(t.shape, dtype=dt if t.is_floating_point() else t.dtype))
     before = _status_bytes("VmRSS")

@@ -19,12 +19,12 @@ def check_weights(weights: WeightSource, cfg: dict[str, Any], source: str) -> We
     so it accepts exactly what loading will."""
     from inflight.models.registry import ModelArchConfig, arch_spec
     from inflight.models.weight_loading import plan_copies
-    from inflight.worker.builder import _SkipParamInit
+    from inflight.models.weight_loading import SkipParamInit
 
     try:
         arch = ModelArchConfig.from_hf(cfg)
         spec = arch_spec(arch.architecture)
-        with torch.device("meta"), _SkipParamInit():
+        with torch.device("meta"), SkipParamInit():
             skeleton = spec.model_class(arch, None, 1)
         copies = plan_copies(skeleton, spec.stacked, {n: weights.shape(n) for n in weights.keys()}, source)
     except ValueError as exc:

@@ -15,8 +15,26 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)  # recomputed from the config
+
+
+class SkipParamInit(TorchFunctionMode):
+    """Turns the ``torch.nn.init`` fills that module constructors run into no-ops.
+
+    Used while the model is built on the meta device: those values are never kept
+    (``to_empty`` + ``load_weights`` replace every parameter), yet initializing a meta
+    tensor goes through torch's Python decompositions, whose first use imports
+    torch._dynamo (about 1 s of start-up). Torch function modes are per-thread, so
+    modules built by other threads at the same time are unaffected.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 @dataclass(frozen=True)

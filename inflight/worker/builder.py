@@ -7,10 +7,10 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from inflight.config import EngineConfig
 from inflight.models.registry import ModelArchConfig, get_model_class
+from inflight.models.weight_loading import SkipParamInit
 from inflight.platforms import Platform, current_platform
 from inflight.worker.kv_cache import allocate_kv_cache, resolve_num_blocks, resolve_num_host_blocks
 from inflight.worker.model_runner import ModelRunner
@@ -30,23 +30,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return current_platform(device.type).resolve_dtype(name)
 
 
-class _SkipParamInit(TorchFunctionMode):
-    """Turns the ``torch.nn.init`` fills that module constructors run into no-ops.
-
-    Used while the model is built on the meta device: those values are never kept
-    (``to_empty`` + ``load_weights`` replace every parameter), yet initializing a meta
-    tensor goes through torch's Python decompositions, whose first use imports
-    torch._dynamo (about 1 s of start-up). Torch function modes are per-thread, so
-    modules built by other threads at the same time are unaffected.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **kwargs)
-
-
 @dataclass
 class BuiltRunner:
     runner: ModelRunner
@@ -61,7 +44,7 @@ class BuiltRunner:
 def _build_model(config: EngineConfig, platform: Platform, arch: ModelArchConfig, weights,
                  device: torch.device, dtype: torch.dtype, max_len: int):
     backend = platform.attention_backend(config.attention_backend)
-    with torch.device("meta"), _SkipParamInit():
+    with torch.device("meta"), SkipParamInit():
         model = get_model_class(arch.architecture)(arch, backend, max_len)
     # Allocate the parameters in their final dtype, so load_weights casts while it copies
     # (no float32 copy of the model, no second pass). Like Module.to_empty, but its
