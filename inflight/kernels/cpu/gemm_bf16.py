@@ -19,7 +19,6 @@ import torch
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.isa import IsaLevel
 from inflight.kernels.cpu.panel_linear import PanelLinearBase, bind
-from inflight.worker.huge_pages import zeros_huge
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,8 +38,7 @@ def pack_panels(weight: torch.Tensor, panel: int) -> torch.Tensor:
     n_pad, k_pad = -(-n // panel) * panel, k + k % 2
     w = torch.zeros(n_pad, k_pad, dtype=torch.bfloat16)
     w[:n, :k] = weight.detach()
-    return zeros_huge((n_pad // panel, k_pad // 2, panel, 2), torch.bfloat16).copy_(
-        w.view(n_pad // panel, panel, k_pad // 2, 2).permute(0, 2, 1, 3))
+    return w.view(n_pad // panel, panel, k_pad // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 class PanelLinear(PanelLinearBase):

@@ -18,7 +18,6 @@ import torch
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.isa import IsaLevel
 from inflight.kernels.cpu.panel_linear import PanelLinearBase, bind
-from inflight.worker.huge_pages import zeros_huge
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,8 +38,7 @@ def pack_panels_f32(weight: torch.Tensor, panel: int) -> torch.Tensor:
     n_pad = -(-n // panel) * panel
     w = torch.zeros(n_pad, k, dtype=torch.float32)
     w[:n] = weight
-    # huge pages: the GEMM streams each panel once per call
-    return zeros_huge((n_pad // panel, k, panel), torch.float32).copy_(w.view(n_pad // panel, panel, k).transpose(1, 2))
+    return w.view(n_pad // panel, panel, k).transpose(1, 2).contiguous()
 
 
 class PanelLinearF32(PanelLinearBase):
