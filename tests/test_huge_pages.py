@@ -21,9 +21,11 @@ def _anon_huge_kib(addr: int) -> int:
 
 
 def test_zeros_huge_is_zeroed_and_shaped():
-    t = zeros_huge((40, 16, 3, 64), torch.float32)
-    assert t.shape == (40, 16, 3, 64) and t.dtype == torch.float32 and t.is_contiguous()
+    t = zeros_huge((4000, 16, 3, 64), torch.float32)
+    assert t.shape == (4000, 16, 3, 64) and t.dtype == torch.float32 and t.is_contiguous()
     assert not t.any()
+    t[-1] = 2.0  # writable, and the storage outlives the mapping object
+    assert float(t.sum()) == 2.0 * 3 * 64 * 16
     small = zeros_huge((2, 3), torch.bfloat16)
     assert small.shape == (2, 3) and small.dtype == torch.bfloat16 and not small.any()
 
@@ -32,6 +34,7 @@ def test_zeros_huge_is_zeroed_and_shaped():
 def test_zeros_huge_is_backed_by_huge_pages():
     t = zeros_huge((64 << 20) // 4, torch.float32)
     assert t.data_ptr() % HUGE_PAGE == 0
+    t.fill_(1.0)  # pages fault in as they are first written
     assert _anon_huge_kib(t.data_ptr()) >= HUGE_PAGE >> 10
 
 

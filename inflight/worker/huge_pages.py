@@ -46,15 +46,18 @@ def _madvise(libc: ctypes.CDLL, addr: int, length: int) -> bool:
 def zeros_huge(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """``torch.zeros(shape, dtype)`` on the CPU, backed by huge pages where the kernel allows.
 
-    The tensor is a 2 MiB-aligned view into a slightly larger buffer, advised before its
-    first touch (the zero fill), so its pages fault in as huge pages. Where that is not
-    possible (not Linux, THP ``never``, a small tensor) it is a plain ``torch.zeros``."""
+    The tensor is a 2 MiB-aligned view into a fresh anonymous mapping, advised before its
+    first touch. NOTE: such a mapping reads as zeros (the kernel hands out zeroed pages), so
+    nothing is written here: pages fault in as the pool fills, not all at start-up. Where
+    huge pages are not possible (not Linux, THP ``never``, a small tensor) it is a plain
+    ``torch.zeros``."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
     if (nbytes < HUGE_PAGE or platform.system() != "Linux" or thp_mode() not in ("always", "madvise")
             or mmap.PAGESIZE > HUGE_PAGE):
         return torch.zeros(shape, dtype=dtype)
-    buf = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf = torch.frombuffer(mapping, dtype=torch.uint8)  # the tensor keeps the mapping alive
     offset = -buf.data_ptr() % HUGE_PAGE
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -62,5 +65,4 @@ def zeros_huge(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
             logger.debug("madvise(MADV_HUGEPAGE) refused; %d bytes on normal pages", nbytes)
     except (OSError, AttributeError):
         pass
-    out = buf[offset:offset + nbytes].view(dtype).view(shape)
-    return out.zero_()
+    return buf[offset:offset + nbytes].view(dtype).view(shape)
