@@ -82,12 +82,12 @@ static inline __attribute__((always_inline)) vf af_reduce_each(const vf* a) {
 }
 #endif
 
-/* lanes [0, n) of a, the rest `fill` */
-static inline vf af_keep(vf a, int64_t n, float fill) {
-    if (n >= VL) return a;
+/* lanes [lo, hi) of a, the rest `fill` (lo may be negative, hi past VL) */
+static inline vf af_keep_range(vf a, int64_t lo, int64_t hi, float fill) {
+    if (lo <= 0 && hi >= VL) return a;
     vi lane;
     for (int i = 0; i < VL; i++) lane[i] = i;
-    const vi keep = lane < (vi){0} + (int32_t)n;
+    const vi keep = (lane >= (vi){0} + (int32_t)(lo > 0 ? lo : 0)) & (lane < (vi){0} + (int32_t)(hi < VL ? hi : VL));
     const vf f = vf_set1(fill);
     vi ai, fi;
     memcpy(&ai, &a, sizeof a);
@@ -97,20 +97,8 @@ static inline vf af_keep(vf a, int64_t n, float fill) {
     return a;
 }
 
-/* lanes [lo, hi) of a, the rest `fill` (lo may be negative, hi past VL) */
-static inline vf af_keep_range(vf a, int64_t lo, int64_t hi, float fill) {
-    if (lo <= 0) return af_keep(a, hi, fill);
-    vi lane;
-    for (int i = 0; i < VL; i++) lane[i] = i;
-    const vi keep = (lane >= (vi){0} + (int32_t)lo) & (lane < (vi){0} + (int32_t)(hi < VL ? hi : VL));
-    const vf f = vf_set1(fill);
-    vi ai, fi;
-    memcpy(&ai, &a, sizeof a);
-    memcpy(&fi, &f, sizeof f);
-    ai = (ai & keep) | (fi & ~keep);
-    memcpy(&a, &ai, sizeof a);
-    return a;
-}
+/* lanes [0, n) of a, the rest `fill` */
+static inline vf af_keep(vf a, int64_t n, float fill) { return af_keep_range(a, 0, n, fill); }
 
 /* lane j = q . k[j] for the VL key rows k[0..VL); q is padded with zeros to AF_PAD(D) */
 static inline __attribute__((always_inline)) vf af_qk(const float* q, const float* const* k, int D) {
