@@ -1,0 +1,1 @@
+"""Distributed execution: tensor parallelism and KV transfer between instances."""
