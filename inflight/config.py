@@ -61,6 +61,17 @@ class SchedulerConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How the engine is spread over processes (vLLM's ``ParallelConfig``).
+
+    ``data_parallel_size`` N > 1 runs N full engine replicas, each in its own process
+    with its share of the cores, behind one server and a prefix-cache-aware router
+    (engine/dp/)."""
+
+    data_parallel_size: int = 1
+
+
+@dataclass
 class SpeculativeConfig:
     """Speculative decoding, vLLM's ``speculative_config``. ``method="ngram"``
     (prompt lookup) drafts up to ``num_speculative_tokens`` tokens per step by
@@ -113,6 +124,7 @@ class EngineConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"
     attention_backend: str = "auto"  # auto | torch | cpu | triton
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode-only steps (as in vLLM)
@@ -122,11 +134,12 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
         """Route flat vLLM-style keyword arguments to the right sub-config."""
-        groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "sched": {}, "top": {}}
+        groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "sched": {}, "parallel": {}, "top": {}}
         names = {
             "model": {f.name for f in fields(ModelConfig)},
             "cache": {f.name for f in fields(CacheConfig)},
             "sched": {f.name for f in fields(SchedulerConfig)},
+            "parallel": {f.name for f in fields(ParallelConfig)},
             "top": {"device", "trace_file", "attention_backend", "enforce_eager", "speculative_config"},
         }
         for key, value in kwargs.items():
@@ -141,7 +154,7 @@ class EngineConfig:
         if "speculative_config" in groups["top"]:
             groups["top"]["speculative_config"] = SpeculativeConfig.parse(groups["top"]["speculative_config"])
         cfg = cls(ModelConfig(**groups["model"]), CacheConfig(**groups["cache"]),
-                  SchedulerConfig(**groups["sched"]), **groups["top"])
+                  SchedulerConfig(**groups["sched"]), ParallelConfig(**groups["parallel"]), **groups["top"])
         cfg.validate()
         return cfg
 
@@ -151,6 +164,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be at least 1, got {s.max_num_seqs}")
         if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {s.max_num_batched_tokens}")
+        if self.parallel_config.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {self.parallel_config.data_parallel_size}")
         if c.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {c.block_size}")
         if s.scheduling_policy not in ("fcfs", "priority"):

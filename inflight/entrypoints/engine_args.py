@@ -5,7 +5,7 @@ import argparse
 from dataclasses import MISSING, fields
 from typing import Any
 
-from inflight.config import CacheConfig, ModelConfig, SchedulerConfig
+from inflight.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
 _HELP = {
     "model": "HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
@@ -20,6 +20,8 @@ _HELP = {
     "swap_space": "GiB of host memory for swap preemption",
     "enable_prefix_caching": "share KV blocks of common prefixes",
     "enable_chunked_prefill": "split long prompts across steps",
+    "data_parallel_size": "engine replicas, one process each with its share of the cores, behind one server "
+                          "and a prefix-cache-aware router (serve only)",
 }
 _SKIP = {"model"}  # positional / handled by the subcommand
 _PLATFORM_DEFAULT = {"max_num_seqs", "max_num_batched_tokens"}  # None: inflight/platforms decides
@@ -27,7 +29,7 @@ _PLATFORM_DEFAULT = {"max_num_seqs", "max_num_batched_tokens"}  # None: inflight
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add --max-num-seqs, --block-size, ... for every config field."""
-    for cls in (ModelConfig, CacheConfig, SchedulerConfig):
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig):
         for f in fields(cls):
             if f.name in _SKIP:
                 continue
@@ -62,7 +64,7 @@ def _type_of(annotation: Any, default: Any):
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The parsed flags as keyword arguments for ``LLM`` / ``LLMEngine.from_kwargs``."""
     kw: dict[str, Any] = {}
-    for cls in (ModelConfig, CacheConfig, SchedulerConfig):
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig):
         for f in fields(cls):
             if hasattr(args, f.name):
                 kw[f.name] = getattr(args, f.name)
