@@ -66,9 +66,38 @@ class ParallelConfig:
 
     ``data_parallel_size`` N > 1 runs N full engine replicas, each in its own process
     with its share of the cores, behind one server and a prefix-cache-aware router
-    (engine/dp/)."""
+    (engine/dp/).
+
+    ``tensor_parallel_size`` N > 1 splits the model over N ranks (inflight/distributed),
+    run by the ``distributed_executor_backend``: ``uni`` (in the engine's process, one
+    rank only), ``mp`` (one worker process per rank on this machine), ``ray`` (Ray
+    actors, several machines); None: uni for one rank, mp for more (inflight/executor)."""
 
     data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: Optional[str] = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of one engine replica."""
+        return self.tensor_parallel_size
+
+    @property
+    def executor_backend(self) -> str:
+        """The backend in use: the setting, or the default for the world size."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "uni" if self.world_size == 1 else "mp"
+
+    def validate(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
+            raise ValueError("distributed_executor_backend must be 'uni', 'mp' or 'ray', got "
+                             f"{self.distributed_executor_backend!r}")
+        if self.executor_backend == "uni" and self.world_size > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one rank; tensor_parallel_size="
+                             f"{self.tensor_parallel_size} needs 'mp' or 'ray'")
 
 
 @dataclass
@@ -174,6 +203,7 @@ class EngineConfig:
             raise ValueError(f"scheduling must be 'continuous' or 'static', got {s.scheduling!r}")
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}")
+        self.parallel_config.validate()
         if self.speculative_config is not None:
             self.speculative_config.validate()
             if s.scheduling == "static":
