@@ -49,6 +49,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: Optional[StructuredOutputsParams] = None  # JSON schema, regex, choice or grammar
     logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before sampling
+    # vLLM's extra_args: settings for engine plug-ins, e.g. {"kv_transfer_params": ...} for disaggregation
+    extra_args: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

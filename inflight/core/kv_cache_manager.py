@@ -151,6 +151,19 @@ class KVCacheManager:
         self.prefix_cache_hits += num_tokens
         return ComputedBlocks(hits, num_tokens)
 
+    def peek_cached_blocks(self, request: Request) -> int:
+        """Leading prompt blocks already in the prefix cache, as :meth:`get_computed_blocks`
+        would find them now, but a read only: no stats, no blocks taken (a KV transfer
+        pulls only the blocks after these)."""
+        if not self.enable_caching or self.sliding_window is not None:
+            return 0
+        n = 0
+        for h in self._update_block_hashes(request)[:(request.num_tokens - 1) // self.block_size]:
+            if self.pool.get_cached_block(h) is None:
+                break
+            n += 1
+        return n
+
     def _windowed_hit(self, hashes: list[bytes]) -> list[KVCacheBlock]:
         """The longest hit of k blocks whose blocks inside the window of token k * block_size
         are all cached (the chained hash names the whole prefix, so a cached block is right
