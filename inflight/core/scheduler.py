@@ -69,6 +69,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
         self.num_preemptions = 0
         self.num_swap_outs = 0  # preemptions whose KV went to the host pool
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full and recomputed
+        self.kv_connector = None  # prefill/decode disaggregation's KVConnectorBase, set by the engine
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -117,7 +118,8 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             self.waiting.remove(req)
         req.status = status
         req.times.finished_time = time.time()
-        self.kv.free(req)
+        if self.kv_connector is None or not self.kv_connector.request_finished(req):
+            self.kv.free(req)  # else the connector frees them once a consumer has pulled them
         req.structured_output = None  # frees its grammar matcher
         self._finished_ids.append(req.request_id)
         del self.requests[req.request_id]
@@ -231,18 +233,23 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> Optional[int]:
         """Start a waiting request: tokens scheduled, 0 if it must wait for budget, None for blocks."""
         computed = self.kv.get_computed_blocks(req)
-        n = self._chunk(req, computed.num_tokens, budget)
+        # prompt tokens whose KV a connector loads before the step (disaggregated prefill)
+        ext = self.kv_connector.get_num_new_matched_tokens(req, computed.num_tokens) if self.kv_connector else 0
+        n = self._chunk(req, computed.num_tokens + ext, budget)
         # NOTE: without chunked prefill a prompt runs whole or not at all; a request
         # preempted mid-generation may still be recomputed in chunks, else a
         # prompt+output longer than the budget could never resume.
         if (not self.config.enable_chunked_prefill and req.num_output_tokens == 0
-                and n < req.num_tokens - computed.num_tokens):
+                and n < req.num_tokens - computed.num_tokens - ext):
             return 0
-        if not self._room_for(self.kv.num_blocks_to_allocate(req, n, computed)) \
-                or not self.kv.allocate_slots(req, n, computed):
+        if not self._room_for(self.kv.num_blocks_to_allocate(req, ext + n, computed)) \
+                or not self.kv.allocate_slots(req, ext + n, computed):
             return None
         self.waiting.remove(req)
-        req.num_computed_tokens = computed.num_tokens
+        req.num_computed_tokens = computed.num_tokens + ext
+        if self.kv_connector is not None:
+            self.kv_connector.update_state_after_alloc(req, self.kv.get_block_ids(req.request_id),
+                                                       computed.num_tokens, ext)
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = computed.num_tokens
         self._start(req, n, out)
