@@ -44,13 +44,17 @@ def default_model_name(model: Optional[str]) -> str:
 def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                 max_waiting_requests: Optional[int] = None, log_stats: bool = True,
                 log_interval_s: float = 5.0, limits: Optional[ServerLimits] = None) -> ServerState:
-    """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one) for serving:
-    metrics observer, async engine, settings.
+    """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one, or a DPEngineClient)
+    for serving: metrics observer, async engine, settings.
 
     The step thread is started by the app's lifespan (or by the caller)."""
-    metrics = EngineMetrics(model_name, log_interval_s=log_interval_s if log_stats else float("inf"))
-    async_engine = engine if isinstance(engine, AsyncLLMEngine) else AsyncLLMEngine(engine)
-    async_engine.observer = metrics
+    interval = log_interval_s if log_stats else float("inf")
+    if hasattr(engine, "use_metrics"):  # data parallel (engine/dp/): metrics per replica, labelled
+        async_engine, metrics = engine, engine.use_metrics(model_name, interval)
+    else:
+        metrics = EngineMetrics(model_name, log_interval_s=interval)
+        async_engine = engine if isinstance(engine, AsyncLLMEngine) else AsyncLLMEngine(engine)
+        async_engine.observer = metrics
     engine = async_engine.engine
     return ServerState(engine=async_engine, tokenizer=engine.tokenizer, model_name=model_name,
                        max_model_len=engine.max_model_len, metrics=metrics,
