@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from inflight.distributed.kv_transfer.config import KVTransferConfig
+
 
 @dataclass
 class ModelConfig:
@@ -159,6 +161,7 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode-only steps (as in vLLM)
     trace_file: Optional[str] = None
     speculative_config: Optional[SpeculativeConfig] = None
+    kv_transfer_config: Optional[KVTransferConfig] = None  # prefill/decode disaggregation
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
@@ -169,7 +172,8 @@ class EngineConfig:
             "cache": {f.name for f in fields(CacheConfig)},
             "sched": {f.name for f in fields(SchedulerConfig)},
             "parallel": {f.name for f in fields(ParallelConfig)},
-            "top": {"device", "trace_file", "attention_backend", "enforce_eager", "speculative_config"},
+            "top": {"device", "trace_file", "attention_backend", "enforce_eager", "speculative_config",
+                    "kv_transfer_config"},
         }
         for key, value in kwargs.items():
             for group, known in names.items():
@@ -182,6 +186,8 @@ class EngineConfig:
             groups["sched"].setdefault(key, None)
         if "speculative_config" in groups["top"]:
             groups["top"]["speculative_config"] = SpeculativeConfig.parse(groups["top"]["speculative_config"])
+        if "kv_transfer_config" in groups["top"]:
+            groups["top"]["kv_transfer_config"] = KVTransferConfig.parse(groups["top"]["kv_transfer_config"])
         cfg = cls(ModelConfig(**groups["model"]), CacheConfig(**groups["cache"]),
                   SchedulerConfig(**groups["sched"]), ParallelConfig(**groups["parallel"]), **groups["top"])
         cfg.validate()

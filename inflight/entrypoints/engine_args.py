@@ -47,6 +47,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="auto | torch | cpu (the C paged kernel) | triton (CUDA kernels)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="CUDA: run every step eagerly (no CUDA graphs for decode-only steps)")
+    parser.add_argument("--kv-transfer-config", default=None,
+                        help='prefill/decode disaggregation as JSON, e.g. \'{"kv_role": "kv_producer", "kv_port": 14579}\' '
+                             '(kv_producer | kv_consumer | kv_both; default: off)')
     parser.add_argument("--speculative-config", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                              '"prompt_lookup_max": 4, "disable_by_batch_size": 16}\' (default: off)')
@@ -74,4 +77,6 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     kw["enforce_eager"] = getattr(args, "enforce_eager", False)
     if getattr(args, "speculative_config", None):
         kw["speculative_config"] = args.speculative_config
+    if getattr(args, "kv_transfer_config", None):
+        kw["kv_transfer_config"] = args.kv_transfer_config
     return kw
