@@ -13,6 +13,7 @@ from inflight.core.outputs import SchedulerOutput
 from inflight.core.request import Request, RequestStatus
 from inflight.core.scheduler import Scheduler
 from inflight.core.static_scheduler import StaticScheduler
+from inflight.distributed.kv_transfer.factory import start_step
 from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
@@ -55,6 +56,8 @@ class LLMEngine:
                                    sliding_window=built.arch.sliding_window)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
+        from inflight.distributed.kv_transfer.factory import make_kv_connector
+        self.kv_connector = make_kv_connector(config, self.scheduler, self.runner, self.arch)
         self._ids = itertools.count()
         self.step_count = 0
         self.last_num_scheduled_tokens = 0
@@ -105,8 +108,9 @@ class LLMEngine:
         if params.structured_outputs is not None:
             for child in children:  # compiled already when the server sent it: a cache hit here
                 child.structured_output = self.structured_output.new_state(params.structured_outputs)
-        for child in children:
-            self.scheduler.add_request(child)
+        for child in children:  # a request whose prompt KV is pulled waits in the connector first
+            if self.kv_connector is None or not self.kv_connector.add_remote_request(child):
+                self.scheduler.add_request(child)
         self.output_processor.add_request(request_id, text, children)
         return request_id
 
@@ -127,19 +131,25 @@ class LLMEngine:
         outs = []
         for rid in ids:
             self.scheduler.abort_requests(self.output_processor.child_ids(rid) or [rid])
+            if self.kv_connector is not None:
+                self.kv_connector.abort(self.output_processor.child_ids(rid) or [rid])
             out = self.output_processor.abort(rid)
             if out is not None:
                 outs.append(out)
         return outs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.kv_connector and self.kv_connector.has_pending())
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one engine iteration and return the outputs of requests that progressed."""
         t0 = time.time()
+        if self.kv_connector is not None:
+            start_step(self.kv_connector, self.scheduler)
         sched = self.scheduler.schedule()
+        if self.kv_connector is not None:  # KV loads and saves, before the forward pass
+            self.kv_connector.apply(self.kv_connector.build_connector_meta())
         self.last_num_scheduled_tokens = sched.total_num_scheduled_tokens
         batch = self._trace_batch(sched) if self._trace is not None else None
         result = self.runner.execute(sched)  # raises when the forward pass fails: no request is to blame
@@ -202,4 +212,5 @@ class LLMEngine:
                 "prefix_cache_queries": kv.prefix_cache_queries, "prefix_cache_hits": kv.prefix_cache_hits,
                 "spec_decode_num_drafts": self.scheduler.num_spec_drafts,
                 "spec_decode_num_draft_tokens": self.scheduler.num_draft_tokens,
-                "spec_decode_num_accepted_tokens": self.scheduler.num_accepted_tokens}
+                "spec_decode_num_accepted_tokens": self.scheduler.num_accepted_tokens,
+                **(self.kv_connector.stats() if self.kv_connector is not None else {})}
