@@ -39,11 +39,15 @@ class AttentionBackend(abc.ABC):
     ``sliding_window`` (a per-layer setting): the token at position p sees only keys
     (p - W, p], as transformers' sliding-window mask; keys before that are skipped,
     never read, so their blocks may already be back in the pool (the block table
-    then holds a placeholder there)."""
+    then holds a placeholder there).
+
+    ``logits_soft_cap`` (Gemma 2): scores become ``cap * tanh(scores / cap)`` before
+    the softmax."""
 
     @abc.abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
-                scale: float, sliding_window: Optional[int] = None) -> torch.Tensor:
+                scale: float, sliding_window: Optional[int] = None,
+                logits_soft_cap: Optional[float] = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D].
         Returns [T, H, D]."""

@@ -2,7 +2,7 @@
 through the C paged-prefill kernel (bf16 on AVX-512-BF16; float32 on every ISA level),
 both reading K/V from the block pool in place; anything else through the torch
 reference path. A sliding window runs on the float32 kernels (their ``_sw`` entry
-points); bf16 declines it to the torch reference."""
+points); bf16 declines it to the torch reference, as every kernel declines a logit soft-cap."""
 from __future__ import annotations
 
 import ctypes
@@ -54,9 +54,9 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
                 and nh % kvh == 0 and nh // kvh <= self.max_g and d <= self.max_d and k_cache.is_contiguous())
 
     def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
-                sliding_window: Optional[int] = None) -> torch.Tensor:
-        if is_quantized(k_cache) or not self.supports(q, k_cache, sliding_window):
-            return super().forward(q, k, v, k_cache, v_cache, md, scale, sliding_window)
+                sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> torch.Tensor:
+        if logits_soft_cap or is_quantized(k_cache) or not self.supports(q, k_cache, sliding_window):
+            return super().forward(q, k, v, k_cache, v_cache, md, scale, sliding_window, logits_soft_cap)
         self._write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype)
         if md.num_decodes:

@@ -32,13 +32,24 @@ def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int, first_b
 class TorchAttentionBackend(AttentionBackend):
     """Decodes in one batched SDPA call over a padded gather; each prefill chunk
     in its own SDPA call (causal, offset by the cached prefix). With a sliding
-    window, the gathers start at the block holding the window's first key."""
+    window, the gathers start at the block holding the window's first key. A logit
+    soft-cap always runs here, whatever the subclass: no fast kernel takes one."""
 
     def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
-                sliding_window: Optional[int] = None) -> torch.Tensor:
+                sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> torch.Tensor:
         self._write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty_like(q)
         nd = md.num_decodes
+        if logits_soft_cap:
+            ref = TorchAttentionBackend
+            if nd:
+                out[:nd] = ref._decode(q[:nd], k_cache, v_cache, md, scale, sliding_window, logits_soft_cap)
+            qsl = md.query_start_loc_list
+            for i in range(nd, md.num_reqs):
+                s, e = qsl[i], qsl[i + 1]
+                out[s:e] = ref._prefill(q[s:e], k[s:e], v[s:e], k_cache, v_cache, md.block_tables[i],
+                                        md.seq_lens_list[i], scale, sliding_window, logits_soft_cap)
+            return out
         if nd:
             out[:nd] = self._decode(q[:nd], k_cache, v_cache, md, scale, sliding_window=sliding_window)
         if md.num_reqs > nd:
@@ -60,7 +71,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _decode(q, k_cache, v_cache, md: AttentionMetadata, scale: float,
-                sliding_window: Optional[int] = None) -> torch.Tensor:
+                sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> torch.Tensor:
         nd, bs = md.num_decodes, md.block_size
         seq_lens = md.seq_lens[:nd]
         if sliding_window:
@@ -85,6 +96,8 @@ class TorchAttentionBackend(AttentionBackend):
         kvh, d = keys.shape[2], keys.shape[3]
         qg = q.view(nd, kvh, -1, d)
         scores = torch.matmul(qg, keys.permute(0, 2, 3, 1).to(q.dtype)).float() * scale
+        if logits_soft_cap:
+            scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
         scores.masked_fill_(pad[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         o = torch.matmul(probs, vals.transpose(1, 2).to(q.dtype))  # [nd, KVH, G, D]
@@ -92,10 +105,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _prefill(q, k, v, k_cache, v_cache, block_ids, seq_len: int, scale: float,
-                 sliding_window: Optional[int] = None) -> torch.Tensor:
+                 sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> torch.Tensor:
         qlen = q.shape[0]
         first = max(seq_len - qlen - sliding_window + 1, 0) // k_cache.shape[1] if sliding_window else 0
-        if qlen == seq_len and not sliding_window:  # no cached prefix: attend over the chunk itself
+        # no cached prefix, no window, no cap: SDPA's causal kernel over the chunk itself
+        if qlen == seq_len and not sliding_window and not logits_soft_cap:
             keys, vals, mask, causal = k, v, None, True
         else:
             if qlen == seq_len:
@@ -114,7 +128,20 @@ class TorchAttentionBackend(AttentionBackend):
             # NOTE: with enable_gqa=True the CPU picks SDPA's unfused math path, 3x
             # slower than the flash kernel on keys repeated per query head.
             keys, vals = keys.repeat_interleave(group, dim=1), vals.repeat_interleave(group, dim=1)
+        if logits_soft_cap:
+            return _softcapped_attention(q, keys, vals, mask, scale, logits_soft_cap)
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0), vals.transpose(0, 1).unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scale)
         return o[0].transpose(0, 1)
+
+
+def _softcapped_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor,
+                          scale: float, cap: float) -> torch.Tensor:
+    """Attention with scores ``cap * tanh(scores / cap)`` (Gemma 2), which SDPA cannot do;
+    q: [Lq, H, D], keys/vals: [Lk, H, D], mask: [Lq, Lk] True where a key is seen."""
+    scores = torch.einsum("qhd,khd->hqk", q, keys).float() * scale
+    scores = torch.tanh(scores / cap) * cap
+    scores.masked_fill_(~mask[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.einsum("hqk,khd->qhd", probs, vals)

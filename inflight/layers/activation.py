@@ -22,3 +22,17 @@ class SiluAndMul(CustomOp):
         if ops is None:
             return self.forward_native(gate_up)
         return ops.silu_mul(gate_up)
+
+
+class GeluAndMul(CustomOp):
+    """Rows ``[gate | up]`` -> ``gelu(gate) * up`` (GeGLU; vLLM's ``GeluAndMul``), with
+    ``approximate`` "tanh" for HF's gelu_pytorch_tanh."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward_native(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        # computed in float32 for the same reason as SiluAndMul's
+        return F.gelu(gate.float(), approximate=self.approximate).to(gate_up.dtype) * up

@@ -36,3 +36,32 @@ class RMSNorm(CustomOp):
         if ops is None:
             return self.forward_native(x, residual)
         return ops.add_rmsnorm(x, residual, self.weight, self.eps)
+
+
+class GemmaRMSNorm(CustomOp):
+    """Gemma's RMSNorm: the weight is stored as an offset from one and the product is taken
+    in float32 before the cast back (transformers' Gemma2RMSNorm / Gemma3RMSNorm); adds the
+    residual first when given one."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward_native(self, x: torch.Tensor,
+                       residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (norm(x + residual), x + residual)."""
+        if residual is not None:
+            x = x + residual
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype), x
+
+    def forward_cpu(self, x: torch.Tensor,
+                    residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``forward_native``; float32 through the C kernel (the product is then the same),
+        other dtypes natively. NOTE: the C kernel writes x + residual into ``residual``."""
+        ops = cpu_fused_ops(x.dtype)
+        if ops is None or x.dtype != torch.float32:
+            return self.forward_native(x, residual)
+        return ops.add_rmsnorm(x, residual, 1.0 + self.weight, self.eps)

@@ -48,6 +48,32 @@ class ModelArchConfig:
     attention_bias: bool = False
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
     sliding_window: Optional[int] = None  # attention window in tokens; None: global attention
+    # mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE); 0 experts: every MLP is dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise each token's top-k routing weights to sum to 1
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is sparse
+    clip_qkv: Optional[float] = None  # q, k and v clamped to [-clip_qkv, clip_qkv] (OLMoE)
+    # per layer "sliding_attention" or "full_attention" where a stack mixes them (Gemma 2/3); None: all alike
+    layer_types: Optional[list[str]] = None
+    hidden_activation: Optional[str] = None  # the gated MLP's activation where it is not SiLU (Gemma)
+    query_pre_attn_scalar: Optional[float] = None  # attention scale is its -1/2 power (Gemma); None: head_dim
+    attn_logit_softcapping: Optional[float] = None  # scores -> cap * tanh(scores / cap) before softmax
+    final_logit_softcapping: Optional[float] = None  # the same on the output logits
+    rope_local_base_freq: Optional[float] = None  # RoPE base of the sliding-window layers (Gemma 3)
+
+    def layer_sliding_window(self, layer: int) -> Optional[int]:
+        """Layer ``layer``'s attention window (None: global attention)."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    @property
+    def kv_sliding_window(self) -> Optional[int]:
+        """The window every layer has (the KV manager frees blocks behind it), else None."""
+        windows = {self.layer_sliding_window(i) for i in range(self.num_hidden_layers)}
+        return windows.pop() if len(windows) == 1 else None
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelArchConfig":
@@ -129,6 +155,8 @@ def resolve_spec(hf: dict[str, Any]) -> ArchSpec:
 def _rope(c: Any) -> tuple[float, Optional[dict]]:
     """(rope_theta, rope_scaling) from transformers 5 (rope_parameters) or 4 (rope_theta, rope_scaling)."""
     params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+    if isinstance(params.get("full_attention"), dict):  # per layer type (Gemma 3): the global layers'
+        params = dict(params["full_attention"])
     theta = float(params.pop("rope_theta", getattr(c, "rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
@@ -167,4 +195,39 @@ def parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         attention_bias=spec.attention_bias if bias is None else bool(bias),
         qk_norm=spec.qk_norm, sliding_window=int(window) if window else None,
+        **_moe_fields(c),
+        **_extra_fields(c),
     )
+
+
+def _extra_fields(c: Any) -> dict[str, Any]:
+    """Fields only some architectures have (Gemma 2/3's activation, scales, soft-caps and layer
+    types); None where a config lacks them. Layer types are kept only where windowed and global
+    layers mix."""
+    opt = {k: getattr(c, k, None) for k in ("query_pre_attn_scalar", "attn_logit_softcapping",
+                                            "final_logit_softcapping")}
+    local = (getattr(c, "rope_parameters", None) or {}).get("sliding_attention")
+    local_theta = local.get("rope_theta") if isinstance(local, dict) else getattr(c, "rope_local_base_freq", None)
+    types = list(getattr(c, "layer_types", None) or ())
+    mixed = "sliding_attention" in types and getattr(c, "sliding_window", None)
+    # values keep their JSON types: normalize_hf_config writes them back into the config dict
+    return dict(layer_types=types if mixed else None, hidden_activation=getattr(c, "hidden_activation", None),
+                rope_local_base_freq=local_theta, **opt)
+
+
+def _moe_fields(c: Any) -> dict[str, Any]:
+    """The mixture-of-experts fields: Mixtral's ``num_local_experts`` (transformers maps
+    ``num_experts`` to it), Qwen3-MoE's ``moe_intermediate_size``, its dense layers
+    (``mlp_only_layers``, ``decoder_sparse_step``), ``norm_topk_prob`` (Mixtral always
+    renormalises) and OLMoE's ``clip_qkv``."""
+    clip = getattr(c, "clip_qkv", None)
+    out: dict[str, Any] = {"clip_qkv": None if clip is None else float(clip)}
+    experts = int(getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None) or 0)
+    if not experts:
+        return out
+    step = int(getattr(c, "decoder_sparse_step", None) or 1)
+    dense = set(getattr(c, "mlp_only_layers", None) or ())
+    return {**out, "num_experts": experts, "num_experts_per_tok": int(c.num_experts_per_tok),
+            "moe_intermediate_size": int(getattr(c, "moe_intermediate_size", None) or c.intermediate_size),
+            "norm_topk_prob": bool(getattr(c, "norm_topk_prob", True)),
+            "moe_layers": tuple(i for i in range(int(c.num_hidden_layers)) if i not in dense and (i + 1) % step == 0)}

@@ -64,10 +64,10 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return _decode_mod.choose_num_splits(num_decodes, num_kv_heads, max_seq_len, sms)
 
     def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
-                sliding_window: Optional[int] = None) -> torch.Tensor:
-        # NOTE: the kernels take no window yet; a windowed layer runs the torch reference
-        if sliding_window or not self.supports(q, k_cache):
-            return super().forward(q, k, v, k_cache, v_cache, md, scale, sliding_window)
+                sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> torch.Tensor:
+        # NOTE: the kernels take no window or soft-cap yet; such a layer runs the torch reference
+        if sliding_window or logits_soft_cap or not self.supports(q, k_cache):
+            return super().forward(q, k, v, k_cache, v_cache, md, scale, sliding_window, logits_soft_cap)
         _write_mod.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty_like(q)
         nd = md.num_decodes

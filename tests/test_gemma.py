@@ -1,0 +1,132 @@
+"""Gemma 2 and Gemma 3 (text) from HF folders: greedy float32 tokens equal transformers'
+on tiny random-weight checkpoints whose windowed layers (an 8-token window, far shorter
+than the prompts) alternate with global ones, alone, batched, in tiny chunks, under
+preemption and prefix-cached, on the CPU fast path (the default) and on the plain-torch
+reference. Gemma 2 runs with attention and final logit soft-caps, Gemma 3 with its q/k
+norms and a RoPE base of its own for the windowed layers."""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from inflight import LLM, SamplingParams
+from inflight.config import CacheConfig, SchedulerConfig
+from inflight.core.scheduler import Scheduler
+from inflight.kernels.cpu.packing import packed_linear_class
+from inflight.loader.testing import TOKENS, write_tiny_gguf
+from inflight.models.registry import parse_hf_config
+
+pytestmark = pytest.mark.slow
+
+WINDOW = 8
+MAX_TOKENS = 12
+SHARED = [7 + (5 * j) % 240 for j in range(40)]  # a prefix longer than two 16-token blocks
+PROMPTS = [[5 + (i * 7 + j * 13) % 250 for j in range(6 + 11 * i)] for i in range(5)]
+PROMPTS += [SHARED + [100, 101, 102], SHARED + [200, 201]]
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def _config(arch: str, window: int):
+    kw = dict(vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=24,  # head_dim * heads != hidden_size
+              max_position_embeddings=256, rms_norm_eps=1e-6, sliding_window=window, query_pre_attn_scalar=20,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "gemma2":
+        return transformers.Gemma2Config(**kw, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                         architectures=["Gemma2ForCausalLM"])
+    return transformers.Gemma3TextConfig(**kw, layer_types=[SLIDING, SLIDING, FULL, SLIDING],
+                                         rope_local_base_freq=100.0, architectures=["Gemma3ForCausalLM"])
+
+
+def _model(arch: str, window: int):
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(_config(arch, window)).eval()
+    with torch.no_grad():  # Gemma's norm weights are offsets from one; make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5)
+    return model
+
+
+def _hf_greedy(model, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
+    new = out[0, len(ids):].tolist()
+    return new[: new.index(2) + 1] if 2 in new else new
+
+
+@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+def checkpoint(request, tmp_path_factory):
+    """(arch, HF folder, transformers' greedy tokens for every prompt)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    write_tiny_gguf(str(folder / "tok.gguf"), None)
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file="tok.gguf")
+    model = _model(request.param, WINDOW)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    want = [_hf_greedy(model, p) for p in PROMPTS]
+    # the same weights with no window in reach generate other tokens: the window is tested
+    model.config.sliding_window = 1024
+    assert [_hf_greedy(model, p) for p in PROMPTS[2:5]] != want[2:5]
+    return request.param, str(folder), want
+
+
+def _run(llm, prompts) -> list[list[int]]:
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=sp,
+                                                          use_tqdm=False)]
+
+
+def _scheduler(llm, sched: dict | None = None, **cache) -> Scheduler:
+    """The loaded model with other scheduler settings (and the engine's KV window)."""
+    eng = llm.llm_engine
+    cfg = SchedulerConfig(**{**eng.config.scheduler_config.__dict__, **(sched or {})})
+    cc = CacheConfig(**{**eng.config.cache_config.__dict__, **cache})
+    eng.scheduler = Scheduler(cfg, cc, cc.num_gpu_blocks_override or eng.num_blocks, eng.max_model_len,
+                              sliding_window=eng.scheduler.kv.sliding_window)
+    return eng.scheduler
+
+
+def test_layer_windows_from_config():
+    """Each layer gets its type's window; the KV manager keeps every block (global layers read them)."""
+    g2 = parse_hf_config(_config("gemma2", WINDOW).to_dict())
+    assert [g2.layer_sliding_window(i) for i in range(4)] == [WINDOW, None, WINDOW, None]
+    assert g2.kv_sliding_window is None and g2.attn_logit_softcapping == 5.0
+    g3 = parse_hf_config(_config("gemma3", WINDOW).to_dict())
+    assert [g3.layer_sliding_window(i) for i in range(4)] == [WINDOW, WINDOW, None, WINDOW]
+    assert (g3.rope_theta, g3.rope_local_base_freq) == (1_000_000.0, 100.0) and g3.qk_norm
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_greedy_equals_transformers(checkpoint, backend):
+    arch, folder, want = checkpoint
+    llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+              max_num_seqs=16, max_num_batched_tokens=256)
+    model = llm.llm_engine.runner.model
+    assert llm.llm_engine.scheduler.kv.sliding_window is None
+    assert [ly.self_attn.sliding_window for ly in model.layers] == [
+        parse_hf_config(_config(arch, WINDOW).to_dict()).layer_sliding_window(i) for i in range(4)]
+    if backend == "auto" and packed_linear_class(torch.float32) is not None:
+        # packed linears, op by op: the C layer loop has no GeGLU, (1 + w) norms or soft-caps
+        assert isinstance(model.layers[0].mlp.down_proj, packed_linear_class(torch.float32))
+        assert getattr(model, "layer_loop", None) is None
+    if backend == "torch":
+        assert type(model.layers[0].mlp.down_proj) is torch.nn.Linear
+
+    for p, w in zip(PROMPTS[:3], want[:3]):
+        assert _run(llm, [p]) == [w]
+    assert _run(llm, PROMPTS) == want
+
+    s = _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+    assert _run(llm, PROMPTS) == want  # prefills in chunks of at most 4 tokens beside decodes
+    assert s.kv.num_free_blocks == s.kv.num_blocks
+
+    s = _scheduler(llm, num_gpu_blocks_override=8)
+    assert _run(llm, PROMPTS) == want
+    assert s.num_preemptions > 0
+
+    s = _scheduler(llm, enable_prefix_caching=True)
+    assert _run(llm, PROMPTS[-2:-1]) + _run(llm, PROMPTS[-1:]) == want[-2:]
+    assert s.kv.prefix_cache_hits >= 32  # the second prompt's shared blocks came from the cache
