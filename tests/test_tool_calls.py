@@ -52,12 +52,24 @@ def test_a_call_alone_has_no_content_and_a_list_in_one_tag_is_several_calls():
     assert r.content is None and [(c.name, c.arguments) for c in r.tool_calls] == [("a", "{}"), ("b", '{"x": "é"}')]
 
 
-@pytest.mark.parametrize("inner", ['{"name": "f", "arguments": {"a": 1}', '{"arguments": {}}', '[]', '"f"',
-                                   '{"name": "f", "arguments": [1]}'])
+@pytest.mark.parametrize("inner", ['{"name": "f", "arguments": ', '{"arguments": {}}', '[]', '"f"',
+                                   '{"name": "f", "arguments": [1]}', '{"name": "", "arguments": {}}'])
 def test_malformed_json_inside_the_tag_is_returned_as_content(inner):
     text = f"Sure. <tool_call>{inner}</tool_call> done"
     r = hermes().extract_tool_calls(text)
     assert r.tool_calls == [] and r.content == text
+
+
+def test_a_call_whose_arguments_began_stays_a_call():
+    # Streamed, its name and arguments were already sent when the object turns out
+    # unclosed; the non-streamed answer is the same call, arguments as written.
+    r = hermes().extract_tool_calls('<tool_call>{"name": "f", "arguments": {"a": "}"}</tool_call>')
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", '{"a": "}"}')] and r.content is None
+
+
+def test_keys_in_another_order_or_arguments_as_a_string_are_read_once_the_tag_closes():
+    r = hermes().extract_tool_calls('<tool_call>{"arguments": "{\\"a\\": 1}", "name": "f"}</tool_call>')
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", '{"a": 1}')]
 
 
 def test_an_unclosed_call_counts_only_if_its_json_is_whole():
@@ -189,6 +201,8 @@ def test_streamed_calls_concatenate_to_the_non_streamed_result(server, client):
     assert [calls[i] for i in sorted(calls)] == [{"name": c.function.name, "arguments": c.function.arguments}
                                                  for c in whole.message.tool_calls]
     assert len(calls) == 2 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    # the arguments arrive as they are generated, not whole at the closing tag
+    assert sum(1 for d in deltas for p in d.tool_calls or [] if p.index == 0 and not p.id) > 1
     wait_until_idle(server)
 
 

@@ -62,6 +62,9 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--tool-call-parser", default=d.tool_call_parser, choices=sorted(ToolParserManager.tool_parsers),
                    help=f"how tool calls are read from the output (default {d.tool_call_parser})")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='accepted as in `vllm serve`; tool_choice "auto" is always on here, '
+                        "its calls read by --tool-call-parser")
     p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='leave the tools out of the prompt when tool_choice is "none" (default: shown, not parsed)')
 

@@ -7,9 +7,10 @@
   function's arguments object. A JSON schema is the one constraint every
   grammar backend compiles, and the output needs no tags the model might not
   use; the tool's own schema shapes the arguments;
-- the output: parsed into ``tool_calls`` (``--tool-call-parser``, hermes by
-  default) for ``"auto"``; ``"none"`` parses nothing. As in vLLM, ``"none"``
-  still shows the tools to the model unless ``--exclude-tools-when-tool-choice-none``.
+- the output: parsed into ``tool_calls`` (``--tool-call-parser``: hermes by
+  default, llama3_json, mistral, pythonic) for ``"auto"``; ``"none"`` parses
+  nothing. As in vLLM, ``"none"`` still shows the tools to the model unless
+  ``--exclude-tools-when-tool-choice-none``.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from inflight.entrypoints.openai.responses import (DeltaFunctionCall, DeltaMessa
                                                    ToolCall)
 from inflight.entrypoints.openai.tool_parsers import (DEFAULT_TOOL_PARSER, ExtractedToolCalls,
                                                       NamedToolCallStream, ParsedDelta, RequiredToolCallStream,
-                                                      ToolCallStream, ToolParserManager, collect)
+                                                      ToolCallStream, ToolParser, ToolParserManager, collect)
 from inflight.errors import InvalidRequestError
 from inflight.sampling_params import SamplingParams
 
@@ -36,10 +37,14 @@ class ToolPlan:
     parser_name: str = DEFAULT_TOOL_PARSER
     parallel_tool_calls: bool = True  # False: at most one call
 
+    def parser(self) -> ToolParser:
+        """The ``--tool-call-parser`` that reads calls in ``auto`` mode."""
+        return ToolParserManager.get_tool_parser(self.parser_name)()
+
     def stream(self) -> Optional[ToolCallStream]:
         """A fresh parsing state for one choice (None: the output is plain content)."""
         if self.mode == "auto":
-            s = ToolParserManager.get_tool_parser(self.parser_name)().stream()
+            s = self.parser().stream()
             return s if self.parallel_tool_calls else FirstCallOnly(s)
         if self.mode == "required":
             return RequiredToolCallStream()
@@ -136,7 +141,10 @@ def plan_tools(req: Any, limits: Any, renderer: Any = None) -> ToolPlan:
 
 
 def constrain(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
-    """The sampling params with the structured output that makes ``required`` and named choices hold."""
+    """The sampling params with the structured output that makes ``required`` and named choices
+    hold, or as the parser of an ``auto`` choice needs them (e.g. special tokens kept)."""
+    if plan.mode == "auto":
+        return plan.parser().adjust_request(params)
     schema = plan.schema()
     if schema is None:
         return params

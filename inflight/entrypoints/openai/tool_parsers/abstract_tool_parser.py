@@ -126,6 +126,11 @@ class ToolParser(ABC):
     def stream(self) -> ToolCallStream:
         """A fresh parsing state for one choice."""
 
+    def adjust_request(self, params: Any) -> Any:
+        """The sampling params of a request that may call tools, changed as the
+        format needs (e.g. special tokens kept when a call begins with one)."""
+        return params
+
     def extract_tool_calls(self, model_output: str) -> ExtractedToolCalls:
         """The calls in a complete output (the same parsing as streaming)."""
         s = self.stream()

@@ -68,3 +68,27 @@ def partial_prefix_len(text: str, tag: str) -> int:
         if text.endswith(tag[:k]):
             return k
     return 0
+
+
+def parse_separated_calls(text: str, separator: str) -> Optional[list[tuple[str, str]]]:
+    """``(name, arguments JSON)`` for calls written as JSON objects (or lists of
+    them) one after another, ``separator`` between them; None unless all of ``text`` is that."""
+    decoder, items, i = json.JSONDecoder(), [], _skip_ws(text, 0)
+    while True:
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return None
+        items.extend(item if isinstance(item, list) else [item])
+        i = _skip_ws(text, i)
+        if i == len(text):
+            return calls_of(items)
+        if text[i] != separator:
+            return None
+        i = _skip_ws(text, i + 1)
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
