@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inflight.attention.base import AttentionBackend, AttentionMetadata
+from inflight.distributed.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
+                                         VocabParallelEmbedding, qkv_parallel_linear)
 from inflight.layers.activation import SiluAndMul
 from inflight.layers.layernorm import RMSNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
@@ -20,9 +21,12 @@ from inflight.models.weight_loading import load_checkpoint
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__()
-        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.nh + 2 * self.nkv) * self.hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        self.hd = cfg.head_dim
+        # this rank's heads (all of them without tensor parallelism)
+        self.qkv_proj, heads = qkv_parallel_linear(cfg.hidden_size, self.hd, cfg.num_attention_heads,
+                                                   cfg.num_key_value_heads, cfg.attention_bias)
+        self.nh, self.nkv = heads.num_heads, heads.num_kv_heads
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.hd, cfg.hidden_size, bias=False)
         self.rotary = RotaryQKV(self.nh, self.nkv, self.hd)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -50,8 +54,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = ColumnParallelLinear.split_evenly(cfg.hidden_size, [cfg.intermediate_size] * 2)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,11 +85,11 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
         self.layer_loop = None  # set by the platform: runs every layer in one call (kernels/cpu/layer_loop.py)
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
@@ -107,14 +111,15 @@ class LlamaForCausalLM(nn.Module):
                                    ly.post_attention_layernorm.weight, ly.mlp.gate_up_proj, ly.mlp.down_proj,
                                    ly.self_attn, _weight(ly.self_attn.q_norm), _weight(ly.self_attn.k_norm))
                   for ly in self.layers]
-        return LayerPlan(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+        attn = self.layers[0].self_attn  # this rank's heads and MLP columns
+        return LayerPlan(cfg.hidden_size, self.layers[0].mlp.down_proj.in_features, attn.nh, attn.nkv,
                          cfg.head_dim, cfg.rms_norm_eps, self.layers[0].self_attn.scale, layers,
                          cfg.attention_bias)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
             return self.lm_head(hidden)
-        return F.linear(hidden, self.embed_tokens.weight)
+        return self.embed_tokens.logits(hidden)
 
     def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
         """The argmax token of each row's logits without materializing them, where the
@@ -129,14 +134,12 @@ class LlamaForCausalLM(nn.Module):
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""
         if self.lm_head is None:
-            self.lm_head = factory(self.embed_tokens.weight, None)
+            self.lm_head = self.embed_tokens.tied_head(factory)
 
     def stacked_shard_rows(self) -> dict[str, list[int]]:
-        """Rows of each shard of the fused projections, in shard order."""
-        cfg = self.cfg
-        kv = cfg.num_key_value_heads * cfg.head_dim
-        return {"qkv_proj": [cfg.num_attention_heads * cfg.head_dim, kv, kv],
-                "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size]}
+        """Rows of each shard of the fused projections (this rank's), in shard order."""
+        layer = self.layers[0]
+        return {"qkv_proj": layer.self_attn.qkv_proj.shard_rows(), "gate_up_proj": layer.mlp.gate_up_proj.shard_rows()}
 
     def load_weights(self, weights) -> None:
         """Read HF-named checkpoint tensors (a loader WeightSource, a dict or (name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -45,6 +45,10 @@ class TensorCopy:
     param: str
     start: int
     rows: int
+    # Tensor parallelism: only these ranges of the checkpoint tensor along ``dim``,
+    # concatenated (None: the whole tensor).
+    segments: Optional[tuple[int, tuple[tuple[int, int], ...]]] = None
+    expert: Optional[int] = None  # rows of ``param[expert]`` (stacked mixture-of-experts weights)
 
 
 def _checkpoint_name(param: str) -> str:
@@ -70,11 +74,17 @@ def plan_copies(model: nn.Module, stacked: dict[str, tuple[str, int]], shapes: M
     misshapen tensor."""
     params = dict(model.named_parameters())
     shard_rows = model.stacked_shard_rows() if hasattr(model, "stacked_shard_rows") else {}
+    experts = model.expert_params_mapping() if hasattr(model, "expert_params_mapping") else []
     tied = getattr(model, "lm_head", True) is None
     copies, seen = [], set()
     for name, shape in shapes.items():
         if name.endswith(_SKIPPED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue  # a tied checkpoint may still carry a copy of the embedding
+        copy = _expert_copy(name, tuple(shape), params, experts, origin)
+        if copy is not None:
+            copies.append(copy)
+            seen.add((copy.param, (copy.expert, copy.start)))
+            continue
         pname, start, idx, fused = name.removeprefix("model."), 0, 0, None
         for frag, (fused_frag, i) in stacked.items():
             if f".{frag}." in pname:
@@ -86,15 +96,86 @@ def plan_copies(model: nn.Module, stacked: dict[str, tuple[str, int]], shapes: M
         if fused is not None:
             sizes = shard_rows[fused]
             start, want = sum(sizes[:idx]), (sizes[idx], *want[1:])
-        if tuple(shape) != want:
+        segments = _tp_segments(model, pname, idx if fused is not None else None, shape)
+        got = tuple(shape) if segments is None else _cut_shape(tuple(shape), segments)
+        if got != want:
             raise ValueError(f"tensor {name} in {origin} has shape {tuple(shape)}, config implies {want}")
-        copies.append(TensorCopy(name, pname, start, want[0] if want else 1))
+        copies.append(TensorCopy(name, pname, start, want[0] if want else 1, segments))
         seen.add((pname, idx))
-    for pname, shards in _expected_shards(params, stacked).items():
+    for pname, shards in {**_expected_shards(params, stacked), **_expected_experts(params, experts)}.items():
         for idx, ckpt in shards.items():
             if (pname, idx) not in seen:
                 raise ValueError(f"tensor {ckpt} missing from {origin}")
     return copies
+
+
+def _expert_target(pname: str, experts: list) -> Optional[tuple[str, int, str]]:
+    """(parameter, expert, shard id) of a per-expert checkpoint tensor, else None; ``experts``
+    is the model's ``expert_params_mapping()`` (layers/moe.py)."""
+    for param_frag, ckpt_frag, expert, shard in experts:
+        if f".{ckpt_frag}" in f".{pname}":
+            return pname.replace(ckpt_frag, param_frag), expert, shard
+    return None
+
+
+def _expert_rows(param: nn.Parameter, shard: str) -> tuple[int, int]:
+    """(start, rows) of a shard in one expert's slice: gate (w1) and up (w3) halves of w13, all of w2."""
+    rows = param.shape[1] // 2 if shard in ("w1", "w3") else param.shape[1]
+    return (rows if shard == "w3" else 0), rows
+
+
+def _expert_copy(name: str, shape: tuple, params: dict, experts: list, origin: str) -> Optional[TensorCopy]:
+    """The copy of one expert's gate, up or down projection into its stacked parameter."""
+    target = _expert_target(name.removeprefix("model."), experts)
+    if target is None:
+        return None
+    pname, expert, shard = target
+    if pname not in params:
+        raise ValueError(f"unexpected tensor {name} in {origin}")
+    start, rows = _expert_rows(params[pname], shard)
+    want = (rows, *params[pname].shape[2:])
+    if shape != want or expert >= params[pname].shape[0]:
+        raise ValueError(f"tensor {name} in {origin} has shape {shape}, config implies {want}")
+    return TensorCopy(name, pname, start, rows, expert=expert)
+
+
+def _expected_experts(params: dict, experts: list) -> dict[str, dict]:
+    """stacked expert parameter -> {(expert, start row): checkpoint name} the checkpoint must fill."""
+    out: dict[str, dict] = {}
+    for pname, param in params.items():
+        for param_frag, ckpt_frag, expert, shard in experts:
+            if pname.endswith(f"{param_frag}weight"):
+                ckpt = pname.replace(f"{param_frag}weight", f"{ckpt_frag}weight")
+                out.setdefault(pname, {})[(expert, _expert_rows(param, shard)[0])] = _checkpoint_name(ckpt)
+    return out
+
+
+def _tp_segments(model: nn.Module, pname: str, shard: Optional[int], shape: tuple):
+    """The ranges of the checkpoint tensor this rank's parameter holds (None: all of it)."""
+    path, _, attr = pname.rpartition(".")
+    module = model.get_submodule(path) if path else model
+    cut = getattr(module, "checkpoint_shard", None)
+    if cut is None:
+        return None
+    segments = cut(attr, shard)
+    if segments is None:
+        return None
+    dim, ranges = segments
+    return (dim if dim >= 0 else len(shape) + dim, tuple(tuple(r) for r in ranges))
+
+
+def _cut_shape(shape: tuple, segments: tuple) -> tuple:
+    dim, ranges = segments
+    if dim >= len(shape) or any(s < 0 or s + n > shape[dim] for s, n in ranges):
+        return ()  # the checkpoint tensor is too small for the shard: reported as misshapen
+    return (*shape[:dim], sum(n for _, n in ranges), *shape[dim + 1:])
+
+
+def _read_segments(weights: Any, name: str, segments: tuple, dest: torch.Tensor) -> None:
+    """Read one checkpoint tensor and keep only this rank's ranges of it (one tensor in memory at a time)."""
+    dim, ranges = segments
+    full = weights[name]
+    dest.copy_(torch.cat([full.narrow(dim, s, n) for s, n in ranges], dim=dim))
 
 
 @torch.no_grad()
@@ -110,6 +191,11 @@ def load_checkpoint(model: nn.Module, stacked: dict[str, tuple[str, int]], weigh
     params = dict(model.named_parameters())
     for c in plan_copies(model, stacked, {n: weights.shape(n) for n in weights.keys()}):
         dest = params[c.param].data
+        if c.expert is not None:
+            dest = dest[c.expert]
         if c.start or c.rows != dest.shape[0]:
             dest = dest.narrow(0, c.start, c.rows)
-        weights.read_into(c.checkpoint, dest)
+        if c.segments is not None:
+            _read_segments(weights, c.checkpoint, c.segments, dest)
+        else:
+            weights.read_into(c.checkpoint, dest)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from inflight.attention import AttentionBackend, get_attention_backend
+from inflight.distributed.parallel_state import get_tensor_model_parallel_world_size
 from inflight.kernels.cpu.isa import current_level
 from inflight.layers.custom_op import dispatch_custom_ops
 from inflight.platforms.interface import Platform, parse_dtype
@@ -62,7 +63,10 @@ class CpuPlatform(Platform):
         if packed:
             done.append(f"{packed} packed linears")
         done.append(f"{dispatch_custom_ops(model, 'cpu')} CPU ops")
-        if hasattr(model, "layer_plan") and hasattr(model, "layer_loop"):
+        # NOTE: the C layer loop has no all-reduce between a layer's halves: tensor-parallel
+        # ranks run op by op (packed linears, C element-wise ops and attention).
+        if hasattr(model, "layer_plan") and hasattr(model, "layer_loop") \
+                and get_tensor_model_parallel_world_size() == 1:
             model.layer_loop = CpuLayerLoop.build(model.layer_plan(), dtype)
             if model.layer_loop is not None:
                 done.append("layers in one C call")

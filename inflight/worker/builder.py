@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from inflight.config import EngineConfig
+from inflight.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from inflight.distributed.sharding import local_arch
 from inflight.models.registry import ModelArchConfig, get_model_class
 from inflight.models.weight_loading import SkipParamInit
 from inflight.platforms import Platform, current_platform
@@ -61,6 +63,8 @@ def _build_model(config: EngineConfig, platform: Platform, arch: ModelArchConfig
 def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     """Construct the model on its device, load weights and allocate the KV pool."""
     arch = ModelArchConfig.from_hf(hf_config)
+    # this rank's heads: its KV pool holds only them (the whole model without tensor parallelism)
+    kv_arch = local_arch(arch, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank())
     platform = current_platform(config.device)
     platform.check_and_update_config(config)
     device = resolve_device(config.device)
@@ -74,16 +78,16 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     done = platform.optimize_model(model, dtype, config)
     logger.info("%s, %s: %s", platform.describe(), dtype, ", ".join(done) or "plain torch")
     cc = config.cache_config
-    peak = platform.profile_peak_bytes(model, arch, dtype, max_len, config)
-    num_blocks = resolve_num_blocks(arch, cc.block_size, dtype, device, cc.kv_cache_memory,
+    peak = platform.profile_peak_bytes(model, kv_arch, dtype, max_len, config)
+    num_blocks = resolve_num_blocks(kv_arch, cc.block_size, dtype, device, cc.kv_cache_memory,
                                     cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.kv_cache_dtype,
                                     profiled_peak_bytes=peak)
-    kv = allocate_kv_cache(arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros)
+    kv = allocate_kv_cache(kv_arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros)
     kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
     logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
     num_host = 0
     if config.scheduler_config.preemption_mode == "swap":
-        num_host = resolve_num_host_blocks(arch, cc.block_size, dtype, cc.kv_cache_dtype, cc.swap_space,
+        num_host = resolve_num_host_blocks(kv_arch, cc.block_size, dtype, cc.kv_cache_dtype, cc.swap_space,
                                            cc.num_cpu_blocks_override)
         logger.info("swap space: %d host blocks = %d tokens", num_host, num_host * cc.block_size)
     runner = ModelRunner(model, kv, cc.block_size, arch.vocab_size, device, config.model_config.seed,

@@ -83,7 +83,9 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, cls(child.weight, child.bias))
+                # a tensor-parallel layer keeps its collective around the packed weight
+                pack = getattr(child, "packed", None)
+                setattr(module, name, pack(cls) if pack is not None else cls(child.weight, child.bias))
                 count += 1
     pack_head = getattr(model, "pack_lm_head", None)
     if pack_head is not None:
