@@ -33,8 +33,8 @@ class LLMEngine:
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        from inflight.executor import Executor
         from inflight.loader import load_model
-        from inflight.worker.builder import build_runner
 
         self.config = config
         t0 = time.time()
@@ -42,9 +42,11 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = tuple(loaded.eos_token_ids)
         self.model_source = loaded.source
-        built = build_runner(config, loaded.hf_config, loaded.weights)
+        # uni: the runner in this process; mp / ray: a worker per tensor-parallel rank
+        self.executor = Executor.get_class(config.parallel_config)(config, loaded.hf_config, loaded.weights)
         del loaded
-        self.runner = built.runner
+        built = self.executor.built
+        self.runner = self.executor.runner  # None where the ranks run in other processes
         self.arch = built.arch
         self.dtype, self.device = built.dtype, built.device
         self.max_model_len = built.max_model_len
@@ -152,7 +154,8 @@ class LLMEngine:
             self.kv_connector.apply(self.kv_connector.build_connector_meta())
         self.last_num_scheduled_tokens = sched.total_num_scheduled_tokens
         batch = self._trace_batch(sched) if self._trace is not None else None
-        result = self.runner.execute(sched)  # raises when the forward pass fails: no request is to blame
+        # raises when the forward pass fails or a worker died: no request is to blame
+        result = self.executor.execute_model(sched)
         core_outputs = self.scheduler.update_from_output(sched, result)
         outputs, stopped, failed = self.output_processor.process(core_outputs)
         if stopped:
@@ -203,6 +206,10 @@ class LLMEngine:
         }
         self._trace.write(json.dumps(rec) + "\n")
         self._trace.flush()
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (idempotent; the in-process runner needs nothing)."""
+        self.executor.shutdown()
 
     def stats(self) -> dict[str, float]:
         kv = self.scheduler.kv
