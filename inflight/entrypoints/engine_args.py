@@ -22,6 +22,10 @@ _HELP = {
     "enable_chunked_prefill": "split long prompts across steps",
     "data_parallel_size": "engine replicas, one process each with its share of the cores, behind one server "
                           "and a prefix-cache-aware router (serve only)",
+    "tensor_parallel_size": "split the model over this many ranks (attention heads and MLP columns; "
+                            "num_attention_heads must be divisible by it)",
+    "distributed_executor_backend": "uni (in process, one rank) | mp (a worker process per rank) | "
+                                    "ray (Ray actors); default: uni for one rank, mp for more",
 }
 _SKIP = {"model"}  # positional / handled by the subcommand
 _PLATFORM_DEFAULT = {"max_num_seqs", "max_num_batched_tokens"}  # None: inflight/platforms decides
