@@ -65,11 +65,15 @@ class KVCacheManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 sliding_window: Optional[int] = None) -> None:
+                 sliding_window: Optional[int] = None, pool: Optional[BlockPool] = None,
+                 group_id: int = 0) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.sliding_window = sliding_window or None
-        self.pool = BlockPool(num_blocks, enable_caching)
+        # a pool shared by the layer groups of a hybrid manager (core/hybrid_kv.py); each group
+        # tags its cache keys, since equal tokens fill different blocks in different groups
+        self.pool = pool if pool is not None else BlockPool(num_blocks, enable_caching)
+        self._key_tag = b"" if group_id == 0 else group_id.to_bytes(4, "little")
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._num_cached_blocks: dict[str, int] = {}
         self.prefix_cache_queries = 0  # prompt tokens looked up
@@ -136,16 +140,7 @@ class KVCacheManager:
         if not self.enable_caching or request.needs_prompt_logprobs:
             return ComputedBlocks([], 0)
         hashes = self._update_block_hashes(request)
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        if self.sliding_window is not None:
-            hits = self._windowed_hit(hashes[:max_blocks])
-        else:
-            hits = []
-            for h in hashes[:max_blocks]:
-                block = self.pool.get_cached_block(h)
-                if block is None:
-                    break
-                hits.append(block)
+        hits = self.find_hit(hashes[:(request.num_tokens - 1) // self.block_size])
         num_tokens = len(hits) * self.block_size
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += num_tokens
@@ -159,16 +154,29 @@ class KVCacheManager:
             return 0
         n = 0
         for h in self._update_block_hashes(request)[:(request.num_tokens - 1) // self.block_size]:
-            if self.pool.get_cached_block(h) is None:
+            if self.pool.get_cached_block(h + self._key_tag) is None:
                 break
             n += 1
         return n
+
+    def find_hit(self, hashes: list[bytes]) -> list[KVCacheBlock]:
+        """The longest prefix of these block hashes that this manager can take from the cache
+        (with a window, :data:`NULL_BLOCK` before it); no side effects."""
+        if self.sliding_window is not None:
+            return self._windowed_hit(hashes)
+        hits = []
+        for h in hashes:
+            block = self.pool.get_cached_block(h + self._key_tag)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
 
     def _windowed_hit(self, hashes: list[bytes]) -> list[KVCacheBlock]:
         """The longest hit of k blocks whose blocks inside the window of token k * block_size
         are all cached (the chained hash names the whole prefix, so a cached block is right
         whatever became of its parents); :data:`NULL_BLOCK` for the blocks before it."""
-        cached = [self.pool.get_cached_block(h) for h in hashes]
+        cached = [self.pool.get_cached_block(h + self._key_tag) for h in hashes]
         best, run = 0, 0
         for k in range(1, len(cached) + 1):
             run = run + 1 if cached[k - 1] is not None else 0
@@ -220,7 +228,7 @@ class KVCacheManager:
         hashes = self._update_block_hashes(request)
         for i in range(start, num_full):
             if blocks[i] is not NULL_BLOCK:
-                self.pool.cache_block(blocks[i], hashes[i])
+                self.pool.cache_block(blocks[i], hashes[i] + self._key_tag)
         self._num_cached_blocks[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
@@ -280,6 +288,13 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         """Assert pool invariants and that every held block is counted once per holder."""
         self.pool.check_integrity()
+        counts = self.held_block_counts()
+        for b in self.pool.blocks:
+            assert b.ref_cnt == counts.get(b.block_id, 0), \
+                f"block {b.block_id}: ref_cnt {b.ref_cnt} != holders {counts.get(b.block_id, 0)}"
+
+    def held_block_counts(self) -> dict[int, int]:
+        """Block id -> number of requests holding it, asserting each table's shape."""
         counts: dict[int, int] = {}
         for rid, blocks in self.req_to_blocks.items():
             if self.sliding_window is None:
@@ -292,6 +307,4 @@ class KVCacheManager:
             for b in blocks:
                 assert b.ref_cnt > 0, f"request {rid} holds free block {b.block_id}"
                 counts[b.block_id] = counts.get(b.block_id, 0) + 1
-        for b in self.pool.blocks:
-            assert b.ref_cnt == counts.get(b.block_id, 0), \
-                f"block {b.block_id}: ref_cnt {b.ref_cnt} != holders {counts.get(b.block_id, 0)}"
+        return counts
