@@ -49,6 +49,12 @@ class Executor(abc.ABC):
         # the engine's scheduler reads the settings left to the platform: fill them in here,
         # not only in the workers' copies of the config
         current_platform(config.device).check_and_update_config(config)
+        world = config.parallel_config.world_size
+        if hf_config is not None and world > 1:  # a clear error before any worker starts
+            from inflight.distributed.sharding import local_arch
+            from inflight.models.registry import ModelArchConfig
+
+            local_arch(ModelArchConfig.from_hf(hf_config), world, 0)
         self.config = config
         self._init_workers(hf_config, weights)
 
