@@ -104,6 +104,17 @@ def test_min_tokens_suppresses_eos_and_stop_ids(ignore_eos):
     assert {0, 1}.isdisjoint(hot.sampled_token_ids)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_yields_when_only_stop_tokens_are_left(temperature):
+    # As vLLM: a grammar that has ended leaves only stop tokens (the rest are -inf);
+    # banning them would leave nothing to sample, so they stay and the request can end.
+    inf = float("inf")
+    logits = torch.tensor([[-inf, -inf, 1.0, -inf], [-2.0, 2.0, 1.0, -inf]])
+    kw = dict(eos=[2], min_tokens=2, stop_token_ids=[1], temperature=temperature)
+    out = sample(logits, [row(output=[3], **kw), row(output=[3], **kw)]).sampled_token_ids
+    assert out == [2, 0]
+
+
 def _step_logits(step: int, key: int, vocab: int = 40) -> torch.Tensor:
     return torch.randn(vocab, generator=torch.Generator().manual_seed(1000 * key + step))
 

@@ -100,3 +100,10 @@ def test_each_sample_has_its_own_matcher_and_abort_frees_it(llm):
     engine.abort_request("gone")
     assert req.structured_output is None and not engine.has_unfinished_requests()
     assert engine.scheduler.kv.num_free_blocks == engine.scheduler.kv.num_blocks
+
+
+def test_min_tokens_yields_to_a_grammar_that_has_ended(llm):
+    # the choice ends long before min_tokens; as in vLLM the request stops there, cleanly
+    params = SamplingParams(temperature=0, min_tokens=20, max_tokens=30, structured_outputs=SO(choice=["red", "blue"]))
+    (out,) = llm.generate(["My favourite colour is"], params, use_tqdm=False)[0].outputs
+    assert out.finish_reason == "stop" and out.text in ("red", "blue")

@@ -317,7 +317,9 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
 
     def _check_stop(self, req: Request, token: int) -> Optional[RequestStatus]:
         params = req.sampling_params
-        if req.num_output_tokens >= params.min_tokens:
+        # As vLLM: a grammar that has ended allows only stop tokens, so min_tokens yields to it.
+        grammar_ended = req.structured_output is not None and req.structured_output.is_terminated
+        if req.num_output_tokens >= params.min_tokens or grammar_ended:
             if not params.ignore_eos and token in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:

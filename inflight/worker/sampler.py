@@ -146,7 +146,11 @@ def _apply_penalties(x: torch.Tensor, md: SamplingMetadata) -> None:
     if md.suppressed is not None:
         ban = torch.zeros(B, V + 1, dtype=torch.bool, device=x.device)
         ban.scatter_(1, md.suppressed, True)
-        x.masked_fill_(ban[:, :V], _NEG_INF)
+        ban = ban[:, :V]
+        # As vLLM: where the ban would leave nothing to sample (a grammar that has ended
+        # allows only stop tokens), the stop tokens stay and the request ends there.
+        leaves_some = (x > _NEG_INF).logical_and_(~ban).any(dim=1, keepdim=True)
+        x.masked_fill_(ban.logical_and_(leaves_some), _NEG_INF)
     if md.seen_tokens is not None:
         seen = torch.zeros(B, V + 1, dtype=torch.bool, device=x.device)
         seen.scatter_(1, md.seen_tokens, True)
