@@ -53,7 +53,8 @@ class ModelArchConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # renormalise each token's top-k routing weights to sum to 1
-    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is sparse
+    # the layers whose MLP is sparse (a list: the config dict round-trips through JSON)
+    moe_layers: list[int] = field(default_factory=list)
     clip_qkv: Optional[float] = None  # q, k and v clamped to [-clip_qkv, clip_qkv] (OLMoE)
     # per layer "sliding_attention" or "full_attention" where a stack mixes them (Gemma 2/3); None: all alike
     layer_types: Optional[list[str]] = None
@@ -95,6 +96,9 @@ class ArchSpec:
     gguf_tensors: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF_TENSORS))
     gguf_permute_qk: bool = False  # llama.cpp's converter reorders Q/K rows for this type
     check_config: Optional[Callable[[Any], None]] = None  # raises ValueError for unsupported features
+    # HF config keys from a GGUF file's metadata beyond the common ones; ``meta(key)`` reads ``<gguf_arch>.<key>``
+    gguf_config: Optional[Callable[[Callable[[str], Any]], dict[str, Any]]] = None
+    gguf_norm_offset: float = 0.0  # llama.cpp's converter stored every norm weight plus this (Gemma: 1)
 
 
 @lru_cache(maxsize=1)
@@ -230,4 +234,4 @@ def _moe_fields(c: Any) -> dict[str, Any]:
     return {**out, "num_experts": experts, "num_experts_per_tok": int(c.num_experts_per_tok),
             "moe_intermediate_size": int(getattr(c, "moe_intermediate_size", None) or c.intermediate_size),
             "norm_topk_prob": bool(getattr(c, "norm_topk_prob", True)),
-            "moe_layers": tuple(i for i in range(int(c.num_hidden_layers)) if i not in dense and (i + 1) % step == 0)}
+            "moe_layers": [i for i in range(int(c.num_hidden_layers)) if i not in dense and (i + 1) % step == 0]}

@@ -9,6 +9,7 @@ tensor straight into its rows (cast on the way) so no second copy of the model e
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -18,6 +19,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)  # recomputed from the config
+_EXPERT_FRAGMENT = re.compile(r"(?:^|\.)(experts\.\d+\.[^.]+\.)")  # "experts.{e}.{projection}."
 
 
 class SkipParamInit(TorchFunctionMode):
@@ -74,7 +76,8 @@ def plan_copies(model: nn.Module, stacked: dict[str, tuple[str, int]], shapes: M
     misshapen tensor."""
     params = dict(model.named_parameters())
     shard_rows = model.stacked_shard_rows() if hasattr(model, "stacked_shard_rows") else {}
-    experts = model.expert_params_mapping() if hasattr(model, "expert_params_mapping") else []
+    # checkpoint fragment -> (param fragment, checkpoint fragment, expert, shard id)
+    experts = {m[1]: m for m in (model.expert_params_mapping() if hasattr(model, "expert_params_mapping") else [])}
     tied = getattr(model, "lm_head", True) is None
     copies, seen = [], set()
     for name, shape in shapes.items():
@@ -109,13 +112,15 @@ def plan_copies(model: nn.Module, stacked: dict[str, tuple[str, int]], shapes: M
     return copies
 
 
-def _expert_target(pname: str, experts: list) -> Optional[tuple[str, int, str]]:
+def _expert_target(pname: str, experts: dict) -> Optional[tuple[str, int, str]]:
     """(parameter, expert, shard id) of a per-expert checkpoint tensor, else None; ``experts``
-    is the model's ``expert_params_mapping()`` (layers/moe.py)."""
-    for param_frag, ckpt_frag, expert, shard in experts:
-        if f".{ckpt_frag}" in f".{pname}":
-            return pname.replace(ckpt_frag, param_frag), expert, shard
-    return None
+    holds the model's ``expert_params_mapping()`` (layers/moe.py) by checkpoint fragment."""
+    m = _EXPERT_FRAGMENT.search(pname)
+    hit = experts.get(m.group(1)) if m else None
+    if hit is None:
+        return None
+    param_frag, ckpt_frag, expert, shard = hit
+    return pname[:m.start(1)] + param_frag + pname[m.end(1):], expert, shard
 
 
 def _expert_rows(param: nn.Parameter, shard: str) -> tuple[int, int]:
@@ -124,7 +129,7 @@ def _expert_rows(param: nn.Parameter, shard: str) -> tuple[int, int]:
     return (rows if shard == "w3" else 0), rows
 
 
-def _expert_copy(name: str, shape: tuple, params: dict, experts: list, origin: str) -> Optional[TensorCopy]:
+def _expert_copy(name: str, shape: tuple, params: dict, experts: dict, origin: str) -> Optional[TensorCopy]:
     """The copy of one expert's gate, up or down projection into its stacked parameter."""
     target = _expert_target(name.removeprefix("model."), experts)
     if target is None:
@@ -139,11 +144,11 @@ def _expert_copy(name: str, shape: tuple, params: dict, experts: list, origin: s
     return TensorCopy(name, pname, start, rows, expert=expert)
 
 
-def _expected_experts(params: dict, experts: list) -> dict[str, dict]:
+def _expected_experts(params: dict, experts: dict) -> dict[str, dict]:
     """stacked expert parameter -> {(expert, start row): checkpoint name} the checkpoint must fill."""
     out: dict[str, dict] = {}
     for pname, param in params.items():
-        for param_frag, ckpt_frag, expert, shard in experts:
+        for param_frag, ckpt_frag, expert, shard in experts.values():
             if pname.endswith(f"{param_frag}weight"):
                 ckpt = pname.replace(f"{param_frag}weight", f"{ckpt_frag}weight")
                 out.setdefault(pname, {})[(expert, _expert_rows(param, shard)[0])] = _checkpoint_name(ckpt)

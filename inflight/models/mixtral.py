@@ -1,0 +1,125 @@
+"""Mixture-of-experts decoders: Llama-shaped attention, and in each sparse layer a
+router plus ``FusedMoE`` experts in place of the dense MLP. Mixtral here; Qwen3-MoE
+(q/k norm, dense ``mlp_only_layers``) and OLMoE (q/k norm over the whole projection)
+are specs or subclasses of it. Not in the CPU C layer loop, which runs only dense
+Llama-shaped stacks: on the CPU fast path these run op by op with packed linears and
+packed experts."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.attention.base import AttentionBackend, AttentionMetadata
+from inflight.layers.layernorm import RMSNorm
+from inflight.layers.moe import FusedMoE, make_expert_params_mapping
+from inflight.layers.rotary import RotaryEmbedding
+from inflight.models.llama import LlamaAttention, LlamaMLP
+from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
+from inflight.models.weight_loading import load_checkpoint
+
+
+class SparseMoeBlock(nn.Module):
+    """The router (``gate``) and the experts of one sparse layer."""
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
+                                cfg.moe_intermediate_size, cfg.norm_topk_prob)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.gate(x))
+
+
+class MoeDecoderLayer(nn.Module):
+    """A pre-norm decoder layer whose MLP (attribute ``mlp_name``) is sparse in
+    ``cfg.moe_layers`` and dense elsewhere."""
+
+    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int,
+                 attention: type[nn.Module], mlp_name: str) -> None:
+        super().__init__()
+        self.self_attn = attention(cfg, backend)
+        self.mlp_name = mlp_name
+        setattr(self, mlp_name, SparseMoeBlock(cfg) if layer in cfg.moe_layers else LlamaMLP(cfg))
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, residual, rope, kv_cache, md):
+        """Returns (this layer's MLP output, the residual stream before it is added)."""
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, rope, kv_cache, md)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return getattr(self, self.mlp_name)(h), residual
+
+
+class MixtralForCausalLM(nn.Module):
+    """A mixture-of-experts decoder stack; ``forward`` returns hidden states,
+    ``compute_logits`` projects the rows that sample. Subclasses set the attention
+    module, the MLP's attribute name and the checkpoint's expert tensor names."""
+
+    attention: type[nn.Module] = LlamaAttention
+    mlp_name = "block_sparse_moe"
+    expert_names = ("w1", "w2", "w3")  # the checkpoint's gate, down and up projections of each expert
+
+    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(MoeDecoderLayer(cfg, backend, i, self.attention, self.mlp_name)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = RotaryEmbedding(cfg, max_positions)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        rope = self.rope.lookup(positions, x.dtype)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, rope, kv, md)
+        return self.norm(x, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        return F.linear(hidden, self.embed_tokens.weight)
+
+    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
+        """Each row's argmax token from inside a packed logits GEMM, where the head is
+        one (see LlamaForCausalLM.greedy_tokens); None otherwise."""
+        head = self.lm_head
+        if (head is None or not hasattr(head, "argmax") or getattr(head, "bias", None) is not None
+                or head.out_features != vocab_size):
+            return None
+        return head.argmax(hidden)
+
+    def pack_lm_head(self, factory) -> None:
+        """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""
+        if self.lm_head is None:
+            self.lm_head = factory(self.embed_tokens.weight, None)
+
+    def stacked_shard_rows(self) -> dict[str, list[int]]:
+        """Rows of each shard of the fused projections (dense layers' gate_up too), in shard order."""
+        cfg = self.cfg
+        kv = cfg.num_key_value_heads * cfg.head_dim
+        return {"qkv_proj": [cfg.num_attention_heads * cfg.head_dim, kv, kv],
+                "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size]}
+
+    def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
+        """Each expert's checkpoint tensors -> rows of the stacked expert weights."""
+        gate, down, up = self.expert_names
+        return make_expert_params_mapping(gate, down, up, self.cfg.num_experts)
+
+    def load_weights(self, weights) -> None:
+        """Read HF-named checkpoint tensors into the parameters: q/k/v (and dense gate/up)
+        fused as the spec says, each expert's projections into its slice of the stacked
+        expert weights; every parameter must be set."""
+        load_checkpoint(self, arch_spec(self.cfg.architecture).stacked, weights)
+
+
+ARCHITECTURES = (
+    ArchSpec("MixtralForCausalLM", "mixtral", MixtralForCausalLM),
+)
