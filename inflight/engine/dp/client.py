@@ -47,6 +47,13 @@ class ServingView:
         self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
 
 
+def _replica_kwargs(kwargs: dict[str, Any], index: int) -> dict[str, Any]:
+    # one trace file per replica: two processes appending lines to one file would interleave them
+    if kwargs.get("trace_file"):
+        return dict(kwargs, trace_file=f"{kwargs['trace_file']}.dp{index}")
+    return kwargs
+
+
 class DPEngineClient:
     """Data parallelism: ``data_parallel_size`` replicas, each a full engine in its own
     process with its share of the cores, and a :class:`PrefixAwareRouter` in front.
@@ -61,17 +68,19 @@ class DPEngineClient:
         kwargs = {k: v for k, v in engine_kwargs.items() if k != "data_parallel_size"}
         ctx = multiprocessing.get_context("spawn")  # a forked torch (threads, OpenMP) is not safe
         shares = core_shares(data_parallel_size)
-        self.replicas = [ReplicaHandle(i, ctx, kwargs, threads, cpus) for i, (threads, cpus) in enumerate(shares)]
+        self.replicas = [ReplicaHandle(i, ctx, _replica_kwargs(kwargs, i), threads, cpus)
+                         for i, (threads, cpus) in enumerate(shares)]
         try:
+            from inflight.loader import load_tokenizer
+
+            tokenizer = load_tokenizer(kwargs.get("model"))  # while the replicas build their engines
             infos = [r.wait_ready(startup_timeout_s) for r in self.replicas]
         except BaseException:
             for r in self.replicas:
                 r.kill()
             raise
-        from inflight.loader import load_tokenizer
-
         info = infos[0]
-        self.engine = ServingView(load_tokenizer(kwargs.get("model")), info.max_model_len, info.model_source,
+        self.engine = ServingView(tokenizer, info.max_model_len, info.model_source,
                                   SimpleNamespace(vocab_size=info.vocab_size), info.eos_token_ids)
         self.block_size = info.block_size
         self.router = PrefixAwareRouter(data_parallel_size, info.block_size, balance_abs_threshold)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 import traceback
 from typing import Any, Optional
@@ -25,6 +26,8 @@ def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], num_threa
     """Process entry: take this replica's cores, build the engine, serve the pipe until
     told to stop or the server goes away."""
     os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    # Ctrl-C reaches the whole process group: the server shuts replicas down in order
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [dp{index}] %(name)s: %(message)s")
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -42,6 +45,14 @@ def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], num_threa
     conn.send(ReplicaInfo(engine.max_model_len, int(engine.arch.vocab_size), cc.block_size, engine.num_blocks,
                           engine.model_source, tuple(engine.eos_token_ids), os.getpid()))
     ReplicaLoop(engine, conn).run()
+    logger.info("replica %d stopped", index)
+    # NOTE: the interpreter's teardown (torch and OpenMP finalizers) can take seconds or hang in
+    # native code with nothing left to save: flush what is written and leave at once.
+    trace = getattr(engine, "_trace", None)
+    if trace is not None:
+        trace.flush()
+    logging.shutdown()
+    os._exit(0)
 
 
 def _kv_pool(engine: Any) -> Any:

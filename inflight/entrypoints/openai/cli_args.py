@@ -51,7 +51,12 @@ def run_serve(args: argparse.Namespace) -> int:
     kwargs["model"] = args.model
     model_name = args.served_model_name or default_model_name(args.model)
     kwargs["served_model_name"] = model_name
-    async_engine = AsyncLLMEngine.from_factory(lambda: LLMEngine.from_kwargs(**kwargs))
+    if kwargs.get("data_parallel_size", 1) > 1:
+        from inflight.engine.dp import DPEngineClient
+
+        async_engine = DPEngineClient(kwargs, kwargs["data_parallel_size"])
+    else:
+        async_engine = AsyncLLMEngine.from_factory(lambda: LLMEngine.from_kwargs(**kwargs))
     engine = async_engine.engine
     state = build_state(async_engine, model_name, api_key=args.api_key,
                         max_waiting_requests=args.max_waiting_requests,
