@@ -120,6 +120,7 @@ CASES = [
     (CH, chat(function_call="auto"), 400, INVALID),
     (C, cmpl(guided_json={"type": "object"}), 400, INVALID),
     (CH, chat(guided_regex="a+"), 400, INVALID),
+    (CH, chat(guided_decoding_backend="outlines"), 400, INVALID),
     (C, cmpl(suffix="x"), 400, INVALID),
     (C, cmpl(best_of=3), 400, INVALID),
     (C, cmpl(prompt_logprobs=21), 400, INVALID),
@@ -260,6 +261,13 @@ def test_limits_are_named_in_errors(server):
         assert post(h, CH, chat(logit_bias={"1": 101})).json()["error"]["param"] == "logit_bias"
         assert "[0, 257)" in post(h, C, cmpl(logit_bias={"300": 1})).json()["error"]["message"]
         assert post(h, C, cmpl(prompt_logprobs=1, stream=True)).json()["error"]["param"] == "prompt_logprobs"
+        err = post(h, C, cmpl(structured_outputs={"json": "{not json"})).json()["error"]
+        assert err["param"] == "structured_outputs.json" and "not valid JSON" in err["message"]
+        # vLLM 0.12 removed the guided_* fields: the error names what replaces each
+        for name, value, replacement in (("guided_json", {"type": "object"}, "structured_outputs.json"),
+                                         ("guided_choice", ["a"], "structured_outputs.choice")):
+            err = post(h, CH, chat(**{name: value})).json()["error"]
+            assert err["param"] == name and replacement in err["message"], err
 
 
 def test_harmless_values_of_unsupported_fields_are_accepted(server):

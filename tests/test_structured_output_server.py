@@ -89,8 +89,9 @@ def test_json_schema_at_temperature_1_always_validates(client):
 @pytest.mark.parametrize("body, param, message", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
      "response_format", "invalid JSON schema: .*strin"),
-    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs", "invalid regex"),
-    ({"structured_outputs": {"grammar": "root ::= missing_rule"}}, "structured_outputs", "invalid grammar"),
+    ({"structured_outputs": {"json": {"type": "strin"}}}, "structured_outputs.json", "invalid JSON schema: .*strin"),
+    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex", "invalid regex"),
+    ({"structured_outputs": {"grammar": "root ::= missing_rule"}}, "structured_outputs.grammar", "invalid grammar"),
 ])
 def test_a_constraint_that_cannot_compile_is_a_400(base_url, client, body, param, message):
     r = httpx.post(base_url + "/v1/chat/completions", timeout=60,
@@ -98,6 +99,6 @@ def test_a_constraint_that_cannot_compile_is_a_400(base_url, client, body, param
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param
-    assert re.search(message, err["message"]), err
+    assert re.search(message, err["message"]) and err["message"].startswith(param + ": "), err
     ok = client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
     assert ok.choices[0].finish_reason == "length"

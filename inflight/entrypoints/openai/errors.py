@@ -103,13 +103,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
 
 def param_of(message: str, fields: Optional[Iterable[str]] = None) -> Optional[str]:
     """The request field a message like "top_p must be in (0, 1]" or "n: at most 16"
-    is about: the leading word if it is in ``fields``, or (without ``fields``) if a colon follows it."""
+    is about: the leading word if it is in ``fields`` (a dotted one like
+    ``structured_outputs.json`` if its first part is), or (without ``fields``) if a colon follows it."""
     m = re.match(r"([\w.]+)(:?)", message)
     if not m:
         return None
     if fields is None:
         return m.group(1) if m.group(2) else None
-    return m.group(1) if m.group(1) in fields else None
+    return m.group(1) if m.group(1).split(".")[0] in fields else None
 
 
 def install_error_handlers(app: FastAPI) -> None:

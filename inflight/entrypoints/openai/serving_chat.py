@@ -51,7 +51,8 @@ class ChatHandler:
         await compile_tool_grammar(state, params, plan)
         prompt = await render_chat_with_tools(state, req, plan)
         request_id, created = random_id("chatcmpl"), int(time.time())
-        streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt)
+        streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
+                                     req.structured_outputs_field())
         if req.stream:
             return stream_response(streams, self._events(req, request_id, created, streams, plan))
         outputs = await unless_disconnected(raw, final_outputs(streams))

@@ -102,14 +102,16 @@ class ServerState:
 
 
 async def add_requests(state: ServerState, base_id: str, prompts: list[Any], params: SamplingParams,
-                       priority: int, cache_salt: Optional[str] = None) -> list[RequestStream]:
+                       priority: int, cache_salt: Optional[str] = None,
+                       grammar_field: str = "structured_outputs") -> list[RequestStream]:
     """Add one engine request per prompt, all in the same step; all or none.
 
     Capacity is checked and reserved here, with no await in between, so concurrent
     batches cannot all pass the check. Raises OpenAIError (400 for input the engine
-    rejects: its add_request raises ValueError only for that)."""
+    rejects: its add_request raises ValueError only for that; a constraint that does
+    not compile names ``grammar_field``, the field that set it)."""
     if params.structured_outputs is not None:
-        await compile_grammar(state, params)
+        await compile_grammar(state, params, grammar_field)
     new = len(prompts) * params.n
     state.check_capacity(new)
     state.reserved += new
@@ -130,18 +132,17 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
     return streams
 
 
-async def compile_grammar(state: ServerState, params: SamplingParams) -> None:
+async def compile_grammar(state: ServerState, params: SamplingParams, field: str = "structured_outputs") -> None:
     """Compile the request's structured-output grammar on the engine's compile thread
-    (cached by constraint), so the step thread finds it ready; 400 naming the problem."""
+    (cached by constraint), so the step thread finds it ready; 400 naming ``field``
+    (the request field that set the constraint) and the problem."""
     manager = getattr(getattr(state.engine, "engine", None), "structured_output", None)
     if manager is None:
-        raise bad_request("structured output is not supported by this engine", "response_format")
-    so = params.structured_outputs
+        raise bad_request(f"{field}: structured output is not supported by this engine", field)
     try:
-        await manager.compile_async(so)
+        await manager.compile_async(params.structured_outputs)
     except InvalidRequestError as e:
-        # a schema comes from response_format (or structured_outputs.json); the others only from structured_outputs
-        raise bad_request(clip(str(e), 500), "response_format" if so.kind == "json" else "structured_outputs") from None
+        raise bad_request(clip(f"{field}: {e}", 500), field) from None
 
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -150,7 +150,9 @@ class ResponsesHandler:
         await compile_tool_grammar(state, params, plan)
         prompt = await render_chat_with_tools(state, chat, plan)
         builder = ResponseBuilder(self._base(req, chat))
-        streams = await add_requests(state, builder.response["id"], [prompt], params, req.priority)
+        field = chat.structured_outputs_field().replace("response_format", "text.format")
+        streams = await add_requests(state, builder.response["id"], [prompt], params, req.priority,
+                                     grammar_field=field)
         if req.stream:
             return stream_response(streams, self._events(builder, plan, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))

@@ -47,6 +47,15 @@ class StructuredOutputFields(_Model):
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputsRequest] = None
 
+    def structured_outputs_field(self) -> str:
+        """The request field that set the constraint, for errors found compiling it."""
+        so = self.structured_outputs
+        if so is None:
+            return "response_format" if self.response_format is not None else "structured_outputs"
+        kinds = (("json", so.json_), ("regex", so.regex), ("choice", so.choice), ("grammar", so.grammar),
+                 ("json_object", so.json_object))
+        return next((f"structured_outputs.{k}" for k, v in kinds if v is not None), "structured_outputs")
+
     def structured_outputs_params(self) -> Optional[StructuredOutputsParams]:
         """What the request constrains its output to; None for free text."""
         fmt, so = self.response_format, self.structured_outputs

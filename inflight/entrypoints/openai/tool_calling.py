@@ -211,9 +211,9 @@ async def compile_tool_grammar(state: Any, params: SamplingParams, plan: ToolPla
     if plan.schema() is None:
         return
     try:
-        await compile_grammar(state, params)
+        await compile_grammar(state, params, "tools")
     except OpenAIError as e:
         if e.status != 400:
             raise
         raise bad_request(f"tools: the function parameters cannot be enforced for tool_choice "
-                          f"{plan.mode!r}: {e.message}", "tools") from None
+                          f"{plan.mode!r}: {e.message.removeprefix('tools: ')}", "tools") from None

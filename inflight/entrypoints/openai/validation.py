@@ -35,8 +35,14 @@ TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
 # Fields that change the output which this server does not implement: accepting
 # them silently would answer something other than what was asked.
 _UNSUPPORTED = ("tools", "functions", "function_call", "tool_choice",
-                "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                 "suffix", "best_of", "chat_template", "documents")
+
+# vLLM's structured-output fields before 0.12, which removed them (it now ignores them,
+# so the output silently goes unconstrained): a 400 naming what replaces each.
+_REMOVED = {"guided_json": "structured_outputs.json (or response_format json_schema)",
+            "guided_regex": "structured_outputs.regex", "guided_choice": "structured_outputs.choice",
+            "guided_grammar": "structured_outputs.grammar",
+            "guided_decoding_backend": "nothing: the server chooses the grammar backend (xgrammar)"}
 
 
 def _harmless(name: str, value: Any, req: Any) -> bool:
@@ -54,6 +60,9 @@ def check_unsupported(req: Any) -> None:
     """400 "not supported" for a field this server would otherwise ignore."""
     fields = dict(req.model_extra or {})
     declared = type(req).model_fields  # a field the request model declares is implemented
+    for name, replacement in _REMOVED.items():
+        if fields.get(name) not in (None, "", [], {}):
+            raise InvalidRequestError(f"{name}: removed in vLLM 0.12 and not supported here; use {replacement}")
     for name in _UNSUPPORTED:
         if name in declared:
             continue
