@@ -27,21 +27,25 @@ PROMPTS += [SHARED + [100, 101, 102], SHARED + [200, 201]]
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
-def _config(arch: str, window: int):
+def _config(arch: str, window: int, gguf: bool = False):
+    """``gguf``: only what llama.cpp's metadata can say (its layer pattern, local RoPE base
+    and query_pre_attn_scalar of head_dim)."""
     kw = dict(vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, head_dim=24,  # head_dim * heads != hidden_size
-              max_position_embeddings=256, rms_norm_eps=1e-6, sliding_window=window, query_pre_attn_scalar=20,
-              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+              max_position_embeddings=256, rms_norm_eps=1e-6, sliding_window=window,
+              query_pre_attn_scalar=24 if gguf else 20, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "gemma2":
         return transformers.Gemma2Config(**kw, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                                          architectures=["Gemma2ForCausalLM"])
+    if gguf:
+        return transformers.Gemma3TextConfig(**{**kw, "num_hidden_layers": 6}, architectures=["Gemma3ForCausalLM"])
     return transformers.Gemma3TextConfig(**kw, layer_types=[SLIDING, SLIDING, FULL, SLIDING],
                                          rope_local_base_freq=100.0, architectures=["Gemma3ForCausalLM"])
 
 
-def _model(arch: str, window: int):
+def _model(arch: str, window: int, gguf: bool = False):
     torch.manual_seed(7)
-    model = transformers.AutoModelForCausalLM.from_config(_config(arch, window)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(_config(arch, window, gguf)).eval()
     with torch.no_grad():  # Gemma's norm weights are offsets from one; make them matter
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -130,3 +134,17 @@ def test_greedy_equals_transformers(checkpoint, backend):
     s = _scheduler(llm, enable_prefix_caching=True)
     assert _run(llm, PROMPTS[-2:-1]) + _run(llm, PROMPTS[-1:]) == want[-2:]
     assert s.kv.prefix_cache_hits >= 32  # the second prompt's shared blocks came from the cache
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gguf_greedy_equals_transformers(arch, tmp_path):
+    """A GGUF file as llama.cpp's converter writes it (norm weights stored as 1 + w, the
+    window and soft-caps in the metadata) gives transformers' tokens for the HF model."""
+    model = _model(arch, WINDOW, gguf=True)
+    path = str(tmp_path / f"{arch}.gguf")
+    write_tiny_gguf(path, model, arch)
+    want = [_hf_greedy(model, p) for p in PROMPTS[2:5]]
+    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+    arch_cfg = llm.llm_engine.arch
+    assert arch_cfg.layer_types == model.config.layer_types and arch_cfg.sliding_window == WINDOW
+    assert _run(llm, PROMPTS[2:5]) == want

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inflight.models.registry import ArchSpec, spec_for_gguf
+from inflight.models.registry import ArchSpec, arch_spec, spec_for_gguf
 
 from .config import normalize_hf_config
 from .stream import WeightSource
@@ -117,6 +117,9 @@ def gguf_hf_config(reader: Any, source: str) -> dict[str, Any]:
         "torch_dtype": "float32",  # we dequantize everything to float32
         "gguf_file_type": _field(reader, "general.file_type"),
     }
+    extra = arch_spec(hf_arch).gguf_config
+    if extra is not None:
+        raw.update(extra(meta))
     # Metadata the file lacks is left to the model type's defaults, not set to None.
     return normalize_hf_config({k: v for k, v in raw.items() if v is not None}, source)
 
@@ -166,6 +169,7 @@ class GgufSource(WeightSource):
         spec = spec_for_gguf(_field(reader, "general.architecture"))
         self.source = source
         self.permute = spec.gguf_permute_qk
+        self.norm_offset = spec.gguf_norm_offset
         self.heads = {"q_proj": hf_config["num_attention_heads"], "k_proj": hf_config["num_key_value_heads"]}
         self.entries = {_hf_name(t.name, spec, source): t for t in reader.tensors}
 
@@ -184,6 +188,8 @@ class GgufSource(WeightSource):
         proj = name.split(".")[-2]
         if self.permute and proj in self.heads:
             value = _unpermute_qk(value, self.heads[proj])
+        if self.norm_offset and name.endswith("norm.weight"):
+            value = value - self.norm_offset
         out.copy_(value)
 
 

@@ -68,6 +68,7 @@ def tiny_model(arch: str, tie: bool = False, seed: int = 0) -> transformers.PreT
 def rope_theta(cfg: transformers.PretrainedConfig) -> float:
     """RoPE base of an HF config object, as transformers 4 (rope_theta) or 5 (rope_parameters) stores it."""
     params = getattr(cfg, "rope_parameters", None) or {}
+    params = params.get("full_attention", params)  # per layer type (Gemma 3): the global layers' base
     return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
 
 
@@ -105,6 +106,7 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
         writer.add_rope_dimension_count(head_dim)
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         writer.add_rope_freq_base(rope_theta(cfg))
+        _add_window_and_caps(writer, cfg)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(TOKENS)
@@ -122,8 +124,20 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
             proj = name.split(".")[-2]
             if arch == "llama" and proj in heads:
                 value = llama_cpp_permute(value, heads[proj])
+            if name.endswith("norm.weight"):  # as llama.cpp's converter (Gemma stores 1 + w)
+                value = value + spec_for_gguf(arch).gguf_norm_offset
             writer.add_tensor(gguf_name(name, arch), value.numpy().astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_window_and_caps(writer: gguf.GGUFWriter, cfg: transformers.PretrainedConfig) -> None:
+    """The sliding window and logit soft-caps, where the config has them (Gemma 2/3)."""
+    if getattr(cfg, "layer_types", None) and getattr(cfg, "sliding_window", None):
+        writer.add_sliding_window(cfg.sliding_window)
+    if getattr(cfg, "attn_logit_softcapping", None):
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+    if getattr(cfg, "final_logit_softcapping", None):
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)

@@ -10,7 +10,7 @@ attention through the torch reference)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.layers.activation import GeluAndMul
 from inflight.layers.layernorm import GemmaRMSNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
-from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
+from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 
 _GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
@@ -176,6 +176,26 @@ def check_gemma_config(c: Any) -> None:
         raise ValueError("use_bidirectional_attention is not supported (encoder use)")
 
 
+def gemma_gguf_config(meta: Callable[[str], Any]) -> dict[str, Any]:
+    """HF config keys from llama.cpp's Gemma metadata. The file has no query_pre_attn_scalar:
+    llama.cpp takes hidden / heads for the 27B models (46 layers in Gemma 2, 62 in Gemma 3)
+    and head_dim otherwise, and so does this. The layer pattern is not in the file either:
+    llama.cpp's (every second layer global in Gemma 2, every sixth in Gemma 3) is
+    transformers' default, as is Gemma 3's local RoPE base of 10000."""
+    hidden, heads, head_dim = meta("embedding_length"), meta("attention.head_count"), meta("attention.key_length")
+    big = meta("block_count") in (46, 62) and hidden and heads
+    out = {"sliding_window": meta("attention.sliding_window"),
+           "attn_logit_softcapping": meta("attn_logit_softcapping"),
+           "final_logit_softcapping": meta("final_logit_softcapping"),
+           "query_pre_attn_scalar": hidden // heads if big else head_dim}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# llama.cpp's names for Gemma's extra norms (its ffn_norm is the pre-feedforward one)
+GEMMA_GGUF_TENSORS = {**LLAMA_GGUF_TENSORS, "post_attention_norm": "post_attention_layernorm",
+                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+
 ARCHITECTURES = (
-    ArchSpec("Gemma2ForCausalLM", "gemma2", GemmaForCausalLM, check_config=check_gemma_config),
+    ArchSpec("Gemma2ForCausalLM", "gemma2", GemmaForCausalLM, check_config=check_gemma_config, gguf_arch="gemma2",
+             gguf_tensors=GEMMA_GGUF_TENSORS, gguf_config=gemma_gguf_config, gguf_norm_offset=1.0),
 )
