@@ -74,7 +74,7 @@ def run_fake(args, arrivals: list[Arrival], policy: bool) -> dict:
             sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
             s.add_request(Request(a.rid, [100 + i for i in range(a.prompt_len)], sp, arrival_time=float(step)))
         sched = s.schedule()
-        result = ModelRunnerOutput({x.request.request_id: 7 for x in sched.scheduled if x.samples})
+        result = ModelRunnerOutput({x.request.request_id: [7] for x in s.last_scheduled if x.samples})
         step += 1
         for o in s.update_from_output(sched, result):
             tokens += len(o.new_token_ids)

@@ -22,6 +22,7 @@ from inflight.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from inflight.engine.llm_engine import LLMEngine
 from inflight.engine.output_processor import OutputProcessor
 from inflight.sampling_params import SamplingParams
+from inflight.worker.request_state import RequestStates, ScheduledState
 
 EOS = 256
 SCRIPT = "hello world, the quick brown fox jumps over the lazy dog. "
@@ -59,6 +60,11 @@ class FakeRunner:
     def __init__(self) -> None:
         self.step_delay = 0.0
         self.crash = False
+        self.requests = RequestStates()  # the worker's own state, from each SchedulerOutput
+
+    def batch(self, sched: SchedulerOutput) -> list[ScheduledState]:
+        """This step's requests, from the worker's state after applying ``sched``."""
+        return self.requests.update(sched)
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         if self.crash:
@@ -66,16 +72,16 @@ class FakeRunner:
         if self.step_delay:
             time.sleep(self.step_delay)
         out = ModelRunnerOutput()
-        for s in sched.scheduled:
+        for s in self.batch(sched):
             if not s.samples:
                 continue
-            req = s.request
+            req = s.state
             seed = req.sampling_params.seed or 0
-            tok = ord(SCRIPT[(req.num_output_tokens + seed) % len(SCRIPT)])
-            out.sampled_token_ids[req.request_id] = [tok]
+            tok = ord(SCRIPT[(len(req.output_token_ids) + seed) % len(SCRIPT)])
+            out.sampled_token_ids[req.req_id] = [tok]
             if req.sampling_params.logprobs is not None:
                 alts = [(ord("x"), -2.0, 2), (ord("y"), -3.0, 3)][:req.sampling_params.logprobs]
-                out.logprobs[req.request_id] = [(tok, -0.5, 1)] + alts
+                out.logprobs[req.req_id] = [(tok, -0.5, 1)] + alts
         return out
 
 
@@ -92,6 +98,9 @@ def make_fake_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: i
     eng.eos_token_ids = (EOS,)
     eng.model_source = "fake"
     eng.runner = FakeRunner()
+    # the in-process executor's one call, to whichever runner a test puts in eng.runner
+    eng.executor = SimpleNamespace(execute_model=lambda sched: eng.runner.execute(sched), shutdown=lambda: None)
+    eng.kv_connector = None
     eng.arch = SimpleNamespace(vocab_size=257)
     eng.dtype, eng.device = "float32", "cpu"
     eng.max_model_len = max_model_len

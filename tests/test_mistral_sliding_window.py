@@ -85,7 +85,7 @@ def _track_peak(s: Scheduler) -> list[int]:
 
     def wrapped():
         out = schedule()
-        peak[0] = max([peak[0]] + [s.kv.num_blocks_of(x.request.request_id) for x in out.scheduled])
+        peak[0] = max([peak[0]] + [s.kv.num_blocks_of(x.request.request_id) for x in s.last_scheduled])
         return out
     s.schedule = wrapped
     return peak

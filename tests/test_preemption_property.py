@@ -8,7 +8,7 @@ does), and every scheduled request reads its own tokens back through its
 block table (prefix-cache hits included). Everything is freed at the end."""
 from hypothesis import event, given, settings, strategies as st
 
-from fake_runner import make_request, make_scheduler
+from fake_runner import make_request, make_scheduler, schedule
 from inflight.core.outputs import ModelRunnerOutput
 from inflight.core.request import RequestStatus
 
@@ -96,7 +96,7 @@ def test_kv_data_and_invariants_hold_under_swap_and_priorities(
                 pass
         if step in abort_steps and (s.running or s.swapped):
             s.abort_requests([(s.swapped or s.running)[0].request_id])
-        sched = s.schedule()
+        sched = schedule(s)
         kv.swap(sched)
         kv.forward(sched)
         s.update_from_output(sched, execute(sched))

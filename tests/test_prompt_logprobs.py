@@ -15,7 +15,7 @@ import openai
 import pytest
 import torch
 
-from fake_runner import make_request, make_scheduler
+from fake_runner import make_request, make_scheduler, worker_batch
 from inflight.core.outputs import ModelRunnerOutput
 from inflight.sampling_params import SamplingParams
 from inflight.worker.prompt_logprobs import prompt_rows
@@ -27,14 +27,15 @@ PROMPTS = ["The capital of France is Paris, and the capital of Germany is Berlin
            "Hi", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13"]
 
 
-def _fake_execute(sched) -> ModelRunnerOutput:
+def _fake_execute(scheduler, sched) -> ModelRunnerOutput:
     """Token 7 for rows that sample; prompt-logprob entries naming the prompt token they score."""
-    out = ModelRunnerOutput({s.request.request_id: [7] for s in sched.scheduled if s.samples})
-    for s in sched.scheduled:
+    batch = worker_batch(scheduler, sched)
+    out = ModelRunnerOutput({s.req_id: [7] for s in batch if s.samples})
+    for s in batch:
         r = prompt_rows(s, 0)
         if r is not None:
-            prompt = s.request.prompt_token_ids
-            out.prompt_logprobs[s.request.request_id] = (
+            prompt = s.state.prompt_token_ids
+            out.prompt_logprobs[s.req_id] = (
                 r.start, [[(prompt[r.start + 1 + i], -1.0, 1)] for i in range(r.num_rows)])
     return out
 
@@ -47,7 +48,7 @@ def test_prompt_logprobs_come_once_with_the_first_token_across_chunks():
     sent = []
     while sched.has_unfinished_requests():
         s = sched.schedule()
-        sent += [o.prompt_logprobs for o in sched.update_from_output(s, _fake_execute(s))]
+        sent += [o.prompt_logprobs for o in sched.update_from_output(s, _fake_execute(sched, s))]
     assert sent[0] is not None and all(p is None for p in sent[1:])
     assert [e[0][0] for e in sent[0]] == list(range(101, 113))  # every prompt token but the first, in order
 
@@ -70,7 +71,7 @@ def test_every_prompt_token_scored_once_through_preemptions(mode):
         if not sched.has_unfinished_requests():
             break
         s = sched.schedule()
-        for o in sched.update_from_output(s, _fake_execute(s)):
+        for o in sched.update_from_output(s, _fake_execute(sched, s)):
             if o.prompt_logprobs is not None:
                 assert o.request_id not in sent
                 sent[o.request_id] = [e[0][0] for e in o.prompt_logprobs]
@@ -93,7 +94,7 @@ def test_no_prefix_cache_hit_while_prompt_logprobs_are_owed(prompt_logprobs):
     sched.add_request(make_request("warm", prompt_len=12, max_tokens=1))
     while sched.has_unfinished_requests():
         s = sched.schedule()
-        sched.update_from_output(s, _fake_execute(s))
+        sched.update_from_output(s, _fake_execute(sched, s))
     owed = make_request("owed", prompt_len=12, max_tokens=1)
     owed.sampling_params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=prompt_logprobs)
     plain = make_request("plain", prompt_len=12, max_tokens=1)

@@ -5,7 +5,7 @@ caching, chunks) every read inside a window finds its token, a request never hol
 more than the window's blocks, and every block returns to the pool."""
 from hypothesis import given, settings, strategies as st
 
-from fake_runner import make_request, make_scheduler, run_step
+from fake_runner import make_request, make_scheduler, run_step, schedule
 from inflight.core.kv_cache_manager import NULL_BLOCK, KVCacheManager
 from inflight.core.request import RequestStatus
 from test_preemption_property import SimulatedKV, execute
@@ -141,7 +141,7 @@ def test_windowed_kv_under_random_traffic(reqs, window, num_blocks, block_size, 
                 pass
         if step in abort_steps and (s.running or s.swapped):
             s.abort_requests([(s.swapped or s.running)[0].request_id])
-        sched = s.schedule()
+        sched = schedule(s)
         kv.swap(sched)
         kv.forward(sched)
         for x in sched.scheduled:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fake_runner import make_request, make_scheduler
+from fake_runner import make_request, make_scheduler, schedule, worker_batch
 from inflight.config import EngineConfig, SpeculativeConfig
 from inflight.core.outputs import ModelRunnerOutput
 from inflight.core.spec_decode import NgramProposer, accept_greedy
@@ -55,16 +55,16 @@ def periodic_model(period: int, eos: int = -1, eos_at: int = -1):
     return next_token
 
 
-def execute(sched, model) -> ModelRunnerOutput:
+def execute(scheduler, sched, model) -> ModelRunnerOutput:
     """The model runner's contract: a target token after the last known token and
     after every draft, then accept_greedy."""
     out = ModelRunnerOutput()
-    for s in sched.scheduled:
+    for s in worker_batch(scheduler, sched):
         if not s.samples:
             continue
-        seq = list(s.request.all_token_ids)
+        seq = list(s.state.all_token_ids)
         targets = [model(seq + list(s.spec_token_ids[:j])) for j in range(len(s.spec_token_ids) + 1)]
-        out.sampled_token_ids[s.request.request_id] = accept_greedy(s.spec_token_ids, targets)
+        out.sampled_token_ids[s.req_id] = accept_greedy(s.spec_token_ids, targets)
     return out
 
 
@@ -75,9 +75,9 @@ def run(requests, model, spec=None, **sched_kw):
         sched.add_request(r)
     outputs, steps, log = {r.request_id: [] for r in requests}, 0, []
     while sched.has_unfinished_requests():
-        so = sched.schedule()
+        so = schedule(sched)
         log.append(so)
-        for o in sched.update_from_output(so, execute(so, model)):
+        for o in sched.update_from_output(so, execute(sched, so, model)):
             outputs[o.request_id].extend(o.new_token_ids)
         sched.check_integrity()
         steps += 1
@@ -226,14 +226,14 @@ def test_drafts_take_only_the_budget_a_prefill_leaves():
     sched = make_scheduler(speculative_config=SpeculativeConfig(num_speculative_tokens=4), max_num_batched_tokens=8)
     sched.add_request(make_request("old", 6, 30))
     while not sched.requests["old"].spec_token_ids:  # prefill, then decode until drafts appear
-        so = sched.schedule()
-        sched.update_from_output(so, execute(so, model))
+        so = schedule(sched)
+        sched.update_from_output(so, execute(sched, so, model))
     sched.add_request(make_request("new", 20, 5, base=100))
-    so = sched.schedule()
+    so = schedule(sched)
     got = {s.request.request_id: (s.num_new_tokens, s.spec_token_ids) for s in so.scheduled}
     assert got == {"old": (1, ()), "new": (7, ())}
-    sched.update_from_output(so, execute(so, model))
+    sched.update_from_output(so, execute(sched, so, model))
     for _ in range(2):  # the rest of the prompt (7 + 6), then drafts fill what is left
-        so = sched.schedule()
-        sched.update_from_output(so, execute(so, model))
+        so = schedule(sched)
+        sched.update_from_output(so, execute(sched, so, model))
     assert so.scheduled[0].request.request_id == "old" and len(so.scheduled[0].spec_token_ids) == 1

@@ -2,9 +2,12 @@
 mapping, the grammar state (drafts, rollback, EOS) and the batch mask op."""
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
+from inflight.core.outputs import SchedulerOutput
 from inflight.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from inflight.errors import InvalidRequestError
 from inflight.loader import default_model_path, load_tokenizer
@@ -149,20 +152,20 @@ def test_a_failing_matcher_fails_only_its_request(manager):
         def fill_rows(self, *a):
             raise RuntimeError("broken matcher")
 
-    class Sched:
-        def __init__(self, rid, state, drafts=()):
-            self.request = type("R", (), {"request_id": rid, "structured_output": state})()
-            self.spec_token_ids = drafts
+    class Req:
+        def __init__(self, state):
+            self.structured_output, self.num_computed_tokens, self.num_tokens = state, 4, 5
 
     good = manager.new_state(StructuredOutputsParams(json_object=True))
-    masks = GrammarMasks(VOCAB)
-    masks.start([Sched("plain", None), Sched("bad", Broken(), (7,)), Sched("good", good)])
-    failed: dict = {}
-    step = masks.result(failed)
-    assert list(failed) == ["bad"]
-    assert step.constrained == [False, False, False, True]
-    assert step.select([0, 1, 2], torch.device("cpu")) is None
-    picked = step.select([0, 3], torch.device("cpu"))
+    requests = {"plain": Req(None), "bad": Req(Broken()), "good": Req(good)}
+    sched = SchedulerOutput(num_scheduled_tokens={"plain": 1, "bad": 2, "good": 1},
+                            scheduled_spec_decode_tokens={"bad": [7]})
+    GrammarMasks(VOCAB).start(sched, requests)
+    step = pickle.loads(pickle.dumps(sched.grammar_bitmask))  # what a worker process gets
+    assert list(step.failed) == ["bad"]
+    assert step.constrained == [False, False, True, False]
+    assert step.select([("plain", 0), ("bad", 0), ("bad", 1)], torch.device("cpu")) is None
+    picked = step.select([("plain", 0), ("good", 0)], torch.device("cpu"))
     assert picked.rows == [1] and picked.bitmask.shape == (2, (VOCAB + 31) // 32)
     assert (picked.bitmask[0] == -1).all() and not (picked.bitmask[1] == -1).all()
 

@@ -148,10 +148,10 @@ class ScriptRunner(FakeRunner):
     def execute(self, sched) -> ModelRunnerOutput:
         out = ModelRunnerOutput()
         data = self.script.encode()
-        for s in sched.scheduled:
+        for s in self.batch(sched):
             if s.samples:
-                n = s.request.num_output_tokens
-                out.sampled_token_ids[s.request.request_id] = [data[n] if n < len(data) else EOS]
+                n = len(s.state.output_token_ids)
+                out.sampled_token_ids[s.req_id] = [data[n] if n < len(data) else EOS]
         return out
 
 

@@ -10,8 +10,8 @@ from typing import Iterable, Optional
 from inflight.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from inflight.core.admission import AdmissionMixin
 from inflight.core.kv_cache_manager import KVCacheManager
-from inflight.core.outputs import (EngineCoreOutput, ModelRunnerOutput, ScheduledRequest,
-                                   SchedulerOutput)
+from inflight.core.outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+                                   ScheduledRequest, SchedulerOutput)
 from inflight.core.preemption import PreemptionMixin
 from inflight.core.request import Request, RequestStatus
 from inflight.core.spec_decode import SpecDecodeMixin
@@ -70,6 +70,12 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
         self.num_swap_outs = 0  # preemptions whose KV went to the host pool
         self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full and recomputed
         self.kv_connector = None  # prefill/decode disaggregation's KVConnectorBase, set by the engine
+        # This step's batch as the scheduler sees it (with the Requests); the worker gets data only.
+        self.last_scheduled: list[ScheduledRequest] = []
+        # What the worker holds of each request it knows: (tokens, block ids) sent so far.
+        self._sent: dict[str, tuple[int, int]] = {}
+        # Structured output's step masks (structured_output.GrammarMasks), set by the engine.
+        self.grammar_masks = None
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -144,6 +150,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = []
         self._preempted_now = set()
+        self.last_scheduled = []
         self._preempt_for_priority(out)
         self._preempt_for_fairness(out)
         num_policy_preemptions = len(out.preempted_req_ids)
@@ -152,11 +159,37 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             # NOTE: no admissions in a step whose running requests had to preempt: memory is short.
             budget = self._schedule_waiting(out, budget)
             self._schedule_drafts(out, budget)
-        out.total_num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
-        for s in out.scheduled:
+        for s in self.last_scheduled:
             if s.request.times.first_scheduled_time is None:
                 s.request.times.first_scheduled_time = time.time()
+        self._emit(out)
+        if self.grammar_masks is not None:
+            self.grammar_masks.start(out, self.requests)
         return out
+
+    def _emit(self, out: SchedulerOutput) -> None:
+        """Write this step's batch into ``out`` as data: new requests in full, the
+        others as diffs against what the worker was sent before."""
+        for rid in out.preempted_req_ids:
+            self._sent.pop(rid, None)  # the worker drops a preempted request's state
+        for rid in out.finished_req_ids:
+            self._sent.pop(rid, None)
+        for s in self.last_scheduled:
+            req, rid = s.request, s.request.request_id
+            sent = self._sent.get(rid)
+            if sent is None:
+                out.scheduled_new_reqs.append(NewRequestData.from_request(req, s.block_ids))
+            else:
+                num_null = 0
+                if self.kv.sliding_window is not None:
+                    num_null = next((i for i, b in enumerate(s.block_ids) if b != 0), len(s.block_ids))
+                out.scheduled_cached_reqs.append(CachedRequestData(
+                    rid, req.all_token_ids[sent[0]:], s.block_ids[sent[1]:], req.num_computed_tokens, num_null))
+            self._sent[rid] = (req.num_tokens, len(s.block_ids))
+            out.num_scheduled_tokens[rid] = s.num_new_tokens
+            if s.spec_token_ids:
+                out.scheduled_spec_decode_tokens[rid] = list(s.spec_token_ids)
+        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
 
     def _chunk(self, req: Request, num_computed: int, budget: int) -> int:
         n = min(req.num_tokens - num_computed, budget)
@@ -187,7 +220,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             else:
                 scheduled[req.request_id] = n
                 budget -= n
-        out.scheduled.extend(
+        self.last_scheduled.extend(
             ScheduledRequest(r, scheduled[r.request_id], self.kv.get_block_ids(r.request_id))
             for r in self.running if r.request_id in scheduled)
         return budget
@@ -272,28 +305,31 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     def _start(self, req: Request, n: int, out: SchedulerOutput) -> None:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
-        out.scheduled.append(ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id)))
+        self.last_scheduled.append(ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id)))
 
     # ------------------------------------------------------------------ update
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance progress, append sampled tokens, apply stop conditions, free finished."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        if self.grammar_masks is not None:
+            self.grammar_masks.advance(sched, result, self.requests)
         now = time.time()
-        for s in sched.scheduled:
-            req = s.request
-            if req.status != RequestStatus.RUNNING:
+        for rid, num_new in sched.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None or req.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             tokens = result.sampled_token_ids.get(req.request_id)
+            drafts = sched.scheduled_spec_decode_tokens.get(rid, ())
             # NOTE: rejected drafts leave KV in slots past num_computed_tokens; the
             # tokens that later take those positions overwrite it before any read.
-            num_rejected = len(s.spec_token_ids) - (len(tokens) - 1 if tokens else 0)
-            req.num_computed_tokens += s.num_new_tokens - num_rejected
+            num_rejected = len(drafts) - (len(tokens) - 1 if tokens else 0)
+            req.num_computed_tokens += num_new - num_rejected
             if req.request_id in result.prompt_logprobs:
                 req.add_prompt_logprobs(*result.prompt_logprobs[req.request_id])
             if not tokens:
                 continue
             first_output = req.num_output_tokens == 0
-            self._count_drafts(s, tokens)
+            self._count_drafts(drafts, tokens)
             new, status = [], None
             for token in tokens:
                 req.append_output_token(token)

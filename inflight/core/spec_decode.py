@@ -113,7 +113,7 @@ class SpecDecodeMixin:
         block from under the watermark decodes its one token."""
         if self.proposer is None:
             return
-        for i, s in enumerate(out.scheduled):
+        for i, s in enumerate(self.last_scheduled):
             if budget <= 0:
                 break
             req = s.request
@@ -123,11 +123,11 @@ class SpecDecodeMixin:
             n = 1 + len(drafts)
             if not self._room_for(self.kv.num_blocks_to_allocate(req, n)) or not self.kv.allocate_slots(req, n):
                 continue
-            out.scheduled[i] = ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id), drafts)
+            self.last_scheduled[i] = ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id), drafts)
             budget -= len(drafts)
 
-    def _count_drafts(self: "Scheduler", s: ScheduledRequest, tokens: list[int]) -> None:
-        if s.spec_token_ids:
+    def _count_drafts(self: "Scheduler", drafts, tokens: list[int]) -> None:
+        if drafts:
             self.num_spec_drafts += 1
-            self.num_draft_tokens += len(s.spec_token_ids)
+            self.num_draft_tokens += len(drafts)
             self.num_accepted_tokens += len(tokens) - 1

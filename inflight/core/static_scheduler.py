@@ -48,7 +48,7 @@ class StaticScheduler(Scheduler):
         return [r for r in self.waiting if r in self.batch]
 
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        padding = {s.request.request_id for s in sched.scheduled if s.request.request_id in self._done}
+        padding = [rid for rid in sched.num_scheduled_tokens if rid in self._done]
         for rid in padding:
             result.sampled_token_ids.pop(rid, None)  # padding rows' tokens are discarded
             result.logprobs.pop(rid, None)

@@ -19,6 +19,7 @@ from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
 from inflight.structured_output.manager import StructuredOutputManager
+from inflight.structured_output.masks import GrammarMasks
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class LLMEngine:
                                    sliding_window=built.arch.sliding_window)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
+        self.scheduler.grammar_masks = GrammarMasks(self.arch.vocab_size)
         from inflight.distributed.kv_transfer.factory import make_kv_connector
         self.kv_connector = make_kv_connector(config, self.scheduler, self.runner, self.arch)
         self._ids = itertools.count()
@@ -153,7 +155,7 @@ class LLMEngine:
         if self.kv_connector is not None:  # KV loads and saves, before the forward pass
             self.kv_connector.apply(self.kv_connector.build_connector_meta())
         self.last_num_scheduled_tokens = sched.total_num_scheduled_tokens
-        batch = self._trace_batch(sched) if self._trace is not None else None
+        batch = self._trace_batch() if self._trace is not None else None
         # raises when the forward pass fails or a worker died: no request is to blame
         result = self.executor.execute_model(sched)
         core_outputs = self.scheduler.update_from_output(sched, result)
@@ -188,10 +190,9 @@ class LLMEngine:
                 outs.append(out)
         return outs
 
-    @staticmethod
-    def _trace_batch(sched: SchedulerOutput) -> list[dict]:
+    def _trace_batch(self) -> list[dict]:
         return [{"id": s.request.request_id, "num_tokens": s.num_new_tokens,
-                 "kind": "prefill" if s.is_prefill else "decode"} for s in sched.scheduled]
+                 "kind": "prefill" if s.is_prefill else "decode"} for s in self.scheduler.last_scheduled]
 
     def _write_trace(self, sched: SchedulerOutput, batch: list[dict], core_outputs, t0: float) -> None:
         kv = self.scheduler.kv

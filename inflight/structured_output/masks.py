@@ -1,11 +1,21 @@
-"""One step's grammar masks: filled on a worker thread while the forward pass runs,
-applied to the whole batch's logits in one op."""
+"""One step's grammar masks: filled on a thread beside the forward pass, applied to
+the whole batch's logits in one op.
+
+NOTE: the grammar matchers live with the scheduler's requests (drafts are checked
+against them there), never on the worker. After ``schedule()`` the scheduler's
+:class:`GrammarMasks` starts filling the step's masks and hangs a
+:class:`PendingMasks` on ``SchedulerOutput.grammar_bitmask``; what crosses to
+the worker is :class:`StepMasks`: one int32 bitmask array, the first row of each
+constrained request, and the requests whose matcher raised. A worker in this
+process reads it only when it samples, after the forward pass; pickling it for
+another process waits for the fill. The matchers advance by the sampled tokens
+in ``update_from_output``, after the fill is done."""
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -36,62 +46,80 @@ class GrammarBitmask:
 
 @dataclass
 class StepMasks:
-    """The masks of one step's logits rows (row order of ``StepInputs.sampling``)."""
+    """The masks of one step: request ``r`` with k drafts owns rows ``req_rows[r] ..
+    req_rows[r] + k``; the last row is all-allowed, for every unconstrained row."""
 
-    bitmask: torch.Tensor  # [rows, words] int32, ALL_ALLOWED where unconstrained
-    constrained: list[bool]  # per logits row
+    req_rows: dict[str, int]
+    bitmask: torch.Tensor  # [rows + 1, words] int32, ALL_ALLOWED where unconstrained
+    constrained: list[bool]  # per row
     failed: dict[str, Exception] = field(default_factory=dict)  # requests whose matcher raised
 
-    def select(self, rows: list[int], device: torch.device) -> Optional[GrammarBitmask]:
-        """The masks of logits rows ``rows`` (in that order), or None when none is constrained."""
-        picked = [j for j, r in enumerate(rows) if self.constrained[r]]
+    def result(self) -> "StepMasks":
+        return self
+
+    def select(self, rows: list[tuple[str, int]], device: torch.device) -> Optional[GrammarBitmask]:
+        """The masks of the logits rows ``(request id, row of that request)``, in that
+        order, or None when none is constrained."""
+        free = len(self.constrained) - 1
+        src = [self.req_rows[rid] + i if rid in self.req_rows else free for rid, i in rows]
+        picked = [j for j, r in enumerate(src) if self.constrained[r]]
         if not picked:
             return None
-        return GrammarBitmask(picked, self.bitmask[rows].to(device, non_blocking=True))
+        return GrammarBitmask(picked, self.bitmask[src].to(device, non_blocking=True))
+
+
+class PendingMasks:
+    """A step's masks while the fill runs; pickles as the finished :class:`StepMasks`."""
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def result(self) -> StepMasks:
+        return self._future.result()
+
+    def __reduce__(self):
+        m = self.result()
+        return StepMasks, (m.req_rows, m.bitmask, m.constrained, m.failed)
 
 
 class GrammarMasks:
-    """Builds each step's masks on one worker thread, beside the forward pass: the
-    matchers are the step thread's again once ``result()`` returns."""
+    """The scheduler side of structured output: starts each step's mask fill on one
+    thread, and advances the matchers by the tokens sampled."""
 
     def __init__(self, vocab_size: int) -> None:
         self.words = (vocab_size + 31) // 32
         self._pool: Optional[ThreadPoolExecutor] = None
-        self._pending: Optional[Future] = None
 
-    def start(self, sampling: list[Any]) -> None:
-        """Begin filling the masks for the requests sampling this step (ScheduledRequests,
-        in logits row order; a request with k drafts has k + 1 rows)."""
+    def start(self, sched: Any, requests: Mapping[str, Any]) -> None:
+        """Begin filling the masks of the constrained requests that sample in ``sched``
+        (a SchedulerOutput; ``requests`` the scheduler's, by id)."""
         entries, row = [], 0
-        for s in sampling:
-            state = getattr(s.request, "structured_output", None)
-            if state is not None:
-                entries.append((row, s.request.request_id, state, s.spec_token_ids))
-            row += 1 + len(s.spec_token_ids)
+        for rid, n in sched.num_scheduled_tokens.items():
+            req = requests.get(rid)
+            state = getattr(req, "structured_output", None)
+            if state is None:
+                continue
+            drafts = tuple(sched.scheduled_spec_decode_tokens.get(rid, ()))
+            if req.num_computed_tokens + n - len(drafts) != req.num_tokens:
+                continue  # a prefill chunk short of the prompt's end samples nothing
+            entries.append((row, rid, state, drafts))
+            row += 1 + len(drafts)
         if not entries:
-            self._pending = None
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="inflight-grammar-mask")
-        self._pending = self._pool.submit(self._fill, entries, row)
-
-    def result(self, failed: dict[str, Exception]) -> Optional[StepMasks]:
-        """The masks of the step started last (None when no request is constrained);
-        requests whose matcher raised are added to ``failed``."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return None
-        masks = pending.result()
-        failed.update(masks.failed)
-        return masks
+        sched.grammar_bitmask = PendingMasks(self._pool.submit(self._fill, entries, row))
 
     @staticmethod
-    def advance(sampling: list[Any], out: Any) -> None:
+    def advance(sched: Any, out: Any, requests: Mapping[str, Any]) -> None:
         """Advance each constrained request's matcher by the tokens it got this step
         (``out`` is the ModelRunnerOutput); a token the grammar rejects fails that request."""
-        for s in sampling:
-            state, rid = s.request.structured_output, s.request.request_id
-            tokens = out.sampled_token_ids.get(rid)
+        if sched.grammar_bitmask is None:
+            return
+        sched.grammar_bitmask.result()  # the fill reads the matchers: let it finish first
+        for rid in list(out.sampled_token_ids):
+            state = getattr(requests.get(rid), "structured_output", None)
+            tokens = out.sampled_token_ids[rid]
             if state is None or not tokens:
                 continue
             if not state.accept_tokens(tokens):
@@ -102,10 +130,11 @@ class GrammarMasks:
     def _fill(self, entries: list[tuple[int, str, Any, tuple[int, ...]]], num_rows: int) -> StepMasks:
         # NOTE: numpy, not torch.full: a torch op large enough to go parallel would start a
         # second OpenMP team on this thread, spinning against the forward pass's.
-        words = np.full((num_rows, self.words), ALL_ALLOWED, dtype=np.int32)
-        masks = StepMasks(torch.from_numpy(words), [False] * num_rows)
+        words = np.full((num_rows + 1, self.words), ALL_ALLOWED, dtype=np.int32)
+        masks = StepMasks({}, torch.from_numpy(words), [False] * (num_rows + 1))
         for row, rid, state, drafts in entries:
             n = 1 + len(drafts)
+            masks.req_rows[rid] = row
             try:
                 state.fill_rows(masks.bitmask, row, drafts)
             except Exception as e:  # this request's matcher alone: it fails, the step goes on

@@ -7,11 +7,12 @@ from typing import Callable, Optional
 import torch
 
 from inflight.attention.base import AttentionMetadata
-from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.spec_decode import accept_greedy
 from inflight.errors import InvalidRequestError
-from inflight.structured_output.masks import GrammarMasks, StepMasks
+from inflight.structured_output.masks import StepMasks
 from inflight.worker.prompt_logprobs import PromptRows, compute_prompt_logprobs, prompt_rows
+from inflight.worker.request_state import RequestStates, ScheduledState
 from inflight.worker.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
 from inflight.worker.swap import Swapper
 
@@ -24,7 +25,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 class _Group:
     """The logits rows of one request that samples this step."""
 
-    sched: ScheduledRequest
+    sched: ScheduledState
     first: int  # its first row among the step's logits indices
     rows: list[SamplingRow]
 
@@ -37,13 +38,14 @@ class StepInputs:
     positions: torch.Tensor
     md: AttentionMetadata
     logits_indices: torch.Tensor  # rows whose hidden state is projected to logits
-    sampling: list[ScheduledRequest]  # in logits row order; one with k drafts has k + 1 rows
+    sampling: list[ScheduledState]  # in logits row order; one with k drafts has k + 1 rows
     prompt_rows: list[PromptRows] = field(default_factory=list)  # extra rows of requests with prompt_logprobs
 
 
 class ModelRunner:
-    """Owns the model, the KV pools and per-request sampling state (seeded
-    generators); knows nothing of HTTP or scheduling policy."""
+    """Owns the model, the KV pools and the per-request state (tokens, block tables,
+    seeded generators), which it keeps up to date from each SchedulerOutput;
+    knows nothing of HTTP or scheduling policy."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, block_size: int, vocab_size: int,
                  device: torch.device, seed: int = 0, swapper: Optional[Swapper] = None) -> None:
@@ -56,21 +58,21 @@ class ModelRunner:
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
         self.graph_runner = None  # CudaGraphRunner for decode-only steps; set by the CUDA platform
-        self.grammar_masks = GrammarMasks(vocab_size)
+        self.requests = RequestStates()
         self._step_masks: Optional[StepMasks] = None
 
-    def prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
+    def prepare_inputs(self, batch: list[ScheduledState]) -> StepInputs:
         """Flatten every scheduled token; decodes (one-token rows) first."""
-        items = sorted(sched.scheduled, key=lambda s: s.num_new_tokens != 1)
+        items = sorted(batch, key=lambda s: s.num_new_tokens != 1)
         ids: list[int] = []
         q_lens, starts, tables = [], [], []
         for s in items:
-            nc = s.request.num_computed_tokens
-            ids.extend(s.request.all_token_ids[nc:nc + s.num_new_tokens - len(s.spec_token_ids)])
+            nc = s.state.num_computed_tokens
+            ids.extend(s.state.all_token_ids[nc:nc + s.num_new_tokens - len(s.spec_token_ids)])
             ids.extend(s.spec_token_ids)
             q_lens.append(s.num_new_tokens)
             starts.append(nc)
-            tables.append(s.block_ids)
+            tables.append(s.state.block_ids)
         dev = self.device
         B = len(items)
         qsl = [0]
@@ -100,16 +102,16 @@ class ModelRunner:
         return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), md,
                           torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling, prompt)
 
-    def _request_rows(self, s: ScheduledRequest) -> list[SamplingRow]:
+    def _request_rows(self, s: ScheduledState) -> list[SamplingRow]:
         """The rows one request samples this step; raises for settings that cannot be sampled."""
-        req = s.request
+        req = s.state
         p = req.sampling_params
         gen: Optional[torch.Generator] = None
         if p.seed is not None and not p.greedy:
-            gen = self.generators.get(req.request_id)
+            gen = self.generators.get(req.req_id)
             if gen is None:
                 gen = self._generator(p.seed)
-                self.generators[req.request_id] = gen
+                self.generators[req.req_id] = gen
         eos = [] if p.ignore_eos else list(req.eos_token_ids)
         # draft rows: only plain greedy requests draft, so the rows share one setting
         return [SamplingRow(p, req.prompt_token_ids, req.output_token_ids, eos, gen)] * (1 + len(s.spec_token_ids))
@@ -128,36 +130,40 @@ class ModelRunner:
         whose own sampling fails lands in ``out.failed`` and the others get their tokens.
         """
         self.swapper.apply(sched)  # swap preemption's block copies, before the forward pass (even if empty)
+        # NOTE: a seeded generator outlives a preemption (only the request's end drops it),
+        # so a resumed request continues its random stream.
         for rid in sched.finished_req_ids:
             self.generators.pop(rid, None)
-        if sched.is_empty:
+        batch = self.requests.update(sched)
+        if not batch:
             return ModelRunnerOutput()
-        inp = self.prepare_inputs(sched)
-        self.grammar_masks.start(inp.sampling)  # structured output's masks: filled during the forward pass
+        inp = self.prepare_inputs(batch)
         # CUDA graphs for decode-only steps (worker/cuda_graphs.py): replay when one fits
         if self.graph_runner is not None and self.graph_runner.can_run(inp.input_ids, inp.md):
             hidden = self.graph_runner.run(inp.input_ids, inp.positions, inp.md)
         else:
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
         out = ModelRunnerOutput()
-        self._step_masks = self.grammar_masks.result(out.failed)
+        # structured output's masks were filled beside the forward pass (structured_output/masks.py)
+        self._step_masks = sched.grammar_bitmask.result() if sched.grammar_bitmask is not None else None
+        if self._step_masks is not None:
+            out.failed.update(self._step_masks.failed)
         compute_prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_rows, out)
         groups = self._groups(inp, out)
         if groups:
             self._sample_groups(hidden[inp.logits_indices], groups, out)
-        self.grammar_masks.advance(inp.sampling, out)
         return out
 
     def _groups(self, inp: StepInputs, out: ModelRunnerOutput) -> list[_Group]:
         groups, first = [], 0
         for s in inp.sampling:
-            if s.request.request_id in out.failed:  # its prompt logprobs failed: it samples nothing
+            if s.req_id in out.failed:  # its prompt logprobs failed: it samples nothing
                 first += 1 + len(s.spec_token_ids)
                 continue
             try:
                 groups.append(_Group(s, first, self._request_rows(s)))
             except Exception as e:
-                out.failed[s.request.request_id] = e
+                out.failed[s.req_id] = e
             first += 1 + len(s.spec_token_ids)
         return groups
 
@@ -197,7 +203,7 @@ class ModelRunner:
     def _metadata(self, groups: list[_Group]) -> SamplingMetadata:
         md = SamplingMetadata.from_rows([r for g in groups for r in g.rows], self.vocab_size, self.device)
         if self._step_masks is not None:
-            md.grammar = self._step_masks.select([g.first + i for g in groups for i in range(len(g.rows))],
+            md.grammar = self._step_masks.select([(g.sched.req_id, i) for g in groups for i in range(len(g.rows))],
                                                  self.device)
             md.greedy_only = md.greedy_only and md.grammar is None
         return md
@@ -207,10 +213,10 @@ class ModelRunner:
         row = 0
         for g in groups:
             s = g.sched
-            rid = s.request.request_id
+            rid = s.req_id
             k = len(s.spec_token_ids)
             out.sampled_token_ids[rid] = accept_greedy(s.spec_token_ids, result.sampled_token_ids[row:row + k + 1])
-            if result.logprobs is not None and s.request.sampling_params.logprobs is not None:
+            if result.logprobs is not None and s.state.sampling_params.logprobs is not None:
                 out.logprobs[rid] = result.logprobs[row]
             row += k + 1
 
@@ -221,5 +227,5 @@ def _try(fn: Callable[[], object], group: _Group, out: ModelRunnerOutput) -> boo
         fn()
         return True
     except Exception as e:
-        out.failed[group.sched.request.request_id] = e
+        out.failed[group.sched.req_id] = e
         return False

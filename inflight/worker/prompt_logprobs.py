@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-from inflight.core.outputs import LogprobEntry, ModelRunnerOutput, ScheduledRequest
+from inflight.core.outputs import LogprobEntry, ModelRunnerOutput
+from inflight.worker.request_state import ScheduledState
 
 # Rows projected to logits at once: 256 x 49k float32 logits is 50 MB.
 SLICE_ROWS = 256
@@ -27,21 +28,21 @@ class PromptRows:
     predict prompt tokens ``start + 1 ..``; entry ``i`` of the request's list is
     the logprob of prompt token ``i + 1``."""
 
-    sched: ScheduledRequest
+    sched: ScheduledState
     start: int  # index of the first entry these rows produce
     first_row: int  # its row in the step's flattened batch
     num_rows: int
 
 
-def prompt_rows(s: ScheduledRequest, first_row: int) -> PromptRows | None:
+def prompt_rows(s: ScheduledState, first_row: int) -> PromptRows | None:
     """The rows of this chunk that produce prompt logprobs not yet computed, or None.
 
     Entries already made (before a preemption by recompute) are not made again."""
-    req = s.request
+    req = s.state
     if req.sampling_params.prompt_logprobs is None:
         return None
     nc = req.num_computed_tokens
-    lo = max(nc, len(req.prompt_logprobs))
+    lo = max(nc, req.num_prompt_logprobs)
     hi = min(nc + s.num_new_tokens - len(s.spec_token_ids), req.num_prompt_tokens - 1)
     if hi <= lo:
         return None
@@ -62,11 +63,11 @@ def compute_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tenso
         entries = _entries(compute_logits, hidden, rows)
     except Exception as e:
         for r in rows:
-            out.failed[r.sched.request.request_id] = e
+            out.failed[r.sched.req_id] = e
         return
     at = 0
     for r in rows:
-        out.prompt_logprobs[r.sched.request.request_id] = (r.start, entries[at:at + r.num_rows])
+        out.prompt_logprobs[r.sched.req_id] = (r.start, entries[at:at + r.num_rows])
         at += r.num_rows
 
 
@@ -74,10 +75,10 @@ def _entries(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: tor
              rows: list[PromptRows]) -> list[LogprobEntry]:
     index, targets, top_n = [], [], []
     for r in rows:
-        prompt = r.sched.request.prompt_token_ids
+        prompt = r.sched.state.prompt_token_ids
         index.extend(range(r.first_row, r.first_row + r.num_rows))
         targets.extend(prompt[r.start + 1:r.start + 1 + r.num_rows])
-        top_n.extend([r.sched.request.sampling_params.prompt_logprobs] * r.num_rows)
+        top_n.extend([r.sched.state.sampling_params.prompt_logprobs] * r.num_rows)
     idx = torch.tensor(index, dtype=torch.long, device=hidden.device)
     tgt = torch.tensor(targets, dtype=torch.long, device=hidden.device)
     max_n = max(top_n)
