@@ -56,7 +56,7 @@ class LLMEngine:
         self.scheduler = sched_cls(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len,
                                    num_host_blocks=built.num_host_blocks,
                                    speculative_config=config.speculative_config,
-                                   sliding_window=built.arch.sliding_window)
+                                   sliding_window=built.arch.kv_sliding_window)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
         self.scheduler.grammar_masks = GrammarMasks(self.arch.vocab_size)
