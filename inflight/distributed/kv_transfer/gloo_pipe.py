@@ -79,6 +79,7 @@ class KVProducerServer:
         self.store = TCPStore(host, port, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
         self.port = self.store.port
+        self._host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self._serve, self._release, self._timeout_s = serve, release, timeout_s
         self._closed = False
         threading.Thread(target=self._accept, name="kv-producer-accept", daemon=True).start()
@@ -86,19 +87,25 @@ class KVProducerServer:
     def close(self) -> None:
         self._closed = True
 
+    def _client(self) -> TCPStore:
+        # NOTE: one client connection per thread: a store's requests share its socket, so a
+        # blocking wait on one would hold up every other thread's.
+        return TCPStore(self._host, self.port, is_master=False, timeout=datetime.timedelta(seconds=self._timeout_s))
+
     def _accept(self) -> None:
+        watcher = self._client()
         k = 0
         while not self._closed:
-            try:
-                self.store.wait([f"consumer/{k}"], datetime.timedelta(seconds=1))
-            except Exception:  # no consumer yet (the wait timed out)
+            try:  # NOTE: a long wait: a short one makes c10d log a warning each time it expires
+                watcher.wait([f"consumer/{k}"], _FOREVER)
+            except Exception:
                 continue
             threading.Thread(target=self._pair, args=(k,), name=f"kv-producer-pair-{k}", daemon=True).start()
             k += 1
 
     def _pair(self, k: int) -> None:
         try:
-            pg = ProcessGroupGloo(PrefixStore(f"pair/{k}", self.store), 0, 2, _FOREVER)
+            pg = ProcessGroupGloo(PrefixStore(f"pair/{k}", self._client()), 0, 2, _FOREVER)
             while not self._closed:
                 self._answer(pg)
         except Exception as e:  # the consumer went away: its pair ends here
