@@ -19,6 +19,9 @@ class LLM:
     """
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
+        if kwargs.get("data_parallel_size", 1) > 1:
+            raise ValueError("data_parallel_size > 1 is served by `inflight serve --data-parallel-size N`; "
+                             "the offline LLM runs one engine")
         self.llm_engine = LLMEngine.from_kwargs(model=model, **kwargs)
 
     def get_tokenizer(self):

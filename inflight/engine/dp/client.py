@@ -8,10 +8,10 @@ the replica's writer thread, so nothing on the loop ever blocks on a pipe.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import multiprocessing
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, AsyncIterator, Optional
 
@@ -19,6 +19,7 @@ from inflight.engine.async_stream import EngineDeadError, RequestStream, put_all
 from inflight.engine.dp.metrics import DPMetrics
 from inflight.engine.dp.replica_handle import ReplicaHandle, core_shares
 from inflight.engine.dp.router import PrefixAwareRouter
+from inflight.engine.dp.serving_view import ServingView
 from inflight.engine.dp.wire import AbortCommand, AddCommand, OutputDecoder, StepReport
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
@@ -27,24 +28,6 @@ from inflight.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _ADD_ERRORS = {"ValueError": ValueError, "InvalidRequestError": InvalidRequestError}
-
-
-@dataclass
-class ServingView:
-    """What the server reads from "the engine" besides requests: the tokenizer and
-    model limits (loaded here once, not asked of a replica), and a grammar compiler
-    that validates structured-output requests before they are routed."""
-
-    tokenizer: Any
-    max_model_len: int
-    model_source: Optional[str]
-    arch: Any
-    eos_token_ids: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        from inflight.structured_output.manager import StructuredOutputManager
-
-        self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
 
 
 def _replica_kwargs(kwargs: dict[str, Any], index: int) -> dict[str, Any]:
@@ -79,6 +62,8 @@ class DPEngineClient:
             for r in self.replicas:
                 r.kill()
             raise
+        # a script that never shuts the client down must not hang at exit joining its replicas
+        atexit.register(self._kill_replicas)
         info = infos[0]
         self.engine = ServingView(tokenizer, info.max_model_len, info.model_source,
                                   SimpleNamespace(vocab_size=info.vocab_size), info.eos_token_ids)
@@ -111,9 +96,15 @@ class DPEngineClient:
         if self._loop is not None:
             return
         self._loop = loop = asyncio.get_running_loop()
+
+        def post(fn, *args: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
         for r in self.replicas:
-            r.start(lambda i, rep: loop.call_soon_threadsafe(self._on_report, i, rep),
-                    lambda i, why: loop.call_soon_threadsafe(self._on_exit, i, why))
+            r.start(lambda i, rep: post(self._on_report, i, rep), lambda i, why: post(self._on_exit, i, why))
 
     @property
     def is_alive(self) -> bool:
@@ -158,6 +149,11 @@ class DPEngineClient:
         await asyncio.gather(*(loop.run_in_executor(None, r.stop) for r in self.replicas))
         await asyncio.sleep(0)  # let the replicas' last reports (their aborts) land
         self._fail_all(EngineDeadError("the engine was shut down"))
+
+    def _kill_replicas(self) -> None:
+        for r in self.replicas:
+            if r.process.is_alive():
+                r.kill()
 
     # ------------------------------------------------------------- requests
     def abort(self, request_id: str) -> None:

@@ -51,6 +51,8 @@ def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], num_threa
     trace = getattr(engine, "_trace", None)
     if trace is not None:
         trace.flush()
+    if hasattr(engine, "shutdown"):
+        engine.shutdown()  # its tensor-parallel workers, if any
     logging.shutdown()
     os._exit(0)
 

@@ -35,7 +35,9 @@ class ReplicaHandle:
                  cpus: Optional[list[int]]) -> None:
         self.index = index
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=replica_main, name=f"inflight-dp{index}", daemon=True,
+        # not daemonic: a replica may start tensor-parallel workers of its own; it still ends with the
+        # server, whose exit closes the pipe the replica reads
+        self.process = ctx.Process(target=replica_main, name=f"inflight-dp{index}", daemon=False,
                                    args=(index, child_conn, engine_kwargs, num_threads, cpus))
         self.process.start()
         child_conn.close()  # only the child holds its end: its death reads as EOF here
