@@ -162,6 +162,9 @@ class AsyncLLMEngine:
             self._commands.append(command)
             self._pending_adds += int(is_add)
             self._cond.notify()
+        connector = getattr(self.engine, "kv_connector", None)
+        if connector is not None:  # a step thread idling on KV transfers takes the command at once
+            connector.wake()
         return command.future
 
     async def call(self, fn: Callable[[Any], T]) -> T:

@@ -63,6 +63,9 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks (and see cached_tokens)
     cache_salt: Optional[Annotated[SafeStr, Field(min_length=1, max_length=1024)]] = None
     logit_bias: Optional[dict[str, float]] = None  # token id (as a string) -> bias in [-100, 100]
+    # vLLM's: {"do_remote_decode": true} asks a prefill instance to keep the KV for a decode
+    # instance; the answer's kv_transfer_params, sent to a decode instance, say where to pull it
+    kv_transfer_params: Optional[dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> "SamplingRequest":
@@ -94,6 +97,7 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=self.structured_outputs_params(),
             logit_bias=logit_bias_of(self.logit_bias), prompt_logprobs=prompt_logprobs,
+            extra_args={"kv_transfer_params": self.kv_transfer_params} if self.kv_transfer_params else None,
         )
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
 from inflight.entrypoints.openai.errors import bad_request, param_of
+from inflight.entrypoints.openai.kv_transfer import add_kv_transfer_params, check_kv_transfer
 from inflight.entrypoints.openai.protocol import ChatCompletionRequest
 from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChunk, ChatCompletionResponse,
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
@@ -43,6 +44,7 @@ class ChatHandler:
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         state = self.state
         params = state.admit(req)
+        check_kv_transfer(req, 1)
         try:
             plan = plan_tools(req, state.limits, state.renderer)
             params = constrain(params, plan)
@@ -64,7 +66,7 @@ class ChatHandler:
                                       usage=usage_of(outputs))
         if req.prompt_logprobs is not None:
             body.prompt_logprobs = prompt_logprobs_field(out.prompt_logprobs)
-        return JSONResponse(dump(body))
+        return JSONResponse(add_kv_transfer_params(state, req, request_id, outputs, dump(body)))
 
     def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput) -> ChatChoice:
         extracted = plan.extract(c.text)

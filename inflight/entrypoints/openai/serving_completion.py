@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
 from inflight.entrypoints.openai.errors import bad_request
+from inflight.entrypoints.openai.kv_transfer import add_kv_transfer_params, check_kv_transfer
 from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                                    CompletionResponseChoice, CompletionStreamResponse,
@@ -47,6 +48,7 @@ class CompletionHandler:
         state = self.state
         raw_prompts = req.prompts()
         params = state.admit(req, len(raw_prompts))
+        check_kv_transfer(req, len(raw_prompts))
         prompts = [await self._engine_prompt(p) for p in raw_prompts]
         request_id, created = random_id("cmpl"), int(time.time())
         streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt,
@@ -62,7 +64,7 @@ class CompletionHandler:
                    for c in out.outputs]
         body = CompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
                                   usage=usage_of(outputs))
-        return JSONResponse(dump(body))
+        return JSONResponse(add_kv_transfer_params(state, req, request_id, outputs, dump(body)))
 
     async def _engine_prompt(self, prompt: Union[str, list[int]]) -> dict[str, Any]:
         """Text and token ids, tokenized here (on the tokenizer pool) rather than on the step thread."""
