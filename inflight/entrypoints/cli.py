@@ -1,4 +1,4 @@
-"""`inflight serve | generate | bench | simulate | trace`."""
+"""`inflight serve | generate | bench | simulate | trace | proxy`."""
 from __future__ import annotations
 
 import argparse
@@ -76,6 +76,7 @@ _SUBCOMMANDS = (
     ("inflight.sim.cli", "add_simulate_parser", "simulate", "run_simulate"),
     ("inflight.sim.cli", "add_trace_parser", "trace", "run_trace"),
     ("inflight.bench.cli", "add_bench_parser", "bench", None),
+    ("inflight.entrypoints.proxy", "add_proxy_parser", "proxy", None),
 )
 
 
