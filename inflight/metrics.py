@@ -59,8 +59,9 @@ class EngineMetrics:
     """
 
     def __init__(self, model_name: str, registry: Optional[CollectorRegistry] = None,
-                 log_interval_s: float = 5.0) -> None:
+                 log_interval_s: float = 5.0, log_label: str = "") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.log_label = log_label  # starts the stats line: which engine replica it is about
         self.model_name = model_name
         self.log_interval_s = log_interval_s
         self._requests: dict[str, _RequestTiming] = {}
@@ -189,8 +190,8 @@ class EngineMetrics:
             stats = self._stats
             queries = self._totals["prefix_cache_queries"] - self._last_hit_rate[0]
             hits = self._totals["prefix_cache_hits"] - self._last_hit_rate[1]
-            logger.info("prompt throughput: %.1f tokens/s, generation throughput: %.1f tokens/s, running: %d, "
-                        "waiting: %d, KV cache usage: %.1f%%, prefix cache hit rate: %.1f%%",
+            logger.info("%sprompt throughput: %.1f tokens/s, generation throughput: %.1f tokens/s, running: %d, "
+                        "waiting: %d, KV cache usage: %.1f%%, prefix cache hit rate: %.1f%%", self.log_label,
                         w.prompt_tokens / elapsed, w.generation_tokens / elapsed, stats["num_running"],
                         stats["num_waiting"], 100.0 * stats["kv_cache_usage"],
                         100.0 * hits / queries if queries else 0.0)

@@ -60,6 +60,54 @@ def test_router_follows_reports_and_balances_load():
     assert router.choose(hashes, 64).replica == 0
 
 
+def _outputs_of_a_request() -> list:
+    """Cumulative outputs of one n=2 request over four steps, as the engine makes them: sample 0
+    stops on a stop string (its final text is cut, not the sum of its pieces), sample 1 runs on."""
+    from inflight.outputs import CompletionOutput, Logprob, RequestOutput
+
+    def lp(t):
+        return {t: Logprob(-0.5, 1, chr(t))}
+
+    steps = [([(65, "A")], [(66, "B")]), ([(67, "C")], [(68, "D")]), ([(69, "E!")], [(70, "F")]),
+             ([], [(71, "G")])]
+    acc = [CompletionOutput(0, logprobs=[]), CompletionOutput(1, logprobs=[])]
+    outs = []
+    for k, step in enumerate(steps):
+        comps = []
+        for c, new in zip(acc, step):
+            if c.finish_reason is None:
+                c.token_ids, c.logprobs = c.token_ids + [t for t, _ in new], c.logprobs + [lp(t) for t, _ in new]
+                c.delta_token_ids, c.delta_text = [t for t, _ in new], "".join(x for _, x in new)
+                c.delta_logprobs = [lp(t) for t, _ in new]
+                c.text += c.delta_text
+            else:
+                c.delta_token_ids, c.delta_text, c.delta_logprobs = [], "", None
+            if c.index == 0 and k == 2:
+                c.text, c.finish_reason, c.stop_reason = "ACE", "stop", "!"
+            if c.index == 1 and k == 3:
+                c.finish_reason = "length"
+            comps.append(CompletionOutput(c.index, c.text, list(c.token_ids), -0.5 * len(c.token_ids),
+                                          list(c.logprobs), c.finish_reason, c.stop_reason, c.delta_text,
+                                          list(c.delta_token_ids), c.delta_logprobs))
+        outs.append(RequestOutput("r", "p", [5, 6, 7], comps, k == 3, prompt_logprobs=[None, lp(6), lp(7)]))
+    return outs
+
+
+def test_outputs_travel_small_and_arrive_whole():
+    import pickle
+
+    from inflight.engine.dp.wire import OutputDecoder, OutputEncoder
+
+    encoder, decoder = OutputEncoder(), OutputDecoder()
+    decoder.add("r", [5, 6, 7])
+    for original in _outputs_of_a_request():
+        sent = pickle.loads(pickle.dumps(encoder.encode(original)))
+        assert sent.prompt_token_ids == []
+        unfinished = [c for c in sent.outputs if c.finish_reason is None]
+        assert all(len(c.token_ids) <= 1 for c in unfinished)  # only what the step added
+        assert decoder.decode(sent) == original
+
+
 # ------------------------------------------------------------------ server
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)

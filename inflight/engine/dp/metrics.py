@@ -51,7 +51,8 @@ class DPMetrics:
 
     def __init__(self, model_name: str, num_replicas: int, log_interval_s: float = 5.0) -> None:
         self.model_name = model_name
-        self.replicas = [EngineMetrics(model_name, CollectorRegistry(), log_interval_s) for _ in range(num_replicas)]
+        self.replicas = [EngineMetrics(model_name, CollectorRegistry(), log_interval_s, log_label=f"engine {i}: ")
+                         for i in range(num_replicas)]
         self.registry = CollectorRegistry()
         self.registry.register(_LabelledRegistries([m.registry for m in self.replicas]))
         self.router_requests = Counter(PREFIX + "router_requests", "Requests routed, by replica and reason "
