@@ -108,6 +108,19 @@ def test_outputs_travel_small_and_arrive_whole():
         assert decoder.decode(sent) == original
 
 
+def test_data_parallel_size_flag_and_limits():
+    from inflight import LLM
+    from inflight.config import EngineConfig
+    from inflight.entrypoints.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "--data-parallel-size", "2"]).data_parallel_size == 2
+    assert EngineConfig.from_kwargs(data_parallel_size=2).parallel_config.data_parallel_size == 2
+    with pytest.raises(ValueError, match="data_parallel_size"):
+        EngineConfig.from_kwargs(data_parallel_size=0)
+    with pytest.raises(ValueError, match="inflight serve --data-parallel-size"):
+        LLM(data_parallel_size=2)  # refused before any model loads
+
+
 # ------------------------------------------------------------------ server
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
