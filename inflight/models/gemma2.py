@@ -27,6 +27,9 @@ _GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 
 
 class GemmaAttention(nn.Module):
+    """Fused qkv, optional per-head q/k norms, RoPE, paged attention with this layer's window
+    and soft-cap, output projection."""
+
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -58,6 +61,8 @@ class GemmaAttention(nn.Module):
 
 
 class GemmaMLP(nn.Module):
+    """GeGLU: gelu(gate) * up through the fused gate_up projection, then down."""
+
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
@@ -69,6 +74,8 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaDecoderLayer(nn.Module):
+    """Attention and MLP, each between a pre-norm and a post-norm."""
+
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
         self.self_attn = GemmaAttention(cfg, backend, layer)
