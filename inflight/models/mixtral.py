@@ -102,11 +102,14 @@ class MixtralForCausalLM(nn.Module):
             self.lm_head = factory(self.embed_tokens.weight, None)
 
     def stacked_shard_rows(self) -> dict[str, list[int]]:
-        """Rows of each shard of the fused projections (dense layers' gate_up too), in shard order."""
-        cfg = self.cfg
-        kv = cfg.num_key_value_heads * cfg.head_dim
-        return {"qkv_proj": [cfg.num_attention_heads * cfg.head_dim, kv, kv],
-                "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size]}
+        """Rows of each shard of the fused projections (this rank's; dense layers' gate_up
+        too), in shard order. Under tensor parallelism the experts and the router stay
+        whole on every rank: each rank computes the full MoE output."""
+        rows = {"qkv_proj": self.layers[0].self_attn.qkv_proj.shard_rows()}
+        dense = [ly.mlp for ly in self.layers if isinstance(getattr(ly, "mlp", None), LlamaMLP)]
+        if dense:
+            rows["gate_up_proj"] = dense[0].gate_up_proj.shard_rows()
+        return rows
 
     def expert_params_mapping(self) -> list[tuple[str, str, int, str]]:
         """Each expert's checkpoint tensors -> rows of the stacked expert weights."""

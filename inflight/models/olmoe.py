@@ -18,6 +18,8 @@ class OlmoeAttention(LlamaAttention):
 
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__(cfg, backend)
+        if self.nh != cfg.num_attention_heads:
+            raise ValueError("OLMoE's q/k norm spans every head; it does not run under tensor parallelism")
         self.q_norm = RMSNorm(self.nh * self.hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.nkv * self.hd, cfg.rms_norm_eps)
         self.clip_qkv = cfg.clip_qkv
