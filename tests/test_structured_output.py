@@ -147,6 +147,28 @@ def test_bitmask_applies_to_constrained_rows_only():
         assert finite == toks and torch.equal(x[row, toks], before[row, toks])
 
 
+@pytest.mark.parametrize("kind", ["mostly masked", "mostly allowed", "random"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitmask_apply_equals_xgrammars_kernel(kind, dtype):
+    # Mostly-masked batches take our own path, the others xgrammar's kernel: the same logits either way.
+    import xgrammar
+
+    gen = torch.Generator().manual_seed(len(kind))
+    B, V = 6, 100
+    words = torch.randint(-2**31, 2**31 - 1, (B, 4), generator=gen, dtype=torch.int64).to(torch.int32)
+    if kind != "random":
+        words[torch.rand(B, 4, generator=gen) < 0.8] = 0 if kind == "mostly masked" else -1
+    rows = [0, 2, 3, 5]
+    words[[1, 4]] = -1  # unconstrained rows are all-allowed
+    x = torch.randn(B, V, generator=gen).to(dtype)
+    expected = x.clone()
+    xgrammar.apply_token_bitmask_inplace(expected, words, vocab_size=V, indices=rows)
+    for r in (rows, list(range(B))):
+        got = x.clone()
+        GrammarBitmask(r, words).apply(got)
+        assert torch.equal(got, expected)
+
+
 def test_a_failing_matcher_fails_only_its_request(manager):
     class Broken:
         def fill_rows(self, *a):

@@ -24,6 +24,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 ALL_ALLOWED = -1  # a bitmask word with every bit set: no token masked
+_NEG_INF_BITS = -8388608  # 0xFF800000 as int32: the bits of float32 -inf
+_SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
 @dataclass
@@ -36,12 +38,25 @@ class GrammarBitmask:
 
     def apply(self, x: torch.Tensor) -> None:
         """Set the logits of disallowed tokens to -inf, in place, for every constrained row at once."""
-        # NOTE: xgrammar's kernel (C++ on the CPU, Triton/CUDA on GPUs) reads the packed bits
-        # in one pass; unpacking them with torch ops costs several times a copy of the logits.
-        import xgrammar
+        if x.device.type == "cpu" and self.bitmask.device.type == "cpu" and self._mostly_masked(x.shape[1]):
+            # NOTE: xgrammar's CPU kernel writes -inf one masked token at a time, on one
+            # thread: fast where nearly every token is allowed (a JSON string), ~4x slower
+            # than this where nearly every token is masked. Here each bit becomes a bias of
+            # 0 or -inf (its float32 bits, 0xFF800000) in a few vectorised, threaded ops;
+            # unconstrained rows are all-allowed words, so they get 0.
+            bias = (self.bitmask.unsqueeze(-1) >> _SHIFTS).bitwise_and_(1).sub_(1).bitwise_and_(_NEG_INF_BITS)
+            x.add_(bias.view(torch.float32).view(x.shape[0], -1)[:, :x.shape[1]])
+            return
+        import xgrammar  # its CUDA/Triton kernel reads the packed bits in one pass
 
         indices = None if len(self.rows) == x.shape[0] else self.rows
         xgrammar.apply_token_bitmask_inplace(x, self.bitmask, vocab_size=x.shape[1], indices=indices)
+
+    def _mostly_masked(self, vocab_size: int) -> bool:
+        if self.bitmask.shape[1] * 32 < vocab_size:
+            return False
+        words = self.bitmask if len(self.rows) == self.bitmask.shape[0] else self.bitmask[self.rows]
+        return int((words != ALL_ALLOWED).sum()) * 2 > words.numel()
 
 
 @dataclass
