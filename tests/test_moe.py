@@ -109,6 +109,9 @@ def test_config_fields():
     cfg = ModelArchConfig.from_hf(tiny_config("qwen3_moe").to_dict())
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 48)
     assert cfg.moe_layers == [0] and cfg.norm_topk_prob and cfg.qk_norm
+    qwen = tiny_config("qwen3_moe")
+    qwen.num_hidden_layers, qwen.decoder_sparse_step, qwen.mlp_only_layers = 6, 2, [3]
+    assert ModelArchConfig.from_hf(qwen.to_dict()).moe_layers == [1, 5]  # every second layer, less layer 3
     cfg = ModelArchConfig.from_hf(tiny_config("olmoe").to_dict())
     assert cfg.moe_layers == [0, 1] and not cfg.norm_topk_prob and cfg.clip_qkv == 3.0
     assert cfg.moe_intermediate_size == 96
