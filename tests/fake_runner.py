@@ -8,7 +8,6 @@ from inflight.config import CacheConfig, SchedulerConfig
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.core.request import Request
 from inflight.core.scheduler import Scheduler
-from inflight.core.static_scheduler import StaticScheduler
 from inflight.sampling_params import SamplingParams
 from inflight.worker.request_state import RequestStates, ScheduledState
 
@@ -18,10 +17,9 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int
     caching = sched_kw.pop("enable_prefix_caching", True)
     spec = sched_kw.pop("speculative_config", None)
     window = sched_kw.pop("sliding_window", None)
-    cls = StaticScheduler if sched_kw.get("scheduling") == "static" else Scheduler
-    return cls(SchedulerConfig(**sched_kw), CacheConfig(block_size=block_size, enable_prefix_caching=caching),
-               num_blocks, max_model_len, num_host_blocks=num_host_blocks, speculative_config=spec,
-               sliding_window=window)
+    return Scheduler(SchedulerConfig(**sched_kw), CacheConfig(block_size=block_size, enable_prefix_caching=caching),
+                     num_blocks, max_model_len, num_host_blocks=num_host_blocks, speculative_config=spec,
+                     sliding_window=window)
 
 
 def make_request(rid: str, prompt_len: int = 8, max_tokens: int = 4, base: int = 0, **kw) -> Request:

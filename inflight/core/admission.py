@@ -41,52 +41,84 @@ whose head still waits for a seat. Off by default
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from typing import TYPE_CHECKING, Iterable, Optional
 
+from inflight.config import SchedulerConfig
+from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.request import Request
 
 if TYPE_CHECKING:
-    from inflight.core.scheduler import Scheduler
+    from inflight.core.batching import BatchingPolicy
 
 
-class AdmissionMixin:
-    """Candidate order, the watermark and the long-generation seat share, mixed into :class:`Scheduler`."""
+def chunk_size(config: SchedulerConfig, req: Request, num_computed: int, budget: int) -> int:
+    """Tokens of ``req`` to compute this step from ``num_computed``, within ``budget``."""
+    n = min(req.num_tokens - num_computed, budget)
+    # The threshold caps prefill chunks, so it only means something when chunking is on.
+    if config.enable_chunked_prefill and config.long_prefill_token_threshold > 0:
+        n = min(n, config.long_prefill_token_threshold)
+    return n
 
-    def _is_long(self: "Scheduler", r: Request) -> bool:
-        # NOTE: static batches are fixed up front; a seat share there could strand a member.
-        t = self.config.long_generation_threshold
-        return t > 0 and r.max_tokens > t and self.config.scheduling == "continuous"
 
-    def _long_seats(self: "Scheduler") -> int:
-        return max(1, int(self.config.long_generation_seat_share * self.config.max_num_seqs))
+class AdmissionQueue:
+    """The requests waiting for a seat (``waiting``: new and recompute-preempted;
+    ``swapped``: preempted by swap) and the order admission tries them in.
 
-    def _room_for(self: "Scheduler", num_blocks: int) -> bool:
+    It reads ``running`` (the scheduler's list) for the seat share and never
+    changes it; which waiting requests may start at all is the batching policy's.
+    """
+
+    def __init__(self, config: SchedulerConfig, policy: "BatchingPolicy", running: list[Request],
+                 kv: KVCacheManager, watermark_blocks: int) -> None:
+        self.config = config
+        self.policy = policy
+        self.running = running
+        self.kv = kv
+        self.watermark_blocks = watermark_blocks
+        self.waiting: deque[Request] = deque()
+        self.swapped: list[Request] = []
+        self.preempted_now: set[str] = set()  # preempted in the current schedule(): not resumed in it
+
+    def room_for(self, num_blocks: int) -> bool:
         """Whether ``num_blocks`` more blocks can be taken while keeping the watermark."""
         keep = self.watermark_blocks if self.running else 0
         return self.kv.num_free_blocks - num_blocks >= keep
 
-    def _queued(self: "Scheduler") -> Iterable[Request]:
+    def is_long(self, r: Request) -> bool:
+        """A long generation: ``max_tokens`` above ``long_generation_threshold`` (where the policy has seat shares)."""
+        t = self.config.long_generation_threshold
+        return t > 0 and r.max_tokens > t and self.policy.seat_share
+
+    def long_seats(self) -> int:
+        return max(1, int(self.config.long_generation_seat_share * self.config.max_num_seqs))
+
+    def queued(self) -> Iterable[Request]:
         """Swapped requests (by arrival), then the admissible waiting ones in queue order."""
         swapped = sorted(self.swapped, key=lambda r: r.arrival_time)
-        return itertools.chain(swapped, self._admissible())
+        return itertools.chain(swapped, self.policy.admissible(self.waiting))
 
-    def _interactive_queued(self: "Scheduler") -> int:
+    def interactive_queued(self) -> int:
         """Interactive (not long) requests waiting for a seat."""
-        return sum(1 for r in self._queued() if r.request_id not in self._preempted_now and not self._is_long(r))
+        return sum(1 for r in self.queued() if r.request_id not in self.preempted_now and not self.is_long(r))
 
-    def _long_over_share(self: "Scheduler") -> int:
+    def newest_interactive(self) -> Request:
+        """The most recently arrived interactive request in the queue (one must be queued)."""
+        return max((r for r in self.queued() if not self.is_long(r)), key=lambda r: r.arrival_time)
+
+    def long_over_share(self) -> int:
         """How many seats long generations hold beyond their share (negative: below it)."""
-        return sum(1 for r in self.running if self._is_long(r)) - self._long_seats()
+        return sum(1 for r in self.running if self.is_long(r)) - self.long_seats()
 
-    def _next_candidate(self: "Scheduler") -> Optional[Request]:
+    def next_candidate(self) -> Optional[Request]:
         """The request admission should try next, or None."""
         long_full = False
-        if self.config.long_generation_threshold > 0 and self.config.scheduling == "continuous":
-            long_full = self._long_over_share() >= 0 and self._interactive_queued() > 0
+        if self.config.long_generation_threshold > 0 and self.policy.seat_share:
+            long_full = self.long_over_share() >= 0 and self.interactive_queued() > 0
         by_priority = self.config.scheduling_policy == "priority"
         best: Optional[Request] = None
-        for r in self._queued():
-            if r.request_id in self._preempted_now or (long_full and self._is_long(r)):
+        for r in self.queued():
+            if r.request_id in self.preempted_now or (long_full and self.is_long(r)):
                 continue
             if not by_priority:
                 return r

@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from typing import Iterable, Optional
 
 from inflight.config import CacheConfig, SchedulerConfig, SpeculativeConfig
-from inflight.core.admission import AdmissionMixin
+from inflight.core.admission import AdmissionQueue, chunk_size
+from inflight.core.batching import BatchingPolicy
 from inflight.core.kv_cache_manager import KVCacheManager
-from inflight.core.outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
-                                   ScheduledRequest, SchedulerOutput)
-from inflight.core.preemption import PreemptionMixin
+from inflight.core.outputs import EngineCoreOutput, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.core.preemption import Preemptor, VictimPolicy
 from inflight.core.request import Request, RequestStatus
-from inflight.core.spec_decode import SpecDecodeMixin
+from inflight.core.spec_decode import DraftPlanner
+from inflight.core.static_scheduler import StaticBatching
 from inflight.core.swap import SwapSpace
+from inflight.core.worker_view import WorkerView
 
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
+class Scheduler:
     """Continuous batching with chunked prefill, prefix caching, and preemption by
-    recompute or swap.
+    recompute or swap; or static batching (``scheduling="static"``), as a policy.
 
     Each step: under the priority policy, a waiting request may first preempt
     lower-priority running ones, and with the fairness policy a queued
@@ -35,6 +36,11 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     watermark allow; the last prefill admitted takes whatever budget remains;
     speculative draft tokens, if any, get what is left after that (core/spec_decode.py).
 
+    Composed of parts with small interfaces: the admission queue (who waits, in
+    what order), the victim policy and the preemptor (who yields, and how), the
+    draft planner, the batching policy (core/batching.py; static batching in
+    core/static_scheduler.py) and the worker view (what the worker was sent).
+
     ``num_host_blocks`` sizes the host pool for ``preemption_mode="swap"`` (the
     worker computes it from ``swap_space``); with none, swap falls back to recompute.
     ``sliding_window``: the model's, when every layer has it (the KV manager then
@@ -44,38 +50,47 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int, num_host_blocks: int = 0,
                  speculative_config: Optional[SpeculativeConfig] = None,
-                 sliding_window: Optional[int] = None) -> None:
+                 sliding_window: Optional[int] = None, batching: Optional[BatchingPolicy] = None) -> None:
         self.config = scheduler_config
-        self._init_spec(speculative_config)
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching,
                                  sliding_window)
-        # NOTE: static batching (the comparison baseline) preempts by recompute only: its
-        # padding rows start once no member waits, and a swapped member would look started.
-        swap_mode = scheduler_config.preemption_mode == "swap" and scheduler_config.scheduling == "continuous"
+        if batching is None:
+            batching = StaticBatching(scheduler_config) if scheduler_config.scheduling == "static" \
+                else BatchingPolicy()
+        self.batching = batching
+        swap_mode = scheduler_config.preemption_mode == "swap" and batching.supports_swap
         self.swap = SwapSpace(num_host_blocks if swap_mode else 0)
         if swap_mode and not self.swap.num_blocks:
             logger.warning("preemption_mode=swap with no host swap space (swap_space=0): "
                            "every preemption falls back to recompute")
         self.watermark_blocks = int(scheduler_config.watermark * num_blocks)
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.swapped: list[Request] = []
+        self.batching.bind(self.running, self.kv, self._finish_now)
+        self.queue = AdmissionQueue(scheduler_config, batching, self.running, self.kv, self.watermark_blocks)
+        self.victims = VictimPolicy(scheduler_config, self.queue.is_long)
+        self.preemptor = Preemptor(scheduler_config, self.kv, self.swap, self.queue, self.victims, batching)
+        self.drafts = DraftPlanner(speculative_config, max_model_len) if speculative_config is not None else None
         self._finished_ids: list[str] = []
         self._pending_outputs: list[EngineCoreOutput] = []  # finishes decided in schedule()
-        self._preempted_now: set[str] = set()  # preempted in the current schedule(): not resumed in it
-        self.num_preemptions = 0
-        self.num_swap_outs = 0  # preemptions whose KV went to the host pool
-        self.num_swap_fallbacks = 0  # swap preemptions that found the host pool full and recomputed
         self.kv_connector = None  # prefill/decode disaggregation's KVConnectorBase, set by the engine
         # This step's batch as the scheduler sees it (with the Requests); the worker gets data only.
         self.last_scheduled: list[ScheduledRequest] = []
-        # What the worker holds of each request it knows: (tokens, block ids) sent so far.
-        self._sent: dict[str, tuple[int, int]] = {}
+        self.worker_view = WorkerView(self.kv.sliding_window is not None)
         # Structured output's step masks (structured_output.GrammarMasks), set by the engine.
         self.grammar_masks = None
+
+    # The parts' state under the names the engine, the metrics and the tests read.
+    waiting = property(lambda self: self.queue.waiting)
+    swapped = property(lambda self: self.queue.swapped)
+    num_preemptions = property(lambda self: self.preemptor.num_preemptions)
+    num_swap_outs = property(lambda self: self.preemptor.num_swap_outs)
+    num_swap_fallbacks = property(lambda self: self.preemptor.num_swap_fallbacks)
+    num_spec_drafts = property(lambda self: self.drafts.num_spec_drafts if self.drafts else 0)
+    num_draft_tokens = property(lambda self: self.drafts.num_draft_tokens if self.drafts else 0)
+    num_accepted_tokens = property(lambda self: self.drafts.num_accepted_tokens if self.drafts else 0)
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -115,6 +130,10 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
                 self._finish(req, status)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
+        if not self.batching.keeps_row(req, status):
+            self._finish_now(req, status)
+
+    def _finish_now(self, req: Request, status: RequestStatus) -> None:
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status == RequestStatus.SWAPPED:
@@ -129,6 +148,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
         req.structured_output = None  # frees its grammar matcher
         self._finished_ids.append(req.request_id)
         del self.requests[req.request_id]
+        self.batching.on_finished(req)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -147,56 +167,36 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
         """Decide this step's batch; see the class docstring for the order."""
+        self.batching.before_schedule(self.waiting)
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = []
-        self._preempted_now = set()
+        self.queue.preempted_now = set()
         self.last_scheduled = []
-        self._preempt_for_priority(out)
-        self._preempt_for_fairness(out)
+        self.preemptor.preempt_for_policy(out)
         num_policy_preemptions = len(out.preempted_req_ids)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if len(out.preempted_req_ids) == num_policy_preemptions:
             # NOTE: no admissions in a step whose running requests had to preempt: memory is short.
             budget = self._schedule_waiting(out, budget)
-            self._schedule_drafts(out, budget)
+            if self.drafts is not None:
+                self.drafts.add_drafts(self.last_scheduled, budget, self._reserve, self.kv.get_block_ids)
         for s in self.last_scheduled:
             if s.request.times.first_scheduled_time is None:
                 s.request.times.first_scheduled_time = time.time()
-        self._emit(out)
+        self.worker_view.emit(out, self.last_scheduled)
         if self.grammar_masks is not None:
             self.grammar_masks.start(out, self.requests)
         return out
 
-    def _emit(self, out: SchedulerOutput) -> None:
-        """Write this step's batch into ``out`` as data: new requests in full, the
-        others as diffs against what the worker was sent before."""
-        for rid in out.preempted_req_ids:
-            self._sent.pop(rid, None)  # the worker drops a preempted request's state
-        for rid in out.finished_req_ids:
-            self._sent.pop(rid, None)
-        for s in self.last_scheduled:
-            req, rid = s.request, s.request.request_id
-            sent = self._sent.get(rid)
-            if sent is None:
-                out.scheduled_new_reqs.append(NewRequestData.from_request(req, s.block_ids))
-            else:
-                num_null = 0
-                if self.kv.sliding_window is not None:
-                    num_null = next((i for i, b in enumerate(s.block_ids) if b != 0), len(s.block_ids))
-                out.scheduled_cached_reqs.append(CachedRequestData(
-                    rid, req.all_token_ids[sent[0]:], s.block_ids[sent[1]:], req.num_computed_tokens, num_null))
-            self._sent[rid] = (req.num_tokens, len(s.block_ids))
-            out.num_scheduled_tokens[rid] = s.num_new_tokens
-            if s.spec_token_ids:
-                out.scheduled_spec_decode_tokens[rid] = list(s.spec_token_ids)
-        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
+    def _room_for(self, num_blocks: int) -> bool:
+        return self.queue.room_for(num_blocks)
+
+    def _reserve(self, req: Request, n: int) -> bool:
+        """Take the slots of ``n`` more tokens for a running request, keeping the watermark."""
+        return self._room_for(self.kv.num_blocks_to_allocate(req, n)) and self.kv.allocate_slots(req, n)
 
     def _chunk(self, req: Request, num_computed: int, budget: int) -> int:
-        n = min(req.num_tokens - num_computed, budget)
-        # The threshold caps prefill chunks, so it only means something when chunking is on.
-        if self.config.enable_chunked_prefill and self.config.long_prefill_token_threshold > 0:
-            n = min(n, self.config.long_prefill_token_threshold)
-        return n
+        return chunk_size(self.config, req, num_computed, budget)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         scheduled: dict[str, int] = {}
@@ -206,15 +206,14 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             n = self._chunk(req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
-            self._requester = req
             while not self.kv.allocate_slots(req, n):
-                victim = self._pick_victim()
+                victim = self.batching.victim() or self.victims.pick(self.running, req)
                 if victim is req and len(self.running) == 1:
                     self._finish_infeasible(req)
                     break
                 if victim.request_id in scheduled:
                     budget += scheduled.pop(victim.request_id)
-                self._preempt(victim, out)
+                self.preemptor.preempt(victim, out)
                 if victim is req:
                     break
             else:
@@ -237,17 +236,9 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
         self._pending_outputs.append(EngineCoreOutput(req.request_id, [], "length", None, None,
                                                       max(req.num_cached_tokens, 0)))
 
-    def _make_room(self) -> bool:
-        """Free memory for a waiting request without preempting; True if something was freed."""
-        return False
-
-    def _admissible(self):
-        """Waiting requests that may start now (all of them, for continuous batching)."""
-        return self.waiting
-
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self._next_candidate()
+            req = self.queue.next_candidate()
             if req is None:
                 break
             if req.status == RequestStatus.SWAPPED:
@@ -255,7 +246,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             else:
                 n = self._admit(req, out, budget)
             if n is None:  # short of blocks
-                if self._make_room():
+                if self.batching.make_room():
                     continue
                 break
             if n == 0:  # a whole prompt does not fit the budget left
@@ -311,6 +302,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance progress, append sampled tokens, apply stop conditions, free finished."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        self.batching.filter_result(sched, result)
         if self.grammar_masks is not None:
             self.grammar_masks.advance(sched, result, self.requests)
         now = time.time()
@@ -329,7 +321,8 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             if not tokens:
                 continue
             first_output = req.num_output_tokens == 0
-            self._count_drafts(drafts, tokens)
+            if self.drafts is not None:
+                self.drafts.count(drafts, tokens)
             new, status = [], None
             for token in tokens:
                 req.append_output_token(token)
@@ -342,14 +335,14 @@ class Scheduler(AdmissionMixin, PreemptionMixin, SpecDecodeMixin):
             req.times.last_token_time = now
             if status is not None:
                 self._finish(req, status)
-            elif self.proposer is not None:
-                req.spec_token_ids = self._propose(req)
+            elif self.drafts is not None:
+                req.spec_token_ids = self.drafts.propose(req, len(self.running))
             lp = result.logprobs.get(req.request_id)
             plp = req.prompt_logprobs if first_output and req.sampling_params.prompt_logprobs is not None else None
             outputs.append(EngineCoreOutput(
                 req.request_id, new, status.finish_reason if status else None, req.stop_reason,
                 [lp] if lp is not None else None, max(req.num_cached_tokens, 0), plp))
-        return outputs
+        return self.batching.release(outputs)
 
     def _check_stop(self, req: Request, token: int) -> Optional[RequestStatus]:
         params = req.sampling_params

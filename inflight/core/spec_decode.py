@@ -13,14 +13,11 @@ floating-point rounding, as the verifying rows run through the prefill path).
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Optional
+from typing import Callable, Sequence
 
 from inflight.config import SpeculativeConfig
-from inflight.core.outputs import ScheduledRequest, SchedulerOutput
+from inflight.core.outputs import ScheduledRequest
 from inflight.core.request import Request
-
-if TYPE_CHECKING:
-    from inflight.core.scheduler import Scheduler
 
 
 class NgramProposer:
@@ -82,22 +79,23 @@ def accept_greedy(drafts: tuple[int, ...], targets: list[int]) -> list[int]:
     return targets[:n + 1]
 
 
-class SpecDecodeMixin:
+class DraftPlanner:
     """The scheduler's side of speculative decoding: drafts are proposed after a
     request samples, get the token budget left after every decode and prefill
     chunk, and are counted for the metrics."""
 
-    def _init_spec(self: "Scheduler", config: Optional[SpeculativeConfig]) -> None:
-        self.spec_config = config
-        self.proposer = NgramProposer(config) if config is not None else None
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.proposer = NgramProposer(config)
         self.num_spec_drafts = 0  # request steps that verified drafts
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
 
-    def _propose(self: "Scheduler", req: Request) -> list[int]:
+    def propose(self, req: Request, num_running: int) -> list[int]:
         """Drafts for the request's next step, unless the batch is too large to gain from them."""
-        limit = self.spec_config.disable_by_batch_size
-        if limit is not None and len(self.running) >= limit:
+        limit = self.config.disable_by_batch_size
+        if limit is not None and num_running >= limit:
             return []
         drafts = self.proposer.propose_for(req, self.max_model_len)
         if drafts and req.structured_output is not None:
@@ -105,15 +103,15 @@ class SpecDecodeMixin:
             drafts = drafts[:req.structured_output.validate_tokens(drafts)]
         return drafts
 
-    def _schedule_drafts(self: "Scheduler", out: SchedulerOutput, budget: int) -> None:
-        """Add drafts to this step's decodes, in batch order, while the budget lasts.
+    def add_drafts(self, batch: list[ScheduledRequest], budget: int,
+                   reserve: Callable[[Request, int], bool], block_ids: Callable[[str], list[int]]) -> None:
+        """Add drafts to this step's decodes in ``batch``, in batch order, while the budget
+        lasts; ``reserve(req, n)`` takes the KV slots for n tokens (False: no room).
 
         NOTE: drafts come last, after every prefill chunk: they are guesses, so they
         must not delay a prompt's first token. A request whose drafts would take a
         block from under the watermark decodes its one token."""
-        if self.proposer is None:
-            return
-        for i, s in enumerate(self.last_scheduled):
+        for i, s in enumerate(batch):
             if budget <= 0:
                 break
             req = s.request
@@ -121,12 +119,13 @@ class SpecDecodeMixin:
                 continue
             drafts = tuple(req.spec_token_ids[:budget])
             n = 1 + len(drafts)
-            if not self._room_for(self.kv.num_blocks_to_allocate(req, n)) or not self.kv.allocate_slots(req, n):
+            if not reserve(req, n):
                 continue
-            self.last_scheduled[i] = ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id), drafts)
+            batch[i] = ScheduledRequest(req, n, block_ids(req.request_id), drafts)
             budget -= len(drafts)
 
-    def _count_drafts(self: "Scheduler", drafts, tokens: list[int]) -> None:
+    def count(self, drafts: Sequence[int], tokens: list[int]) -> None:
+        """Count one request step's verified drafts and the accepted ones."""
         if drafts:
             self.num_spec_drafts += 1
             self.num_draft_tokens += len(drafts)
