@@ -212,6 +212,10 @@ class AsyncLLMEngine:
             stream.close()
 
     # ------------------------------------------------ step thread internals
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
     def _do_add(self, stream: RequestStream, prompt: Any, params: SamplingParams,
                 arrival: float, priority: int, cache_salt: Optional[str]) -> None:
         if stream.request_id in self._streams:
@@ -255,6 +259,9 @@ class AsyncLLMEngine:
             return commands
 
     def _run(self) -> None:
+        connector = getattr(self.engine, "kv_connector", None)
+        if connector is not None:  # a transfer thread with work for an idle step thread wakes it
+            connector.on_work = self._wake
         try:
             while True:
                 commands = self._next_commands()

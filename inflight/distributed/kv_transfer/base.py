@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from inflight.core.request import Request
 
@@ -53,6 +53,10 @@ class KVConnectorMetadata:
 
 class KVConnectorBase(ABC):
     """Moves prompt KV between instances; see the module docstring for who calls what."""
+
+    # Called from transfer threads when the step thread has work (the async engine wakes its
+    # loop with it: a pull may arrive while the engine holds nothing).
+    on_work: Optional[Callable[[], None]] = None
 
     # ---------------------------------------------------------- scheduler side
     @abstractmethod

@@ -90,13 +90,13 @@ class GlooConnector(KVConnectorBase):
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             self._pulls.append((pull, future))
-        self._event.set()
+        self._signal()
         return future
 
     def _on_release(self, request_id: str) -> None:
         with self._lock:
             self._releases.append(request_id)
-        self._event.set()
+        self._signal()
 
     def _on_pulled(self, request_id: str, result: PullResult) -> None:
         with self._lock:
@@ -105,7 +105,12 @@ class GlooConnector(KVConnectorBase):
                 return  # aborted meanwhile
             remote.result = result
             self._arrived.append(request_id)
+        self._signal()
+
+    def _signal(self) -> None:
         self._event.set()
+        if self.on_work is not None:
+            self.on_work()
 
     # ------------------------------------------------------------- producer
     def request_finished(self, request: Request) -> bool:
