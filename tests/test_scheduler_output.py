@@ -11,6 +11,7 @@ from fake_runner import make_request, make_scheduler, run_step, worker_batch
 from inflight.config import SpeculativeConfig
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.request import Request
+from inflight.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def _contains_request(x) -> bool:
@@ -44,6 +45,16 @@ def test_output_pickles_to_an_equal_output_without_requests():
         if not s.has_unfinished_requests():
             break
     assert all(seen.values()), seen
+
+
+def test_every_sampling_setting_crosses_the_boundary():
+    s = make_scheduler()
+    sp = SamplingParams(temperature=0.7, seed=3, max_tokens=4, logit_bias={5: 2.0}, prompt_logprobs=2, logprobs=1,
+                        stop_token_ids=[9], structured_outputs=StructuredOutputsParams(regex="[a-z]+"))
+    s.add_request(Request("x", [1, 2, 3], sp, eos_token_ids=(0,)))
+    out = s.schedule()
+    (new,) = pickle.loads(pickle.dumps(out)).scheduled_new_reqs
+    assert new.sampling_params == sp and new.eos_token_ids == (0,) and new.prompt_token_ids == [1, 2, 3]
 
 
 def test_a_running_request_is_sent_in_full_once_then_as_diffs():

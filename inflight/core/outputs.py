@@ -1,7 +1,7 @@
 """Typed results passed between scheduler, model runner and engine.
 
 NOTE: the scheduler-to-worker contract (``SchedulerOutput``) is plain data: ints,
-lists, the frozen SamplingParams and, with structured output, one bitmask
+lists, the SamplingParams and, with structured output, one bitmask
 array. It pickles, so a worker in another process gets the same step as one in
 this process; the worker keeps its own per-request state
 (``worker/request_state.py``) and applies each step's diffs to it.
