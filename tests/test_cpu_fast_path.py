@@ -17,6 +17,7 @@ import torch
 from inflight import LLM, SamplingParams
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
 from inflight.attention.torch_ref import TorchAttentionBackend
+from inflight.distributed.layers import RowParallelLinear
 from inflight.kernels.cpu.packing import can_pack, packed_linear_class
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
@@ -52,7 +53,7 @@ def test_fast_path_agrees_with_float32_as_well_as_the_reference_does():
     ref_kinds, ref, ref_lp = run(dtype="bfloat16", attention_backend="torch")
     kinds, fast, fast_lp = run(dtype="bfloat16")
     assert kinds == (CpuPagedAttentionBackend, packed_linear_class())  # the fast path is what ran
-    assert ref_kinds == (TorchAttentionBackend, torch.nn.Linear)  # and the reference is plain torch
+    assert ref_kinds == (TorchAttentionBackend, RowParallelLinear)  # and the reference is plain torch
     ref_agree = sum(agreeing_prefix(a, b) for a, b in zip(ref, fp32))
     fast_agree = sum(agreeing_prefix(a, b) for a, b in zip(fast, fp32))
     assert fast_agree >= ref_agree - PARAMS.max_tokens, (fast_agree, ref_agree)  # one prompt of slack
@@ -66,7 +67,7 @@ def test_float32_fast_path_matches_the_float32_reference():
     ref_kinds, ref, ref_lp = run(dtype="float32", attention_backend="torch")
     kinds, fast, fast_lp = run(dtype="float32")
     assert kinds == (CpuPagedAttentionBackend, packed_linear_class(torch.float32))
-    assert ref_kinds == (TorchAttentionBackend, torch.nn.Linear)
+    assert ref_kinds == (TorchAttentionBackend, RowParallelLinear)
     agree = sum(agreeing_prefix(a, b) for a, b in zip(ref, fast))
     assert agree >= len(PROMPTS) * PARAMS.max_tokens - PARAMS.max_tokens, agree
     assert max(abs(a - b) for a, b in zip(fast_lp, ref_lp)) < 1e-3, (fast_lp, ref_lp)

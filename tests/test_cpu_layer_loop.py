@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from inflight import LLM, SamplingParams
+from inflight.distributed.layers import RowParallelLinear
 from inflight.kernels.cpu.layer_loop import CpuLayerLoop
 
 PROMPTS = ["The capital of France is", "Here is a long story about a lighthouse keeper. " * 12, "1, 2, 3,",
@@ -59,7 +60,7 @@ def test_build_declines_models_off_the_fast_path():
     llm = LLM(attention_backend="torch")  # the plain-torch reference path: no kernels at all
     model = llm.llm_engine.runner.model
     assert model.layer_loop is None
-    assert type(model.layers[0].mlp.down_proj) is torch.nn.Linear
+    assert type(model.layers[0].mlp.down_proj) is RowParallelLinear  # unpacked: an nn.Linear
     assert CpuLayerLoop.build(model.layer_plan(), torch.float32) is None  # torch linears, torch attention
     assert CpuLayerLoop.build(model.layer_plan()._replace(layers=[]), torch.float32) is None
     assert CpuLayerLoop.build(model.layer_plan(), torch.float16) is None  # no float16 kernels

@@ -10,6 +10,7 @@ import transformers
 from inflight import LLM, SamplingParams
 from inflight.config import CacheConfig, SchedulerConfig
 from inflight.core.scheduler import Scheduler
+from inflight.distributed.layers import RowParallelLinear
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.loader.testing import tiny_model, write_tiny_gguf
 
@@ -72,7 +73,7 @@ def test_greedy_equals_transformers(checkpoint, backend):
         # the C layer loop runs Phi-3; it declines Qwen3's q/k norm, which runs op by op
         assert (model.layer_loop is None) == (arch == "qwen3")
     if backend == "torch":
-        assert type(model.layers[0].mlp.down_proj) is torch.nn.Linear and model.layer_loop is None
+        assert type(model.layers[0].mlp.down_proj) is RowParallelLinear and model.layer_loop is None
 
     for p, w in zip(PROMPTS[:3], want[:3]):
         assert _run(llm, [p]) == [w]

@@ -52,9 +52,12 @@ class Executor(abc.ABC):
         world = config.parallel_config.world_size
         if hf_config is not None and world > 1:  # a clear error before any worker starts
             from inflight.distributed.sharding import local_arch
-            from inflight.models.registry import ModelArchConfig
+            from inflight.models.registry import ModelArchConfig, get_model_class
 
-            local_arch(ModelArchConfig.from_hf(hf_config), world, 0)
+            arch = ModelArchConfig.from_hf(hf_config)
+            if not vars(get_model_class(arch.architecture)).get("supports_tensor_parallel", False):
+                raise ValueError(f"{arch.architecture} does not support tensor_parallel_size > 1 yet")
+            local_arch(arch, world, 0)
         self.config = config
         self._init_workers(hf_config, weights)
 

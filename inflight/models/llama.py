@@ -82,6 +82,10 @@ class LlamaForCausalLM(nn.Module):
     """The decoder stack; ``forward`` returns hidden states, ``compute_logits``
     projects only the rows that sample."""
 
+    # built from inflight/distributed's parallel layers; checked in the class's own
+    # namespace, so a subclass with layers of its own must declare it again
+    supports_tensor_parallel = True
+
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
