@@ -121,6 +121,22 @@ def test_data_parallel_size_flag_and_limits():
         LLM(data_parallel_size=2)  # refused before any model loads
 
 
+def test_replicas_get_their_own_cores_and_devices():
+    import os
+
+    from inflight.platforms.placement import split_devices, split_host_cores
+
+    cores = sorted(os.sched_getaffinity(0))
+    placements = split_host_cores(2)
+    if len(cores) >= 2:
+        assert [len(p.cpus) for p in placements] == [len(cores) // 2] * 2
+        assert not set(placements[0].cpus) & set(placements[1].cpus)
+    assert split_devices(["0", "1", "2", "3"], 2) == [["0", "1"], ["2", "3"]]
+    assert split_devices(["4", "6"], 2) == [["4"], ["6"]]
+    with pytest.raises(ValueError, match="a device per replica"):
+        split_devices(["0"], 2)
+
+
 # ------------------------------------------------------------------ server
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)

@@ -14,6 +14,7 @@ from inflight.platforms.interface import Platform, parse_dtype
 if TYPE_CHECKING:
     from inflight.config import EngineConfig
     from inflight.models.registry import ModelArchConfig
+    from inflight.platforms.placement import ReplicaPlacement
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,19 @@ class CudaPlatform(Platform):
     device_type = "cuda"
     default_max_num_seqs = 256
     default_max_num_batched_tokens = 2048
+
+    def replica_placements(self, num_replicas: int) -> list["ReplicaPlacement"]:
+        """Each data-parallel replica sees its own GPUs (CUDA_VISIBLE_DEVICES), as vLLM's DP ranks do."""
+        import os
+
+        from inflight.platforms.placement import split_devices
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        placements = super().replica_placements(num_replicas)
+        for placement, devices in zip(placements, split_devices(ids, num_replicas)):
+            placement.env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        return placements
 
     def resolve_dtype(self, name: str) -> torch.dtype:
         return torch.bfloat16 if name == "auto" else parse_dtype(name)

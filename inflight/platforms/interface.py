@@ -18,6 +18,7 @@ from inflight.attention import AttentionBackend
 if TYPE_CHECKING:
     from inflight.config import EngineConfig
     from inflight.models.registry import ModelArchConfig
+    from inflight.platforms.placement import ReplicaPlacement
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -81,3 +82,10 @@ class Platform(abc.ABC):
 
     def describe(self) -> str:
         return self.device_type
+
+    def replica_placements(self, num_replicas: int) -> list["ReplicaPlacement"]:
+        """Where each data-parallel replica runs (engine/dp/): by default an equal slice of
+        the host's cores each."""
+        from inflight.platforms.placement import split_host_cores
+
+        return split_host_cores(num_replicas)

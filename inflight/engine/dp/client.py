@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Optional
 
 from inflight.engine.async_stream import EngineDeadError, RequestStream, put_all, request_error
 from inflight.engine.dp.metrics import DPMetrics
-from inflight.engine.dp.replica_handle import ReplicaHandle, core_shares
+from inflight.engine.dp.replica_handle import ReplicaHandle
 from inflight.engine.dp.router import PrefixAwareRouter
 from inflight.engine.dp.serving_view import ServingView
 from inflight.engine.dp.wire import AbortCommand, AddCommand, OutputDecoder, StepReport
@@ -49,10 +49,12 @@ class DPEngineClient:
     def __init__(self, engine_kwargs: dict[str, Any], data_parallel_size: int, *,
                  balance_abs_threshold: int = 8, startup_timeout_s: float = 900.0) -> None:
         kwargs = {k: v for k, v in engine_kwargs.items() if k != "data_parallel_size"}
+        from inflight.platforms import current_platform
+
+        placements = current_platform(kwargs.get("device", "auto")).replica_placements(data_parallel_size)
         ctx = multiprocessing.get_context("spawn")  # a forked torch (threads, OpenMP) is not safe
-        shares = core_shares(data_parallel_size)
-        self.replicas = [ReplicaHandle(i, ctx, _replica_kwargs(kwargs, i), threads, cpus)
-                         for i, (threads, cpus) in enumerate(shares)]
+        self.replicas = [ReplicaHandle(i, ctx, _replica_kwargs(kwargs, i), placement)
+                         for i, placement in enumerate(placements)]
         try:
             from inflight.loader import load_tokenizer
 

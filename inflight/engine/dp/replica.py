@@ -21,20 +21,21 @@ from inflight.engine.dp.wire import (AbortCommand, AddCommand, CacheReporter, Ou
 logger = logging.getLogger(__name__)
 
 
-def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], num_threads: int,
-                 cpus: Optional[list[int]]) -> None:
-    """Process entry: take this replica's cores, build the engine, serve the pipe until
-    told to stop or the server goes away."""
-    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], placement: dict[str, Any]) -> None:
+    """Process entry: take this replica's cores (and devices), build the engine, serve the
+    pipe until told to stop or the server goes away. ``placement`` is a ReplicaPlacement
+    as a dict: unpickling the class would import the platforms, and torch, too early."""
+    os.environ.update(placement["env"])  # before torch: CUDA reads its visible devices once
+    os.environ["OMP_NUM_THREADS"] = str(placement["num_threads"])
     # Ctrl-C reaches the whole process group: the server shuts replicas down in order
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [dp{index}] %(name)s: %(message)s")
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    if placement["cpus"]:
+        os.sched_setaffinity(0, placement["cpus"])
     try:
         import torch
 
-        torch.set_num_threads(num_threads)
+        torch.set_num_threads(placement["num_threads"])
         from inflight.engine.llm_engine import LLMEngine
 
         engine = LLMEngine.from_kwargs(**engine_kwargs)

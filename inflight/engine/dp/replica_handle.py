@@ -3,42 +3,34 @@ move messages so the event loop never blocks on a pipe."""
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from inflight.engine.dp.replica import replica_main
 from inflight.engine.dp.wire import ReplicaInfo, ShutdownCommand, StepReport
+
+if TYPE_CHECKING:  # the platforms import torch; a replica process must not, before its placement applies
+    from inflight.platforms.placement import ReplicaPlacement
 
 logger = logging.getLogger(__name__)
 
 _STOP = object()  # outbox marker: the writer thread ends
 
 
-def core_shares(n: int) -> list[tuple[int, Optional[list[int]]]]:
-    """(threads, cpus to pin) for each of ``n`` replicas: an equal slice of the cores this
-    process may use; with fewer cores than replicas, one thread each and no pinning."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < n:
-        return [(1, None)] * n
-    per = len(cpus) // n
-    return [(per, cpus[i * per:(i + 1) * per]) for i in range(n)]
-
-
 class ReplicaHandle:
     """Starts replica ``index`` in a spawned process; ``send`` queues a command for it,
     and every report it sends is handed to ``on_report`` on the reader thread."""
 
-    def __init__(self, index: int, ctx: Any, engine_kwargs: dict[str, Any], num_threads: int,
-                 cpus: Optional[list[int]]) -> None:
+    def __init__(self, index: int, ctx: Any, engine_kwargs: dict[str, Any], placement: "ReplicaPlacement") -> None:
         self.index = index
         self.conn, child_conn = ctx.Pipe()
         # not daemonic: a replica may start tensor-parallel workers of its own; it still ends with the
         # server, whose exit closes the pipe the replica reads
         self.process = ctx.Process(target=replica_main, name=f"inflight-dp{index}", daemon=False,
-                                   args=(index, child_conn, engine_kwargs, num_threads, cpus))
+                                   args=(index, child_conn, engine_kwargs, asdict(placement)))
         self.process.start()
         child_conn.close()  # only the child holds its end: its death reads as EOF here
         self.info: Optional[ReplicaInfo] = None
