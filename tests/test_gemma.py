@@ -35,7 +35,7 @@ def _config(arch: str, window: int, gguf: bool = False):
               max_position_embeddings=256, rms_norm_eps=1e-6, sliding_window=window,
               query_pre_attn_scalar=24 if gguf else 20, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "gemma2":
-        return transformers.Gemma2Config(**kw, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+        return transformers.Gemma2Config(**kw, attn_logit_softcapping=5.0, final_logit_softcapping=1.0,
                                          architectures=["Gemma2ForCausalLM"])
     if gguf:
         return transformers.Gemma3TextConfig(**{**kw, "num_hidden_layers": 6}, architectures=["Gemma3ForCausalLM"])
@@ -50,7 +50,23 @@ def _model(arch: str, window: int, gguf: bool = False):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(-0.5, 0.5)
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(6.0)  # attention scores large enough for Gemma 2's soft-cap to change tokens
     return model
+
+
+def _set_attn_cap(model, cap) -> None:
+    model.config.attn_logit_softcapping = cap
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = cap
+
+
+def _hf_logprobs(model, ids: list[int], new: list[int]) -> list[float]:
+    """transformers' log-probability of each generated token."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + new])).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    return [lp[len(ids) - 1 + i, t].item() for i, t in enumerate(new)]
 
 
 def _hf_greedy(model, ids: list[int]) -> list[int]:
@@ -71,10 +87,17 @@ def checkpoint(request, tmp_path_factory):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     want = [_hf_greedy(model, p) for p in PROMPTS]
+    logprobs = _hf_logprobs(model, PROMPTS[2], want[2])
+    if request.param == "gemma2":  # the soft-caps are tested: without them, other tokens and logprobs
+        model.config.final_logit_softcapping = None
+        assert max(abs(a - b) for a, b in zip(_hf_logprobs(model, PROMPTS[2], want[2]), logprobs)) > 1e-2
+        _set_attn_cap(model, None)
+        assert [_hf_greedy(model, p) for p in PROMPTS[2:5]] != want[2:5]
+        _set_attn_cap(model, 5.0)
     # the same weights with no window in reach generate other tokens: the window is tested
     model.config.sliding_window = 1024
     assert [_hf_greedy(model, p) for p in PROMPTS[2:5]] != want[2:5]
-    return request.param, str(folder), want
+    return request.param, str(folder), want, logprobs
 
 
 def _run(llm, prompts) -> list[list[int]]:
@@ -105,7 +128,7 @@ def test_layer_windows_from_config():
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_greedy_equals_transformers(checkpoint, backend):
-    arch, folder, want = checkpoint
+    arch, folder, want, logprobs = checkpoint
     llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
               max_num_seqs=16, max_num_batched_tokens=256)
     model = llm.llm_engine.runner.model
@@ -122,6 +145,10 @@ def test_greedy_equals_transformers(checkpoint, backend):
     for p, w in zip(PROMPTS[:3], want[:3]):
         assert _run(llm, [p]) == [w]
     assert _run(llm, PROMPTS) == want
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=1)
+    out = llm.generate(prompt_token_ids=PROMPTS[2:3], sampling_params=sp, use_tqdm=False)[0].outputs[0]
+    got = [lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids)]
+    assert got == pytest.approx(logprobs, abs=1e-4)  # the final soft-cap is in the logits
 
     s = _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
     assert _run(llm, PROMPTS) == want  # prefills in chunks of at most 4 tokens beside decodes
