@@ -71,9 +71,10 @@ def cluster(tmp_path_factory):
     procs = [prefill, decode, proxy]
     try:
         proxy_url = f"http://127.0.0.1:{port}"
+        # the reference engine loads while the servers start
+        plain = LLMEngine.from_kwargs(model=folder, dtype="float32", kv_cache_memory=4 * 2**20, block_size=BLOCK)
         for url, proc in ((prefill_url, prefill), (decode_url, decode), (proxy_url, proxy)):
             wait_healthy(url, proc)
-        plain = LLMEngine.from_kwargs(model=folder, dtype="float32", kv_cache_memory=4 * 2**20, block_size=BLOCK)
         yield {"proxy": proxy_url, "prefill": prefill_url, "decode": decode_url, "plain": plain,
                "prefill_proc": prefill}
     finally:

@@ -35,6 +35,7 @@ ST_OK, ST_UNKNOWN, ST_MISMATCH, ST_ERROR = 0, 1, 2, 3
 _HEADER = 4  # int64 words of every header
 # An idle pair waits for its next pull indefinitely; a dead peer closes the socket instead.
 _FOREVER = datetime.timedelta(days=365)
+CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -153,7 +154,9 @@ class _Channel:
     def _connect(self) -> ProcessGroupGloo:
         if self._pg is None:
             timeout = datetime.timedelta(seconds=self.timeout_s)
-            self._store = TCPStore(self.host, self.port, is_master=False, timeout=timeout)
+            # a producer that is gone should fail the pull soon, not after the transfer timeout
+            connect = datetime.timedelta(seconds=min(self.timeout_s, CONNECT_TIMEOUT_S))
+            self._store = TCPStore(self.host, self.port, is_master=False, timeout=connect)
             k = self._store.add("num_consumers", 1) - 1
             self._store.set(f"consumer/{k}", b"1")
             self._pg = ProcessGroupGloo(PrefixStore(f"pair/{k}", self._store), 1, 2, timeout)
