@@ -76,3 +76,38 @@ def test_kv_heads_split_or_replicate_with_the_query_heads_that_read_them():
                                                                            (2, 1, 1)]
     for s in shards:  # query head h reads KV head h // (8 // 2)
         assert {h // 4 for h in range(s.q_start, s.q_start + s.num_heads)} == {s.kv_start}
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])  # q/k/v and gate/up stacked on load; already fused
+def test_each_rank_loads_its_rows_and_columns_of_every_checkpoint_tensor(arch, monkeypatch):
+    """Rank 1 of 2 builds its shard and cuts the checkpoint as it loads (no process group
+    is needed to load); 261 vocabulary rows split 131 + 130."""
+    import torch
+
+    from inflight.attention import get_attention_backend
+    from inflight.distributed import parallel_state
+    from inflight.models.registry import ModelArchConfig, get_model_class
+
+    hf = tiny_model(arch, seed=1)
+    sd = {k: v.detach() for k, v in hf.state_dict().items()}
+    cfg = ModelArchConfig.from_hf(hf.config.to_dict())
+    monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup(rank=1, world_size=2))
+    model = get_model_class(cfg.architecture)(cfg, get_attention_backend("torch", torch.device("cpu")), 64)
+    model.load_weights(sd)
+    hd, inter = cfg.head_dim, cfg.intermediate_size  # 16, 96: 4 heads, 2 KV heads, 64 wide
+    p = "model.layers.0."
+    if arch == "phi3":
+        q, k, v = sd[p + "self_attn.qkv_proj.weight"].split([64, 32, 32])
+        gate, up = sd[p + "mlp.gate_up_proj.weight"].split([inter, inter])
+    else:
+        q, k, v = (sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        gate, up = sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]
+    layer = model.layers[0]
+    assert (layer.self_attn.nh, layer.self_attn.nkv) == (2, 1)
+    assert torch.equal(layer.self_attn.qkv_proj.weight, torch.cat([q[2 * hd:], k[hd:], v[hd:]]))
+    assert torch.equal(layer.self_attn.o_proj.weight, sd[p + "self_attn.o_proj.weight"][:, 2 * hd:])
+    assert torch.equal(layer.mlp.gate_up_proj.weight, torch.cat([gate[inter // 2:], up[inter // 2:]]))
+    assert torch.equal(layer.mlp.down_proj.weight, sd[p + "mlp.down_proj.weight"][:, inter // 2:])
+    assert torch.equal(model.embed_tokens.weight, sd["model.embed_tokens.weight"][131:])
+    assert torch.equal(model.lm_head.weight, sd["lm_head.weight"][131:])
+    assert torch.equal(layer.input_layernorm.weight, sd[p + "input_layernorm.weight"])  # replicated
