@@ -31,6 +31,11 @@ def extract(name, text):
     ("mistral", '[TOOL_CALLS]f[ARGS]{"a": {"b": "}"}}[TOOL_CALLS]g{}', [("f", {"a": {"b": "}"}}), ("g", {})], None),
     ("mistral", "[TOOL_CALLS] no call", [], "[TOOL_CALLS] no call"),
     ("mistral", "Just text.", [], "Just text."),
+    ("granite", '<|tool_call|>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]',
+     [("f", {"a": 1}), ("g", {})], None),
+    ("granite", ' <tool_call> [{"name": "f", "arguments": {}}]', [("f", {})], None),
+    ("granite", "Sure: [1, 2]", [], "Sure: [1, 2]"),
+    ("granite", "[1, 2]", [], "[1, 2]"),
     ("pythonic", '[get_weather(city="Paris", days=[1, 2]), get_time()]',
      [("get_weather", {"city": "Paris", "days": [1, 2]}), ("get_time", {})], None),
     ("pythonic", '<|python_start|>[f(a={"k": None, "t": True})] done', [("f", {"a": {"k": None, "t": True}})],
@@ -46,6 +51,7 @@ def test_calls_and_content(name, text, calls, content):
 
 @pytest.mark.parametrize("name, text", [
     ("hermes", '<tool_call>{"name": "f", "arguments": {"city": "Paris", "note": "a \\"q\\" }"}}</tool_call>'),
+    ("granite", '<|tool_call|>[{"name": "f", "arguments": {"city": "Paris", "note": "a \\"q\\" }"}}]'),
     ("llama3_json", '{"name": "f", "parameters": {"city": "Paris", "note": "a \\"q\\" }"}}'),
     ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"city": "Paris", "note": "a \\"q\\" }"}}]'),
     ("mistral", '[TOOL_CALLS]f[ARGS]{"city": "Paris", "note": "a \\"q\\" }"}'),
@@ -76,6 +82,8 @@ PIECES = {
                     "}", '"', "\\", '{"name": "e", "arguments": {"a": "\\"}\\\\"}}'],
     "mistral": ["[TOOL_CALLS]", "[TOOL_", "CALLS]", "f[ARGS]", "g", '{"a": "[TOOL_CALLS]"}', "{}", "[", "]", ", ",
                 '{"name": "f", "arguments": {"q": 1}}', "text", " ", "\\", '"', "{", 'e{"a": "\\"}\\\\"}'],
+    "granite": ["<|tool_call|>", "<tool_call>", "<|tool", "_call|>", " ", "[", "]", ", ", "text",
+                '{"name": "f", "arguments": {"a": "]"}}', '{"arguments": {}, "name": "h"}', "{", '"', "\\"],
     "pythonic": ["[", "]", "f(", ")", "a=1", ", ", 'b="x)]"', "g()", "text", " ", "<|python_start|>", "2", "(",
                  '"', "h(c=[1, {'k': None}])"],
 }

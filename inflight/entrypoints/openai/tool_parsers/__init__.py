@@ -3,6 +3,7 @@ from inflight.entrypoints.openai.tool_parsers.abstract_tool_parser import (Extra
                                                                            ParsedToolCall, ToolCallDelta,
                                                                            ToolCallStream, ToolParser, collect)
 from inflight.entrypoints.openai.tool_parsers.forced import NamedToolCallStream, RequiredToolCallStream
+from inflight.entrypoints.openai.tool_parsers.granite_tool_parser import GraniteToolParser
 from inflight.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from inflight.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 from inflight.entrypoints.openai.tool_parsers.mistral_tool_parser import MistralToolParser
@@ -11,6 +12,6 @@ from inflight.entrypoints.openai.tool_parsers.registry import ToolParserManager
 
 DEFAULT_TOOL_PARSER = "hermes"
 
-__all__ = ["DEFAULT_TOOL_PARSER", "ExtractedToolCalls", "Hermes2ProToolParser", "Llama3JsonToolParser",
+__all__ = ["DEFAULT_TOOL_PARSER", "ExtractedToolCalls", "GraniteToolParser", "Hermes2ProToolParser", "Llama3JsonToolParser",
            "MistralToolParser", "NamedToolCallStream", "ParsedDelta", "ParsedToolCall", "PythonicToolParser",
            "RequiredToolCallStream", "ToolCallDelta", "ToolCallStream", "ToolParser", "ToolParserManager", "collect"]

@@ -22,8 +22,14 @@ from inflight.entrypoints.openai.tool_parsers.utils import parse_separated_calls
 BOT = "<|python_tag|>"
 
 
-class Llama3JsonToolCallStream(ToolCallStream):
-    """Incremental llama3_json parsing; the result does not depend on how the text is split."""
+class LeadingJsonCallsStream(ToolCallStream):
+    """An output that is calls when it begins with one of ``starts`` (after optional
+    ``prefixes``, in order) and content otherwise; the result does not depend on how
+    the text is split."""
+
+    prefixes: tuple[str, ...] = (BOT,)
+    starts: tuple[str, ...] = ("{",)
+    separator = ";"  # between calls outside a list
 
     def __init__(self) -> None:
         self._head = ""  # the text before the calls are decided on (whitespace, the tag)
@@ -49,16 +55,20 @@ class Llama3JsonToolCallStream(ToolCallStream):
     def _decide(self, text: str, out: ParsedDelta) -> None:
         self._head += text
         body = self._head.lstrip()
-        if not body or (len(body) < len(BOT) and BOT.startswith(body)):
+        for prefix in self.prefixes:
+            if body.startswith(prefix):
+                body = body[len(prefix):].lstrip()
+            elif prefix.startswith(body):  # the prefix may still be arriving
+                return
+        if not body:
             return
-        if not body.startswith((BOT, "{")):
+        if not body.startswith(self.starts):
             self._plain = True
             self._content.add(self._head, out)
             return
-        calls = body[len(BOT):] if body.startswith(BOT) else body
-        self._head = self._head[:len(self._head) - len(calls)]
-        self._calls = JsonCallsScanner(0, make_tool_call_id, separator=";")
-        self._feed_calls(calls, out)
+        self._head = self._head[:len(self._head) - len(body)]
+        self._calls = JsonCallsScanner(0, make_tool_call_id, separator=self.separator)
+        self._feed_calls(body, out)
 
     def _feed_calls(self, text: str, out: ParsedDelta) -> None:
         self._calls.feed(text, out)
@@ -75,7 +85,7 @@ class Llama3JsonToolCallStream(ToolCallStream):
         elif self._calls is not None and self._calls.emitted:
             self._called = self._calls.emitted
         elif self._calls is not None:  # nothing streamed: the whole text, read at once
-            calls = parse_separated_calls(self._calls.text, ";")
+            calls = parse_separated_calls(self._calls.text, self.separator)
             if calls is None:
                 self._content.add(self._head + self._calls.text, out)
             for i, (name, arguments) in enumerate(calls or []):
@@ -93,4 +103,4 @@ class Llama3JsonToolParser(ToolParser):
     """``--tool-call-parser llama3_json`` (``llama4_json``)."""
 
     def stream(self) -> ToolCallStream:
-        return Llama3JsonToolCallStream()
+        return LeadingJsonCallsStream()
