@@ -110,3 +110,34 @@ def test_worker_state_follows_the_scheduler_through_preemption(kw):
     assert not s.has_unfinished_requests()
     if "scheduling" not in kw:
         assert preempted > 0  # the pool is small enough that the diffs cross preemptions
+
+
+@pytest.mark.slow
+def test_the_real_runner_gives_the_same_tokens_when_every_step_is_pickled():
+    """The model runner reads only the data it is sent: a worker that gets each
+    SchedulerOutput through pickle (as another process does) samples the same
+    tokens, under preemption, chunked prefill, seeds, logit bias and prompt logprobs."""
+    from inflight import LLM
+
+    llm = LLM(dtype="float32", num_gpu_blocks_override=5, block_size=16, max_model_len=256,
+              max_num_batched_tokens=48, enable_prefix_caching=False)
+    prompts = [f"List {i}: one, two, three, four, five," for i in range(4)]
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, prompt_logprobs=1),
+              SamplingParams(temperature=0.9, seed=11, max_tokens=16, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logit_bias={11: 5.0}),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True, logprobs=2)]
+
+    def run():
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.prompt_logprobs) for o in outs]
+
+    eng = llm.llm_engine
+    before = eng.scheduler.num_preemptions
+    direct = run()
+    assert eng.scheduler.num_preemptions > before  # 5 blocks of 16 tokens: the four requests (2 blocks each) cannot all fit
+    execute = eng.executor.execute_model
+    eng.executor.execute_model = lambda sched: execute(pickle.loads(pickle.dumps(sched)))
+    try:
+        assert run() == direct
+    finally:
+        eng.executor.execute_model = execute
