@@ -76,6 +76,7 @@ class ParallelConfig:
     actors, several machines); None: uni for one rank, mp for more (inflight/executor)."""
 
     data_parallel_size: int = 1
+    data_parallel_backend: str = "mp"  # mp: spawned processes here | ray: Ray actors, any node of the cluster
     tensor_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None
 
@@ -92,6 +93,8 @@ class ParallelConfig:
         return "uni" if self.world_size == 1 else "mp"
 
     def validate(self) -> None:
+        if self.data_parallel_backend not in ("mp", "ray"):
+            raise ValueError(f"data_parallel_backend must be 'mp' or 'ray', got {self.data_parallel_backend!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
         if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):

@@ -22,6 +22,8 @@ _HELP = {
     "enable_chunked_prefill": "split long prompts across steps",
     "data_parallel_size": "engine replicas, one process each with its share of the cores, behind one server "
                           "and a prefix-cache-aware router (serve only)",
+    "data_parallel_backend": "mp (replica processes on this machine) | ray (Ray actors on any node; the model "
+                             "path must exist there)",
     "tensor_parallel_size": "split the model over this many ranks (attention heads and MLP columns; "
                             "num_attention_heads must be divisible by it)",
     "distributed_executor_backend": "uni (in process, one rank) | mp (a worker process per rank) | "

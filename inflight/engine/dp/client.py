@@ -53,8 +53,14 @@ class DPEngineClient:
 
         placements = current_platform(kwargs.get("device", "auto")).replica_placements(data_parallel_size)
         ctx = multiprocessing.get_context("spawn")  # a forked torch (threads, OpenMP) is not safe
-        self.replicas = [ReplicaHandle(i, ctx, _replica_kwargs(kwargs, i), placement)
-                         for i, placement in enumerate(placements)]
+        if kwargs.get("data_parallel_backend", "mp") == "ray":
+            from inflight.engine.dp.ray_replica import start_ray_replicas
+
+            self.replicas = start_ray_replicas([_replica_kwargs(kwargs, i) for i in range(data_parallel_size)],
+                                               placements)
+        else:
+            self.replicas = [ReplicaHandle.spawn(i, ctx, _replica_kwargs(kwargs, i), placement)
+                             for i, placement in enumerate(placements)]
         try:
             from inflight.loader import load_tokenizer
 
@@ -154,8 +160,11 @@ class DPEngineClient:
 
     def _kill_replicas(self) -> None:
         for r in self.replicas:
-            if r.process.is_alive():
-                r.kill()
+            try:
+                if r.process.is_alive():
+                    r.kill()
+            except Exception:  # Ray may be gone already at exit: its actors went with it
+                pass
 
     # ------------------------------------------------------------- requests
     def abort(self, request_id: str) -> None:

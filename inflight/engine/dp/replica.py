@@ -21,14 +21,16 @@ from inflight.engine.dp.wire import (AbortCommand, AddCommand, CacheReporter, Ou
 logger = logging.getLogger(__name__)
 
 
-def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], placement: dict[str, Any]) -> None:
+def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], placement: dict[str, Any],
+                 exit_process: bool = True) -> None:
     """Process entry: take this replica's cores (and devices), build the engine, serve the
     pipe until told to stop or the server goes away. ``placement`` is a ReplicaPlacement
     as a dict: unpickling the class would import the platforms, and torch, too early."""
     os.environ.update(placement["env"])  # before torch: CUDA reads its visible devices once
     os.environ["OMP_NUM_THREADS"] = str(placement["num_threads"])
-    # Ctrl-C reaches the whole process group: the server shuts replicas down in order
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if exit_process:  # our own process (a Ray worker's signals are Ray's)
+        # Ctrl-C reaches the whole process group: the server shuts replicas down in order
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s [dp{index}] %(name)s: %(message)s")
     if placement["cpus"]:
         os.sched_setaffinity(0, placement["cpus"])
@@ -47,15 +49,16 @@ def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], placement
                           engine.model_source, tuple(engine.eos_token_ids), os.getpid()))
     ReplicaLoop(engine, conn).run()
     logger.info("replica %d stopped", index)
-    # NOTE: the interpreter's teardown (torch and OpenMP finalizers) can take seconds or hang in
-    # native code with nothing left to save: flush what is written and leave at once.
     trace = getattr(engine, "_trace", None)
     if trace is not None:
         trace.flush()
     if hasattr(engine, "shutdown"):
         engine.shutdown()  # its tensor-parallel workers, if any
-    logging.shutdown()
-    os._exit(0)
+    if exit_process:
+        # NOTE: the interpreter's teardown (torch and OpenMP finalizers) can take seconds or hang in
+        # native code with nothing left to save: leave at once. (A Ray actor's process is Ray's to end.)
+        logging.shutdown()
+        os._exit(0)
 
 
 def _kv_pool(engine: Any) -> Any:

@@ -21,21 +21,29 @@ _STOP = object()  # outbox marker: the writer thread ends
 
 
 class ReplicaHandle:
-    """Starts replica ``index`` in a spawned process; ``send`` queues a command for it,
-    and every report it sends is handed to ``on_report`` on the reader thread."""
+    """The server's end of replica ``index``: ``send`` queues a command for it, and every
+    report it sends is handed to ``on_report`` on the reader thread."""
 
-    def __init__(self, index: int, ctx: Any, engine_kwargs: dict[str, Any], placement: "ReplicaPlacement") -> None:
+    def __init__(self, index: int, conn: Any, process: Any) -> None:
         self.index = index
-        self.conn, child_conn = ctx.Pipe()
-        # not daemonic: a replica may start tensor-parallel workers of its own; it still ends with the
-        # server, whose exit closes the pipe the replica reads
-        self.process = ctx.Process(target=replica_main, name=f"inflight-dp{index}", daemon=False,
-                                   args=(index, child_conn, engine_kwargs, asdict(placement)))
-        self.process.start()
-        child_conn.close()  # only the child holds its end: its death reads as EOF here
+        self.conn = conn
+        self.process = process  # multiprocessing.Process, or anything with its is_alive/join/terminate/exitcode
         self.info: Optional[ReplicaInfo] = None
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+
+    @classmethod
+    def spawn(cls, index: int, ctx: Any, engine_kwargs: dict[str, Any],
+              placement: "ReplicaPlacement") -> "ReplicaHandle":
+        """Replica ``index`` in a process of this machine started by ``ctx`` (spawn)."""
+        conn, child_conn = ctx.Pipe()
+        # not daemonic: a replica may start tensor-parallel workers of its own; it still ends with the
+        # server, whose exit closes the pipe the replica reads
+        process = ctx.Process(target=replica_main, name=f"inflight-dp{index}", daemon=False,
+                              args=(index, child_conn, engine_kwargs, asdict(placement)))
+        process.start()
+        child_conn.close()  # only the child holds its end: its death reads as EOF here
+        return cls(index, conn, process)
 
     def wait_ready(self, timeout: float) -> ReplicaInfo:
         """Block until the engine is built; RuntimeError with its reason when it is not."""
