@@ -164,3 +164,20 @@ def test_greedy_equals_transformers(checkpoint, backend):
     assert _run(llm, PROMPTS[-2:-1]) + _run(llm, PROMPTS[-1:]) == want[-2:]
     assert s.kv.prefix_cache_hits >= 32
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", ["qwen3_moe"], indirect=True)
+def test_tensor_parallel_equals_transformers(checkpoint):
+    """Two ranks: attention heads and the dense layer split, router and experts whole on each."""
+    _, folder, want = checkpoint
+    llm = LLM(model=folder, dtype="float32", tensor_parallel_size=2, max_num_seqs=8, max_num_batched_tokens=32)
+    try:
+        assert _run(llm, PROMPTS[:4]) == want[:4]  # batched, the longer prompts in chunks
+    finally:
+        llm.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("checkpoint", ["olmoe"], indirect=True)
+def test_olmoe_refuses_tensor_parallel(checkpoint):
+    with pytest.raises(ValueError, match="tensor_parallel_size"):  # its q/k norm spans every head
+        LLM(model=checkpoint[1], dtype="float32", tensor_parallel_size=2)

@@ -63,6 +63,8 @@ class MixtralForCausalLM(nn.Module):
     attention: type[nn.Module] = LlamaAttention
     mlp_name = "block_sparse_moe"
     expert_names = ("w1", "w2", "w3")  # the checkpoint's gate, down and up projections of each expert
+    # attention and dense MLPs from the parallel layers; router and experts whole on every rank
+    supports_tensor_parallel = True
 
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()

@@ -13,6 +13,7 @@ class Qwen3MoeForCausalLM(MixtralForCausalLM):
 
     mlp_name = "mlp"
     expert_names = ("gate_proj", "down_proj", "up_proj")
+    supports_tensor_parallel = True  # per-head q/k norm: each rank norms its own heads
 
 
 ARCHITECTURES = (
