@@ -66,6 +66,28 @@ def test_arguments_stream_as_they_are_generated(name, text):
     assert json.loads(collect(deltas).tool_calls[0].arguments) == {"city": "Paris", "note": 'a "q" }'}
 
 
+QWEN_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "opts": {"type": "object"}, "hot": {"type": "boolean"}}}}}]
+
+
+def test_qwen3_coder_values_are_typed_by_the_schema_and_stream_per_parameter():
+    parser = ToolParserManager.get_tool_parser("qwen3_coder")(tools=QWEN_TOOLS)
+    text = ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n12\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"unit\": \"C\"}\n</parameter>\n"
+            "<parameter=hot>\nfalse\n</parameter>\n<parameter=note>\n7\n</parameter>\n</function>\n</tool_call>")
+    s = parser.stream()
+    deltas = [s.feed(ch) for ch in text] + [s.finish()]
+    args = [p.arguments for d in deltas for p in d.tool_calls if p.id is None]
+    assert args == ['{', '"city": "12"', ', "days": 3', ', "opts": {"unit": "C"}', ', "hot": false', ', "note": "7"',
+                    "}"]
+    (call,) = collect(deltas).tool_calls
+    assert call.name == "get_weather" and json.loads(call.arguments) == {
+        "city": "12", "days": 3, "opts": {"unit": "C"}, "hot": False, "note": "7"}
+    assert collect(deltas).content == "Checking."
+    r = parser.extract_tool_calls("<tool_call>no function</tool_call>")
+    assert r.tool_calls == [] and r.content == "<tool_call>no function</tool_call>"
+
+
 def test_mistral_keeps_special_tokens_and_makes_its_own_ids():
     parser = ToolParserManager.get_tool_parser("mistral")()
     assert parser.adjust_request(SamplingParams()).skip_special_tokens is False
@@ -84,6 +106,8 @@ PIECES = {
                 '{"name": "f", "arguments": {"q": 1}}', "text", " ", "\\", '"', "{", 'e{"a": "\\"}\\\\"}'],
     "granite": ["<|tool_call|>", "<tool_call>", "<|tool", "_call|>", " ", "[", "]", ", ", "text",
                 '{"name": "f", "arguments": {"a": "]"}}', '{"arguments": {}, "name": "h"}', "{", '"', "\\"],
+    "qwen3_coder": ["<tool_call>", "</tool_call>", "<tool_", "\n", "<function=f>", "<function=", "g>", "</function>",
+                    "<parameter=a>", "1", "</parameter>", "</param", "<parameter=b>\nx\ny\n</parameter>", "text"],
     "pythonic": ["[", "]", "f(", ")", "a=1", ", ", 'b="x)]"', "g()", "text", " ", "<|python_start|>", "2", "(",
                  '"', "h(c=[1, {'k': None}])"],
 }

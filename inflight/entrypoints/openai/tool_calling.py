@@ -39,7 +39,7 @@ class ToolPlan:
 
     def parser(self) -> ToolParser:
         """The ``--tool-call-parser`` that reads calls in ``auto`` mode."""
-        return ToolParserManager.get_tool_parser(self.parser_name)()
+        return ToolParserManager.get_tool_parser(self.parser_name)(tools=self.tools)
 
     def stream(self) -> Optional[ToolCallStream]:
         """A fresh parsing state for one choice (None: the output is plain content)."""

@@ -8,10 +8,12 @@ from inflight.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2P
 from inflight.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 from inflight.entrypoints.openai.tool_parsers.mistral_tool_parser import MistralToolParser
 from inflight.entrypoints.openai.tool_parsers.pythonic_tool_parser import PythonicToolParser
+from inflight.entrypoints.openai.tool_parsers.qwen3coder_tool_parser import Qwen3CoderToolParser
 from inflight.entrypoints.openai.tool_parsers.registry import ToolParserManager
 
 DEFAULT_TOOL_PARSER = "hermes"
 
-__all__ = ["DEFAULT_TOOL_PARSER", "ExtractedToolCalls", "GraniteToolParser", "Hermes2ProToolParser", "Llama3JsonToolParser",
-           "MistralToolParser", "NamedToolCallStream", "ParsedDelta", "ParsedToolCall", "PythonicToolParser",
-           "RequiredToolCallStream", "ToolCallDelta", "ToolCallStream", "ToolParser", "ToolParserManager", "collect"]
+__all__ = ["DEFAULT_TOOL_PARSER", "ExtractedToolCalls", "GraniteToolParser", "Hermes2ProToolParser",
+           "Llama3JsonToolParser", "MistralToolParser", "NamedToolCallStream", "ParsedDelta", "ParsedToolCall",
+           "PythonicToolParser", "Qwen3CoderToolParser", "RequiredToolCallStream", "ToolCallDelta", "ToolCallStream",
+           "ToolParser", "ToolParserManager", "collect"]

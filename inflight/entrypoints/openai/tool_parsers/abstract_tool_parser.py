@@ -119,8 +119,9 @@ class ToolCallStream(ABC):
 class ToolParser(ABC):
     """Parses one model family's tool-call syntax (vLLM's ``--tool-call-parser``)."""
 
-    def __init__(self, tokenizer: Any = None) -> None:
+    def __init__(self, tokenizer: Any = None, tools: Optional[list[dict[str, Any]]] = None) -> None:
         self.tokenizer = tokenizer
+        self.tools = tools or []  # the request's tools, as dicts (a parser may type values by their schema)
 
     @abstractmethod
     def stream(self) -> ToolCallStream:
