@@ -62,6 +62,12 @@ def test_stop_strings_and_stop_token_ids(llm):
                                                              stop_token_ids=[base.token_ids[2]]),
                             use_tqdm=False)[0].outputs[0]
     assert tok_stop.token_ids == base.token_ids[:3] and tok_stop.stop_reason == base.token_ids[2]
+    # as vLLM, the stop token is not part of the text, with special tokens kept or not
+    text = llm.get_tokenizer().decode(base.token_ids[:2])
+    assert tok_stop.text == text
+    kept = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0.0, max_tokens=16, skip_special_tokens=False,
+                                                         stop_token_ids=[base.token_ids[2]]), use_tqdm=False)
+    assert kept[0].outputs[0].text == text
 
 
 @pytest.mark.parametrize("make, match", [

@@ -90,9 +90,14 @@ class OutputProcessor:
         if comp.finished:
             return False
         stop_str = None
-        for tok in o.new_token_ids:
+        # As vLLM: the token that stopped the request (EOS or one of stop_token_ids) is not
+        # text, unless include_stop_str_in_output (it shows with skip_special_tokens false).
+        text_ids = o.new_token_ids[:-1] if o.finish_reason == "stop" and not s.detok.include_stop else o.new_token_ids
+        for i, tok in enumerate(o.new_token_ids):
             comp.token_ids.append(tok)
             comp.delta_token_ids.append(tok)
+            if i == len(text_ids):
+                break
             stop_str = s.detok.add_token(tok)
             if stop_str is not None:
                 break
