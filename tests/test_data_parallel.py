@@ -274,6 +274,41 @@ def test_disconnect_aborts_on_its_replica_and_frees_its_blocks(server):
 
 
 @pytest.mark.slow
+def test_replicas_as_ray_actors_serve_the_same_tokens(tiny_gguf):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'inflight[ray]')")
+    from inflight.engine.dp import DPEngineClient
+    from inflight.engine.llm_engine import LLMEngine
+    from inflight.entrypoints.openai.server_thread import ServerThread
+    from inflight.sampling_params import SamplingParams
+
+    prompts = _prompts(8, seed=1)
+    engine = LLMEngine.from_kwargs(**ENGINE_KWARGS, model=tiny_gguf)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=6))
+    ref: dict[str, str] = {}
+    while engine.has_unfinished_requests():
+        ref.update({o.request_id: o.outputs[0].text for o in engine.step() if o.finished})
+    del engine
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        dp = DPEngineClient(dict(ENGINE_KWARGS, model=tiny_gguf, data_parallel_backend="ray"), data_parallel_size=2)
+        with ServerThread(dp, MODEL, log_stats=False) as srv:
+            client = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+            async def all_of():
+                return await asyncio.gather(*(client.completions.create(model=MODEL, prompt=p, max_tokens=6,
+                                                                        temperature=0) for p in prompts))
+
+            texts = [r.choices[0].text for r in asyncio.run(all_of())]
+            routed = routed_to("", scrape(srv))
+    finally:
+        ray.shutdown()
+    assert texts == [ref[str(i)] for i in range(8)]
+    assert sum(routed.values()) == 8 and min(routed.values()) > 0
+
+
+@pytest.mark.slow
 def test_a_dead_replica_fails_its_requests_and_health(server):
     """Last in this module: it kills a replica (the server then exits, as after any engine crash)."""
     from fastapi.testclient import TestClient
