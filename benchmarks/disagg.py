@@ -158,7 +158,10 @@ def transfer_cost(args: argparse.Namespace) -> dict:
                                      enable_prefix_caching=False)
     conn = producer.engine.kv_connector
     n, vocab = args.transfer_tokens, consumer.arch.vocab_size
-    for i in range(args.transfer_repeats):
+    warm: dict = {}
+    for i in range(args.transfer_repeats + 1):  # the first pull also connects the pair: not counted
+        if i == 1:
+            warm = consumer.stats()
         prompt = [(100 + i * 31 + j * 7) % vocab for j in range(n)]
         rid = f"t{i}"
         prefill = SamplingParams(temperature=0, max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}})
@@ -170,7 +173,7 @@ def transfer_cost(args: argparse.Namespace) -> dict:
                                                              extra_args={"kv_transfer_params": kv}))
         while consumer.has_unfinished_requests():
             consumer.step()
-    s = consumer.stats()
+    s = {k: v - warm.get(k, 0) for k, v in consumer.stats().items()}
     stopper = asyncio.new_event_loop()
     stopper.run_until_complete(producer.shutdown())
     tokens, seconds = s["kv_transfer_tokens"], s["kv_transfer_seconds"]

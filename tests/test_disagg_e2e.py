@@ -128,6 +128,13 @@ def test_greedy_through_the_proxy_equals_plain_and_decode_computes_only_the_last
         assert got == ref
         # the last prompt token, then one per generated token after the first
         assert decode_tokens_computed(cluster) - before == MAX_TOKENS
+    before = decode_tokens_computed(cluster)
+    chat = {"messages": [{"role": "user", "content": "tell me about the blocks " * 6}], "max_tokens": MAX_TOKENS,
+            "temperature": 0, "ignore_eos": True}
+    r = httpx.post(cluster["proxy"] + "/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == MAX_TOKENS
+    assert decode_tokens_computed(cluster) - before == MAX_TOKENS  # chat prompts move the same way
 
 
 async def _one(client: httpx.AsyncClient, url: str, prompt: list[int], leave: bool) -> bool:

@@ -211,6 +211,7 @@ def add_proxy_parser(subparsers) -> argparse.ArgumentParser:
 def run_proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per upstream request
     app = build_proxy_app(ProxyState(args.prefill, args.decode, args.timeout))
     logger.info("proxy on http://%s:%d: prefill %s, decode %s", args.host, args.port, args.prefill, args.decode)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
