@@ -2,6 +2,7 @@
 over a fake engine whose model writes a fixed tool call."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import openai
@@ -203,6 +204,35 @@ def test_streamed_calls_concatenate_to_the_non_streamed_result(server, client):
     assert len(calls) == 2 and chunks[-1].choices[0].finish_reason == "tool_calls"
     # the arguments arrive as they are generated, not whole at the closing tag
     assert sum(1 for d in deltas for p in d.tool_calls or [] if p.index == 0 and not p.id) > 1
+    wait_until_idle(server)
+
+
+@pytest.mark.parametrize("parser, script", [
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    ("mistral", 'Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    ("granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    ("pythonic", '[get_weather(city="Paris")]'),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                    "</tool_call>"),
+])
+def test_each_tool_call_parser_through_the_server(server, client, parser, script):
+    server.engine.runner.script = script
+    limits = server.state.limits
+    server.state.limits = dataclasses.replace(limits, tool_call_parser=parser)  # --tool-call-parser
+    try:
+        kw = dict(model=MODEL, messages=USER, tools=TOOLS, max_tokens=300)
+        whole = client.chat.completions.create(**kw).choices[0]
+        chunks = list(client.chat.completions.create(**kw, stream=True))
+    finally:
+        server.state.limits = limits
+    (call,) = whole.message.tool_calls
+    assert whole.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert whole.message.content == ("Sure." if parser == "mistral" else None)
+    assert (len(call.id) == 9 and call.id.isalnum()) if parser == "mistral" else call.id.startswith("call_")
+    pieces = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []]
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
     wait_until_idle(server)
 
 
