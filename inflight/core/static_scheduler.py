@@ -107,10 +107,3 @@ class StaticBatching(BatchingPolicy):
             return released
         return []
 
-
-def __getattr__(name: str):
-    # The old class name: Scheduler now picks static batching from ``scheduling="static"``.
-    if name == "StaticScheduler":
-        from inflight.core.scheduler import Scheduler
-        return Scheduler
-    raise AttributeError(name)

@@ -12,7 +12,6 @@ from inflight.config import EngineConfig
 from inflight.core.outputs import SchedulerOutput
 from inflight.core.request import Request, RequestStatus
 from inflight.core.scheduler import Scheduler
-from inflight.core.static_scheduler import StaticScheduler
 from inflight.distributed.kv_transfer.factory import start_step
 from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
@@ -52,8 +51,8 @@ class LLMEngine:
         self.dtype, self.device = built.dtype, built.device
         self.max_model_len = built.max_model_len
         self.num_blocks = built.num_blocks
-        sched_cls = StaticScheduler if config.scheduler_config.scheduling == "static" else Scheduler
-        self.scheduler = sched_cls(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len,
+        # the batching policy (continuous or static) follows config.scheduler_config.scheduling
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len,
                                    num_host_blocks=built.num_host_blocks,
                                    speculative_config=config.speculative_config,
                                    sliding_window=built.arch.kv_sliding_window)
