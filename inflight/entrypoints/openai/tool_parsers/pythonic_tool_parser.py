@@ -31,7 +31,7 @@ def calls_of_list(source: str) -> object:
     ``source`` is not valid Python (yet), ``_INVALID`` if it is, but is no list of calls."""
     try:
         tree = ast.parse(source, mode="eval").body
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting too: not a call list (yet)
         return None
     if not isinstance(tree, ast.List):
         return _INVALID
