@@ -21,7 +21,8 @@ logger = logging.getLogger("inflight.stats")
 PREFIX = "inflight:"
 # running totals in engine.stats() that become Prometheus counters of the same name
 _ENGINE_TOTALS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "spec_decode_num_drafts",
-                  "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+                  "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "kv_transfer_pulls",
+                  "kv_transfer_failures", "kv_transfer_tokens", "kv_transfer_seconds")
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 _TOKEN_LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -89,6 +90,12 @@ class EngineMetrics:
         self.spec_decode_num_draft_tokens = make(Counter, "spec_decode_num_draft_tokens", "Draft tokens verified.")
         self.spec_decode_num_accepted_tokens = make(Counter, "spec_decode_num_accepted_tokens",
                                                     "Draft tokens accepted.")
+        # prefill/decode disaggregation, on a decode instance (distributed/kv_transfer/)
+        self.kv_transfer_pulls = make(Counter, "kv_transfer_pulls", "Prompts whose KV was pulled from a producer.")
+        self.kv_transfer_failures = make(Counter, "kv_transfer_failures",
+                                         "Pulls that failed (the prompt was computed here instead).")
+        self.kv_transfer_tokens = make(Counter, "kv_transfer_tokens", "Prompt tokens whose KV was pulled.")
+        self.kv_transfer_seconds = make(Counter, "kv_transfer_seconds", "Time from queuing a pull to its arrival.")
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of requests that started generating.")
         self.generation_tokens = make(Counter, "generation_tokens", "Generated tokens.")
         self.request_success = make(Counter, "request_success", "Finished requests by finish reason.",

@@ -139,3 +139,16 @@ def test_producer_frees_blocks_never_pulled_after_the_timeout(engines):
     while producer.has_unfinished_requests() and time.monotonic() < deadline:
         producer.step()  # abort_timeout_s is 1 s here
     assert_all_free(producer)
+
+
+def test_kv_transfer_config_is_checked():
+    from inflight.config import EngineConfig
+
+    cfg = EngineConfig.from_kwargs(kv_transfer_config='{"kv_role": "kv_consumer", "kv_port": 0}')
+    assert cfg.kv_transfer_config.is_consumer and not cfg.kv_transfer_config.is_producer
+    with pytest.raises(ValueError, match="kv_role"):
+        EngineConfig.from_kwargs(kv_transfer_config='{"kv_role": "prefill"}')
+    with pytest.raises(ValueError, match="unknown kv_transfer_config keys"):
+        EngineConfig.from_kwargs(kv_transfer_config={"role": "kv_producer"})
+    with pytest.raises(ValueError, match="not valid JSON"):
+        EngineConfig.from_kwargs(kv_transfer_config="{kv_role: kv_producer}")

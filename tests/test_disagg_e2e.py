@@ -135,6 +135,9 @@ def test_greedy_through_the_proxy_equals_plain_and_decode_computes_only_the_last
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == MAX_TOKENS
     assert decode_tokens_computed(cluster) - before == MAX_TOKENS  # chat prompts move the same way
+    decode_metrics = httpx.get(cluster["decode"] + "/metrics").text
+    assert metric(decode_metrics, "inflight:kv_transfer_pulls_total") == len(PROMPTS) + 1
+    assert metric(decode_metrics, "inflight:kv_transfer_failures_total") == 0
 
 
 async def _one(client: httpx.AsyncClient, url: str, prompt: list[int], leave: bool) -> bool:
