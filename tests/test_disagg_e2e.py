@@ -170,6 +170,8 @@ def test_every_block_returns_after_concurrent_requests_with_disconnects(cluster)
 
 
 def test_a_dead_prefill_instance_makes_the_proxy_answer_503(cluster):
+    assert httpx.get(cluster["proxy"] + "/health", timeout=30).status_code == 200
+    assert httpx.get(cluster["proxy"] + "/v1/models", timeout=30).json()["data"]
     proc = cluster["prefill_proc"]
     proc.kill()
     proc.wait(timeout=20)

@@ -181,7 +181,8 @@ def build_proxy_app(state: ProxyState) -> FastAPI:
     @app.get("/v1/models")
     async def models(raw: Request) -> Response:
         try:
-            resp = await state.client.get(state.decode[0] + "/v1/models", headers=dict(raw.headers))
+            headers = {k: v for k, v in raw.headers.items() if k.lower() in _PASS_HEADERS}
+            resp = await state.client.get(state.decode[0] + "/v1/models", headers=headers)
         except httpx.TransportError as e:
             return _unavailable(f"the decode instance failed: {type(e).__name__}")
         return Response(resp.content, resp.status_code, media_type="application/json")
