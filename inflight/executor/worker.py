@@ -24,12 +24,15 @@ def free_port() -> int:
 
 
 def threads_per_rank(world_size: int) -> int:
-    """Threads for each of ``world_size`` ranks on this machine: ``OMP_NUM_THREADS`` when
-    set (per rank), else this process's cores split evenly."""
+    """Threads for each of ``world_size`` ranks on this machine: this process's cores split
+    evenly, or ``OMP_NUM_THREADS`` (per rank) when set and smaller: a rank never runs more
+    threads than the cores it is pinned to (a data-parallel replica's OMP_NUM_THREADS is
+    the whole replica's)."""
+    share = max(1, len(os.sched_getaffinity(0)) // world_size)
     env = os.environ.get("OMP_NUM_THREADS")
     if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, len(os.sched_getaffinity(0)) // world_size)
+        return min(int(env), share)
+    return share
 
 
 def pin_cores(rank: int, world_size: int) -> Optional[list[int]]:
