@@ -34,8 +34,12 @@ def tiny_checkpoint(folder: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    folder = tiny_checkpoint(str(tmp_path_factory.mktemp("tiny")))
+def folder(tmp_path_factory):
+    return tiny_checkpoint(str(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def engines(folder):
     kw = dict(model=folder, dtype="float32", kv_cache_memory=4 * 2**20, block_size=BLOCK)
     plain = LLMEngine.from_kwargs(**kw)
     producer = LLMEngine.from_kwargs(**kw, kv_transfer_config={
@@ -69,7 +73,7 @@ def decode(producer: LLMEngine, consumer: LLMEngine, rid: str, prompt: list[int]
     consumer.add_request(rid, prompt, greedy(MAX_TOKENS, kv))
     computed, result = 0, None
     while result is None:
-        if producer.has_unfinished_requests():
+        if producer is not consumer and producer.has_unfinished_requests():
             producer.step()
         for out in consumer.step():
             if out.finished:
@@ -152,3 +156,17 @@ def test_kv_transfer_config_is_checked():
         EngineConfig.from_kwargs(kv_transfer_config={"role": "kv_producer"})
     with pytest.raises(ValueError, match="not valid JSON"):
         EngineConfig.from_kwargs(kv_transfer_config="{kv_role: kv_producer}")
+
+
+def test_a_kv_both_instance_pulls_from_itself(engines, folder):
+    plain = engines[0]
+    both = LLMEngine.from_kwargs(model=folder, dtype="float32", kv_cache_memory=4 * 2**20, block_size=BLOCK,
+                                 enable_prefix_caching=False,  # else the prompt is all local prefix hits
+                                 kv_transfer_config={"kv_role": "kv_both", "kv_port": 0})
+    prompt = PROMPTS[1]
+    ref = finish(plain, "plain-both", prompt, greedy(MAX_TOKENS)).outputs[0].token_ids
+    kv = prefill(both, "p-both", prompt)
+    out, computed = decode(both, both, "d-both", prompt, kv)
+    assert out.outputs[0].token_ids == ref and computed == MAX_TOKENS
+    assert both.stats()["kv_transfer_pulls"] == 1
+    assert_all_free(both)
