@@ -131,7 +131,8 @@ def test_consumer_abort_releases_the_producers_blocks(engines):
     deadline = time.monotonic() + 30
     while producer.has_unfinished_requests() and time.monotonic() < deadline:
         producer.step()
-        consumer.step() if consumer.has_unfinished_requests() else None
+        if consumer.has_unfinished_requests():
+            consumer.step()
     assert_all_free(producer, consumer)
 
 
