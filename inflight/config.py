@@ -1,11 +1,11 @@
 """Engine settings, grouped as in vLLM (model, cache, scheduler)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from inflight.distributed.kv_transfer.config import KVTransferConfig
+from inflight.json_config import parse_json_config
 
 
 @dataclass
@@ -125,19 +125,7 @@ class SpeculativeConfig:
     @classmethod
     def parse(cls, value: Any) -> Optional["SpeculativeConfig"]:
         """None, a SpeculativeConfig, a dict, or its JSON text (the CLI's form)."""
-        if value is None or isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON ({e}): {value!r}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
-        unknown = set(value) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown speculative_config keys: {sorted(unknown)}")
-        return cls(**value)
+        return parse_json_config(cls, value, "speculative_config")
 
     def validate(self) -> None:
         if self.method != "ngram":

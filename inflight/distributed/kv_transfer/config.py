@@ -2,9 +2,10 @@
 disaggregation (no torch here: the engine config imports it)."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from inflight.json_config import parse_json_config
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_CONNECTORS = ("GlooConnector",)
@@ -53,20 +54,9 @@ class KVTransferConfig:
     @classmethod
     def parse(cls, value: Any) -> Optional["KVTransferConfig"]:
         """None, a KVTransferConfig, a dict, or its JSON text (the CLI's form)."""
-        if value is None or isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"kv_transfer_config is not valid JSON ({e}): {value!r}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"kv_transfer_config must be a JSON object, got {value!r}")
-        unknown = set(value) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown kv_transfer_config keys: {sorted(unknown)}")
-        cfg = cls(**value)
-        cfg.validate()
+        cfg = parse_json_config(cls, value, "kv_transfer_config")
+        if cfg is not None and cfg is not value:
+            cfg.validate()
         return cfg
 
     def validate(self) -> None:
