@@ -46,21 +46,24 @@ class ActorProcess:
         self.actor, self.done = actor, done
         self.exitcode: Optional[int] = None
 
+    # NOTE: once Ray is shut down (at exit, or by the caller) every actor is gone, and
+    # any ray call would start a fresh local instance just to say so.
     def is_alive(self) -> bool:
         import ray
 
-        return not ray.wait([self.done], timeout=0)[0]
+        return ray.is_initialized() and not ray.wait([self.done], timeout=0)[0]
 
     def join(self, timeout: Optional[float] = None) -> None:
         import ray
 
-        if ray.wait([self.done], timeout=timeout)[0]:
+        if not ray.is_initialized() or ray.wait([self.done], timeout=timeout)[0]:
             self.exitcode = 0
 
     def terminate(self) -> None:
         import ray
 
-        ray.kill(self.actor)
+        if ray.is_initialized():
+            ray.kill(self.actor)
 
     kill = terminate
 
