@@ -16,16 +16,20 @@ import torch
 from inflight.loader import default_model_path
 
 
-@functools.lru_cache(maxsize=4)
 def load_hf_reference(path: str | None = None, dtype: torch.dtype = torch.float32):
     """Return ``transformers``' causal LM for ``path`` (default: the embedded GGUF), in eval mode.
 
-    ``path`` is a ``.gguf`` file or an HF model folder. Cached per process:
-    the embedded model takes ~10 s to dequantize. Treat the result as read-only.
+    ``path`` is a ``.gguf`` file or an HF model folder. Cached per process, under the
+    resolved path, however the arguments are spelled: the embedded model takes ~10 s
+    to dequantize. Treat the result as read-only.
     """
+    return _load(os.path.realpath(path or default_model_path()), dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    path = os.path.realpath(path or default_model_path())
     if os.path.isdir(path):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     elif importlib.util.find_spec("accelerate") is not None:
