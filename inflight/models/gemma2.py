@@ -20,6 +20,7 @@ from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.layers.activation import GeluAndMul
 from inflight.layers.layernorm import GemmaRMSNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
+from inflight.models.llama import LlamaAttention
 from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 
@@ -43,12 +44,7 @@ class GemmaAttention(nn.Module):
         self.sliding_window = cfg.layer_sliding_window(layer)
         self.logits_soft_cap = cfg.attn_logit_softcapping
 
-    def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
-        """Each q and k head RMS-normalised over head_dim before RoPE (Gemma 3)."""
-        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = self.q_norm(q.reshape(-1, self.nh, self.hd))[0].view(q.shape)
-        k = self.k_norm(k.reshape(-1, self.nkv, self.hd))[0].view(k.shape)
-        return torch.cat([q, k, v], dim=-1)
+    _norm_qk = LlamaAttention._norm_qk  # Gemma 3's q/k heads RMS-normalised before RoPE, as Qwen3's
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, md: AttentionMetadata):
         qkv = self.qkv_proj(x)
