@@ -90,3 +90,44 @@ def test_greedy_equals_transformers(checkpoint, backend):
     s = _scheduler(llm, enable_prefix_caching=True)
     assert _run(llm, PROMPTS[-2:-1]) + _run(llm, PROMPTS[-1:]) == want[-2:]
     assert s.kv.prefix_cache_hits >= 32  # the second prompt's shared blocks came from the cache
+
+
+WINDOW = 8
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@pytest.fixture(scope="module")
+def qwen2_window(tmp_path_factory, tokenizer):
+    """(HF folder, transformers' greedy tokens for PROMPTS[2:5]) of a Qwen2 with
+    use_sliding_window and max_window_layers=1: layer 0 global, layer 1 an 8-token window,
+    far shorter than the prompts."""
+    folder = tmp_path_factory.mktemp("qwen2_window")
+    model = tiny_model("qwen2", seed=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1).eval()
+    assert model.config.layer_types == [FULL, SLIDING]
+    with torch.no_grad():  # sharp attention and a strong attention path: which keys a layer sees matters
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(6.0)
+            elif name.endswith(("v_proj.weight", "o_proj.weight", "embed_tokens.weight")):
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    want = [_hf_greedy(model, p) for p in PROMPTS[2:5]]
+    # the per-layer rule is tested: the window on no layer, or on every layer, gives other tokens
+    for types in ([FULL, FULL], [SLIDING, SLIDING]):
+        model.config.layer_types = types
+        assert [_hf_greedy(model, p) for p in PROMPTS[2:5]] != want
+    return str(folder), want
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_qwen2_max_window_layers_equal_transformers(qwen2_window, backend):
+    folder, want = qwen2_window
+    llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+              max_num_seqs=16, max_num_batched_tokens=256)
+    assert [ly.self_attn.sliding_window for ly in llm.llm_engine.runner.model.layers] == [None, WINDOW]
+    assert llm.llm_engine.arch.kv_sliding_window is None  # the global layer reads every block
+    assert _run(llm, PROMPTS[2:5]) == want
+    s = _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+    assert _run(llm, PROMPTS[2:5]) == want  # prefills in chunks of at most 4 tokens beside decodes
+    assert s.kv.num_free_blocks == s.kv.num_blocks

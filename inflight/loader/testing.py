@@ -39,22 +39,24 @@ def byte_level_tokens() -> list[str]:
 TOKENS = SPECIAL_TOKENS + byte_level_tokens() + ["he", "Ġt"]
 
 
-def tiny_model(arch: str, tie: bool = False, seed: int = 0) -> transformers.PreTrainedModel:
-    """A 2-layer random ``arch`` model (a key of CONFIG_CLASSES) over the byte-level TOKENS vocabulary."""
-    cfg = CONFIG_CLASSES[arch](
-        vocab_size=len(TOKENS),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=tie,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+def tiny_model(arch: str, tie: bool = False, seed: int = 0, **config) -> transformers.PreTrainedModel:
+    """A 2-layer random ``arch`` model (a key of CONFIG_CLASSES) over the byte-level TOKENS
+    vocabulary; ``config`` overrides or adds config fields."""
+    cfg = CONFIG_CLASSES[arch](**{
+        "vocab_size": len(TOKENS),
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": tie,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        **config,
+    })
     cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)

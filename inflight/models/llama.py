@@ -16,10 +16,13 @@ from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
 from inflight.models.layer_plan import DecoderLayerPlan, LayerPlan
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
+from inflight.structured_output.masks import GrammarBitmask
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend) -> None:
+    """Self-attention of decoder layer ``layer`` (its index picks its sliding window)."""
+
+    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
         self.hd = cfg.head_dim
         # this rank's heads (all of them without tensor parallelism)
@@ -32,8 +35,8 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.backend = backend
         self.scale = self.hd ** -0.5
-        # per layer, so stacks that mix windowed and global layers can set it layer by layer
-        self.sliding_window = cfg.sliding_window
+        # per layer: Qwen2/Qwen3 with use_sliding_window window only the layers from max_window_layers on
+        self.sliding_window = cfg.layer_sliding_window(layer)
 
     def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         """Each q and k head RMS-normalised over head_dim (before RoPE, as Qwen3 does)."""
@@ -63,9 +66,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, backend)
+        self.self_attn = LlamaAttention(cfg, backend, layer)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -90,7 +93,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
@@ -125,7 +128,8 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head(hidden)
         return self.embed_tokens.logits(hidden)
 
-    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
+    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int,
+                      grammar: Optional[GrammarBitmask] = None) -> Optional[torch.Tensor]:
         """The argmax token of each row's logits without materializing them, where the
         logits projection can (a bias-free PanelLinear over exactly ``vocab_size``
         rows); None otherwise."""
@@ -133,7 +137,7 @@ class LlamaForCausalLM(nn.Module):
         if (head is None or not hasattr(head, "argmax") or getattr(head, "bias", None) is not None
                 or head.out_features != vocab_size):
             return None
-        return head.argmax(hidden)
+        return head.argmax(hidden, grammar)
 
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""

@@ -19,6 +19,7 @@ from inflight.layers.rotary import RotaryEmbedding
 from inflight.models.llama import LlamaAttention, LlamaMLP
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
+from inflight.structured_output.masks import GrammarBitmask
 
 
 class SparseMoeBlock(nn.Module):
@@ -41,7 +42,7 @@ class MoeDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int,
                  attention: type[nn.Module], mlp_name: str) -> None:
         super().__init__()
-        self.self_attn = attention(cfg, backend)
+        self.self_attn = attention(cfg, backend, layer)
         self.mlp_name = mlp_name
         setattr(self, mlp_name, SparseMoeBlock(cfg) if layer in cfg.moe_layers else LlamaMLP(cfg))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -89,14 +90,15 @@ class MixtralForCausalLM(nn.Module):
             return self.lm_head(hidden)
         return F.linear(hidden, self.embed_tokens.weight)
 
-    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
+    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int,
+                      grammar: Optional[GrammarBitmask] = None) -> Optional[torch.Tensor]:
         """Each row's argmax token from inside a packed logits GEMM, where the head is
         one (see LlamaForCausalLM.greedy_tokens); None otherwise."""
         head = self.lm_head
         if (head is None or not hasattr(head, "argmax") or getattr(head, "bias", None) is not None
                 or head.out_features != vocab_size):
             return None
-        return head.argmax(hidden)
+        return head.argmax(hidden, grammar)
 
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""

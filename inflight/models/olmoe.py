@@ -16,8 +16,8 @@ from inflight.models.registry import ArchSpec, ModelArchConfig
 class OlmoeAttention(LlamaAttention):
     """Llama attention with OLMoE's full-width q/k norm and optional q/k/v clipping."""
 
-    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend) -> None:
-        super().__init__(cfg, backend)
+    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int) -> None:
+        super().__init__(cfg, backend, layer)
         if self.nh != cfg.num_attention_heads:
             raise ValueError("OLMoE's q/k norm spans every head; it does not run under tensor parallelism")
         self.q_norm = RMSNorm(self.nh * self.hd, cfg.rms_norm_eps)

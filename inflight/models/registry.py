@@ -212,11 +212,21 @@ def _extra_fields(c: Any) -> dict[str, Any]:
                                             "final_logit_softcapping")}
     local = (getattr(c, "rope_parameters", None) or {}).get("sliding_attention")
     local_theta = local.get("rope_theta") if isinstance(local, dict) else getattr(c, "rope_local_base_freq", None)
-    types = list(getattr(c, "layer_types", None) or ())
+    types = list(getattr(c, "layer_types", None) or _max_window_layer_types(c))
     mixed = "sliding_attention" in types and getattr(c, "sliding_window", None)
     # values keep their JSON types: normalize_hf_config writes them back into the config dict
     return dict(layer_types=types if mixed else None, hidden_activation=getattr(c, "hidden_activation", None),
                 rope_local_base_freq=local_theta, **opt)
+
+
+def _max_window_layer_types(c: Any) -> list[str]:
+    """Qwen2/Qwen3's layer types where transformers predates ``layer_types`` (4.x): with
+    ``use_sliding_window``, the layers from ``max_window_layers`` on are windowed (the rule
+    transformers 5 derives ``layer_types`` by)."""
+    first = getattr(c, "max_window_layers", None)
+    if first is None or not getattr(c, "use_sliding_window", False) or not getattr(c, "sliding_window", None):
+        return []
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(int(c.num_hidden_layers))]
 
 
 def _moe_fields(c: Any) -> dict[str, Any]:
