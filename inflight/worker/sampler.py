@@ -65,7 +65,7 @@ class SamplingMetadata:
 
     num_rows: int
     vocab_size: int
-    greedy_only: bool  # fast path: argmax and nothing else
+    greedy_only: bool  # fast path: argmax (over the tokens ``grammar`` allows, if set) and nothing else
     random_rows: Optional[torch.Tensor]  # [R] indices of non-greedy rows
     temperature: Optional[torch.Tensor]  # [R]
     top_k: Optional[torch.Tensor]  # [R]; 0 = off
@@ -202,7 +202,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """Sample ``logits`` [num_rows, vocab] according to ``md``."""
         assert logits.shape == (md.num_rows, md.vocab_size), (logits.shape, md.num_rows, md.vocab_size)
-        if md.greedy_only:
+        if md.greedy_only and md.grammar is None:
             # NOTE: argmax on bfloat16 CPU tensors is ~5x slower than a float32 copy + argmax.
             return SamplerOutput(logits.float().argmax(dim=-1).tolist(), None)
         x = logits.to(torch.float32, copy=True)  # copy: the raw logits feed logprobs

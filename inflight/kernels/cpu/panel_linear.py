@@ -10,18 +10,25 @@ Every panel GEMM library ``<name>`` exports, with ``T`` its element type:
                     T* out, int64 ldc)          -2: N/2 is not on a panel boundary
     int <name>_argmax(const T* x, int64 M, int64 K, int64 lda, const T* packed, int64 N,
                       int64* tokens)
+    int <name>_argmax_masked(const T* x, int64 M, int64 K, int64 lda, const T* packed, int64 N,
+                             const int32* bitmask, int64 words, const int64* mask_rows,
+                             int64* tokens)   row m's argmax over the tokens set in
+                                              bitmask row mask_rows[m] (all: -1)
     int <name>_panel(void)                      output columns per panel
 """
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inflight.kernels.cpu.isa import IsaLevel
+
+if TYPE_CHECKING:
+    from inflight.structured_output.masks import GrammarBitmask
 
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -31,7 +38,9 @@ def bind(lib: ctypes.CDLL, name: str) -> ctypes.CDLL:
     getattr(lib, name).argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_ptr, _c_i64]
     getattr(lib, f"{name}_silu").argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_i64]
     getattr(lib, f"{name}_argmax").argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr]
-    for fn in (name, f"{name}_silu", f"{name}_argmax", f"{name}_panel"):
+    getattr(lib, f"{name}_argmax_masked").argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64,
+                                                      _c_ptr, _c_i64, _c_ptr, _c_ptr]
+    for fn in (name, f"{name}_silu", f"{name}_argmax", f"{name}_argmax_masked", f"{name}_panel"):
         getattr(lib, fn).restype = ctypes.c_int
     return lib
 
@@ -104,16 +113,33 @@ class PanelLinearBase(nn.Module):
             raise RuntimeError(f"{self.kernel}_silu failed ({rc})")
         return out.view(*x.shape[:-1], inter)
 
-    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+    def argmax(self, x: torch.Tensor, grammar: Optional["GrammarBitmask"] = None) -> torch.Tensor:
         """Per row of ``x`` [M, in], the index of the largest output, as
         ``self(x).float().argmax(-1)`` gives it (first index on ties), without writing
-        the outputs: greedy sampling from the logits projection. No bias."""
+        the outputs: greedy sampling from the logits projection. No bias.
+
+        ``grammar`` (structured output's masks of these M rows): a constrained row's
+        argmax is over the tokens its mask allows, as the argmax of the logits after
+        ``grammar.apply`` gives it (0 where no allowed output is above -inf)."""
         if self.bias is not None:
             raise ValueError("argmax of a projection with a bias")
         x2 = self._rows(x)
-        tokens = torch.empty(x2.shape[0], dtype=torch.int64)
-        rc = self._call("_argmax", x2.data_ptr(), x2.shape[0], self.in_features, x2.stride(0),
-                        self.packed.data_ptr(), self.out_features, tokens.data_ptr())
+        M = x2.shape[0]
+        tokens = torch.empty(M, dtype=torch.int64)
+        if grammar is None:
+            rc = self._call("_argmax", x2.data_ptr(), M, self.in_features, x2.stride(0),
+                            self.packed.data_ptr(), self.out_features, tokens.data_ptr())
+        else:
+            bitmask = grammar.bitmask
+            if bitmask.dtype != torch.int32 or bitmask.shape[0] != M or bitmask.shape[1] * 32 < self.out_features:
+                raise ValueError(f"grammar bitmask {tuple(bitmask.shape)} {bitmask.dtype} does not cover "
+                                 f"{M} rows of {self.out_features} tokens")
+            bitmask = bitmask.contiguous()
+            mask_rows = torch.full((M,), -1, dtype=torch.int64)
+            mask_rows[grammar.rows] = torch.tensor(grammar.rows, dtype=torch.int64)
+            rc = self._call("_argmax_masked", x2.data_ptr(), M, self.in_features, x2.stride(0),
+                            self.packed.data_ptr(), self.out_features, bitmask.data_ptr(), bitmask.shape[1],
+                            mask_rows.data_ptr(), tokens.data_ptr())
         if rc != 0:
             raise RuntimeError(f"{self.kernel}_argmax failed ({rc})")
         return tokens

@@ -10,7 +10,8 @@
  *
  * Entry points: gemm_bf16 (the plain layer); gemm_bf16_silu (the gate_up projection
  * with silu(gate) * up in its epilogue); gemm_bf16_argmax (the logits projection
- * reduced to each row's argmax, for greedy sampling). All three share the loops.
+ * reduced to each row's argmax, for greedy sampling; _masked: over the tokens a
+ * grammar allows). All three share the loops.
  *
  * Two implementations of the per-thread loops (gemm_range) from the one file: the
  * bf16 dot product at the avx512_bf16 level, and at every other level (avx512, avx2,
@@ -31,11 +32,17 @@
 
 int gemm_bf16_panel(void) { return PANEL; }
 
-/* a row's running argmax over the (bf16-rounded) outputs seen so far */
+/* a row's running argmax over the (bf16-rounded) outputs seen so far; allow: the row's
+ * grammar bitmask (bit c % 32 of word c / 32 set: column c may win), NULL = every column */
 struct best {
     float val;
     int64_t idx;
+    const int32_t* allow;
 };
+
+static inline int allowed(const int32_t* allow, int64_t c) {
+    return !allow || (((uint32_t)allow[c >> 5] >> (c & 31)) & 1u);
+}
 
 enum mode { PLAIN, SILU, ARGMAX };
 
@@ -101,7 +108,10 @@ static inline __attribute__((always_inline)) void micro(
             for (int i = 0; i < NV; i++) {
                 const int64_t c = n0 + 16 * i;
                 if (c >= N) break;
-                const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail_mask(N - c), round_bf16(acc[r][i]));
+                /* c is a multiple of 16: its 16 columns' bits are one half of a mask word */
+                const __mmask16 ok = best[r].allow ? (__mmask16)((uint32_t)best[r].allow[c >> 5] >> (c & 31)) : 0xFFFF;
+                const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail_mask(N - c) & ok,
+                                                    round_bf16(acc[r][i]));
                 const float mx = _mm512_reduce_max_ps(v);
                 if (mx > best[r].val) {
                     best[r].val = mx;
@@ -243,7 +253,7 @@ static inline __attribute__((always_inline)) void epilogue(const int MODE, const
     } else if (MODE == ARGMAX) {
         for (int l = 0; l < n && n0 + l < N; l++) {
             const float b = bf16_to_f32(f32_to_bf16(v[l]));
-            if (b > best->val) {
+            if (b > best->val && allowed(best->allow, n0 + l)) {
                 best->val = b;
                 best->idx = n0 + l;
             }
@@ -505,15 +515,23 @@ int gemm_bf16_silu(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const u
 
 /* tokens[m] = argmax over columns of bf16(x . W^T)[m] (no bias), the first column on
  * ties: what rounding the logits to bf16 and taking their argmax gives, without
- * writing the logits out (greedy sampling). */
-int gemm_bf16_argmax(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
-                     int64_t* tokens) {
+ * writing the logits out (greedy sampling). bitmask (NULL: none) holds grammar masks of
+ * `words` int32 each: row m considers only the columns set in mask row mask_rows[m]
+ * (every column where that is negative), as argmax of the logits with the disallowed
+ * ones at -inf gives it; a row whose allowed outputs are all -inf (or that allows
+ * none) gets 0, as that argmax does. */
+int gemm_bf16_argmax_masked(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+                            const int32_t* bitmask, int64_t words, const int64_t* mask_rows, int64_t* tokens) {
     if (M <= 0) return 0;
+    if (bitmask && words * 32 < N) return -4;
     const int64_t panels = (N + PANEL - 1) / PANEL;
     const int nt = omp_get_max_threads();
     struct best* all = (struct best*)malloc(sizeof(struct best) * (size_t)M * (size_t)nt);
     if (!all) return -3;
-    for (int64_t i = 0; i < M * nt; i++) all[i] = (struct best){-INFINITY, -1};
+    for (int64_t i = 0; i < M * nt; i++) {
+        const int64_t r = bitmask ? mask_rows[i % M] : -1;
+        all[i] = (struct best){-INFINITY, -1, r >= 0 ? bitmask + r * words : NULL};
+    }
     #pragma omp parallel num_threads(nt)
     {
         const int n = omp_get_num_threads(), t = omp_get_thread_num();
@@ -529,4 +547,9 @@ int gemm_bf16_argmax(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const
     }
     free(all);
     return 0;
+}
+
+int gemm_bf16_argmax(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed, int64_t N,
+                     int64_t* tokens) {
+    return gemm_bf16_argmax_masked(x, M, K, lda, packed, N, NULL, 0, NULL, tokens);
 }

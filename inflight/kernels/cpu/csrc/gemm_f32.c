@@ -30,7 +30,8 @@
  *
  * Entry points: gemm_f32 (plain, optional bias); gemm_f32_silu (the gate_up
  * projection, silu(gate) * up in its epilogue); gemm_f32_argmax (the logits
- * projection reduced to each row's argmax, for greedy sampling).
+ * projection reduced to each row's argmax, for greedy sampling; _masked: over the
+ * tokens a grammar allows).
  */
 #include <math.h>
 #include <omp.h>
@@ -109,11 +110,17 @@ static inline vf bcast(const float* p) {
 #endif
 }
 
-/* a row's running argmax over the outputs seen so far */
+/* a row's running argmax over the outputs seen so far; allow: the row's grammar
+ * bitmask (bit c % 32 of word c / 32 set: column c may win), NULL = every column */
 struct best {
     float val;
     int64_t idx;
+    const int32_t* allow;
 };
+
+static inline int allowed(const int32_t* allow, int64_t c) {
+    return !allow || (((uint32_t)allow[c >> 5] >> (c & 31)) & 1u);
+}
 
 enum init { ZERO, BIAS, LOAD };
 enum fin { STORE, SILU, ARGMAX };
@@ -133,7 +140,7 @@ static void tile_out(const float* t, int R, float* dst, int64_t ld, int64_t n) {
 static void tile_argmax(const float* t, int R, int64_t n, struct best* best, int64_t col0) {
     for (int r = 0; r < R; r++)
         for (int j = 0; j < n; j++)
-            if (t[r * NR + j] > best[r].val) {
+            if (t[r * NR + j] > best[r].val && allowed(best[r].allow, col0 + j)) {
                 best[r].val = t[r * NR + j];
                 best[r].idx = col0 + j;
             }
@@ -347,16 +354,24 @@ int gemm_f32_silu(const float* x, int64_t M, int64_t K, int64_t lda, const float
 }
 
 /* tokens[m] = argmax over the columns of (x . W^T)[m] (no bias), the first column on
- * ties, as torch.argmax of the fp32 outputs gives it, without writing them out. */
-int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N,
-                    int64_t* tokens) {
+ * ties, as torch.argmax of the fp32 outputs gives it, without writing them out.
+ * bitmask (NULL: none) holds grammar masks of `words` int32 each: row m considers only
+ * the columns set in mask row mask_rows[m] (every column where that is negative), as
+ * argmax of the logits with the disallowed ones at -inf gives it; a row whose allowed
+ * outputs are all -inf (or that allows none) gets 0, as that argmax does. */
+int gemm_f32_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N,
+                           const int32_t* bitmask, int64_t words, const int64_t* mask_rows, int64_t* tokens) {
     if (M <= 0) return 0;
     if (N <= 0) return -2;
+    if (bitmask && words * 32 < N) return -4;
     const int64_t panels = (N + NR - 1) / NR;
     const int nt = omp_get_max_threads();  /* at least the team's size */
     struct best* all = (struct best*)malloc(sizeof(struct best) * (size_t)M * (size_t)nt);
     if (!all) return -3;
-    for (int64_t i = 0; i < M * nt; i++) all[i] = (struct best){-INFINITY, -1};
+    for (int64_t i = 0; i < M * nt; i++) {
+        const int64_t r = bitmask ? mask_rows[i % M] : -1;
+        all[i] = (struct best){-INFINITY, -1, r >= 0 ? bitmask + r * words : NULL};
+    }
     int tn = 1;
     #pragma omp parallel num_threads(nt)
     {
@@ -378,4 +393,9 @@ int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const flo
     }
     free(all);
     return 0;
+}
+
+int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N,
+                    int64_t* tokens) {
+    return gemm_f32_argmax_masked(x, M, K, lda, packed, N, NULL, 0, NULL, tokens);
 }
