@@ -23,6 +23,7 @@ from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
 from inflight.models.llama import LlamaAttention
 from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
+from inflight.structured_output.masks import GrammarBitmask
 
 _GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 
@@ -143,7 +144,8 @@ class GemmaForCausalLM(nn.Module):
         cap = self.cfg.final_logit_softcapping
         return logits if not cap else torch.tanh(logits / cap) * cap
 
-    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> Optional[torch.Tensor]:
+    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int,
+                      grammar: Optional[GrammarBitmask] = None) -> Optional[torch.Tensor]:
         """The argmax token of each row without materializing the logits, where the packed
         projection can; None with a final soft-cap: tanh can saturate and tie logits that
         the uncapped argmax would tell apart, and transformers takes the first of a tie."""
@@ -151,7 +153,7 @@ class GemmaForCausalLM(nn.Module):
         if (self.cfg.final_logit_softcapping or head is None or not hasattr(head, "argmax")
                 or getattr(head, "bias", None) is not None or head.out_features != vocab_size):
             return None
-        return head.argmax(hidden)
+        return head.argmax(hidden, grammar)
 
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""

@@ -186,7 +186,8 @@ class ModelRunner:
         h = hidden if len(rows) == hidden.shape[0] else hidden[rows]  # no copy unless a request dropped out
         greedy = getattr(self.model, "greedy_tokens", None)
         if md.greedy_only and greedy is not None:
-            tokens = greedy(h, self.vocab_size)  # argmax inside the logits GEMM: no logits written
+            # argmax inside the logits GEMM, over the tokens each row's grammar allows: no logits written
+            tokens = greedy(h, self.vocab_size, md.grammar)
             if tokens is not None:
                 self._record(groups, SamplerOutput(tokens.tolist(), None), out)
                 return
@@ -205,7 +206,6 @@ class ModelRunner:
         if self._step_masks is not None:
             md.grammar = self._step_masks.select([(g.sched.req_id, i) for g in groups for i in range(len(g.rows))],
                                                  self.device)
-            md.greedy_only = md.greedy_only and md.grammar is None
         return md
 
     @staticmethod
