@@ -107,3 +107,26 @@ def test_min_tokens_yields_to_a_grammar_that_has_ended(llm):
     params = SamplingParams(temperature=0, min_tokens=20, max_tokens=30, structured_outputs=SO(choice=["red", "blue"]))
     (out,) = llm.generate(["My favourite colour is"], params, use_tqdm=False)[0].outputs
     assert out.finish_reason == "stop" and out.text in ("red", "blue")
+
+
+def test_greedy_json_schema_output_is_the_same_with_the_fused_argmax_off(llm, monkeypatch):
+    # greedy rows with a grammar take the argmax inside the packed lm_head GEMM over the
+    # tokens their mask allows; with that path off, the logits are written, masked and argmax'ed
+    model = llm.llm_engine.runner.model
+    fused, masked_steps = model.greedy_tokens, []
+
+    def spy(h, vocab_size, grammar=None):
+        tokens = fused(h, vocab_size, grammar)
+        if grammar is not None and tokens is not None:
+            masked_steps.append(len(grammar.rows))
+        return tokens
+
+    params = [SamplingParams(temperature=0, max_tokens=16, structured_outputs=SO(json=SCHEMA)),
+              SamplingParams(temperature=0, max_tokens=16)]  # an unconstrained row beside it
+    monkeypatch.setattr(model, "greedy_tokens", spy)
+    on = llm.chat(chats(2), params, use_tqdm=False)
+    assert masked_steps
+    monkeypatch.setattr(model, "greedy_tokens", lambda *args: None)
+    off = llm.chat(chats(2), params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
+    assert on[0].outputs[0].text.startswith("{")
