@@ -1,7 +1,8 @@
 """Mixture-of-experts: the routing and grouped experts against a per-token loop, and
 Mixtral, Qwen3-MoE and OLMoE from HF folders: greedy float32 tokens equal
 transformers' on tiny random-weight checkpoints, alone, batched, in tiny chunks,
-under preemption and prefix-cached, on the CPU fast path and the torch reference."""
+under preemption and prefix-cached, on the CPU fast path and the torch reference;
+and from GGUF files written from the same checkpoints as llama.cpp's converter does."""
 from __future__ import annotations
 
 import pytest
@@ -18,6 +19,8 @@ from test_model_archs import PROMPTS, _hf_greedy, _run, _scheduler
 
 # Per architecture: the config class and what differs between them (routing
 # normalisation, Qwen3-MoE's own expert width and dense layers, OLMoE's clip_qkv).
+# llama.cpp's general.architecture of each (Mixtral is filed under llama)
+GGUF_ARCHS = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "olmoe": "olmoe"}
 CONFIGS = {
     "mixtral": (transformers.MixtralConfig, dict(num_local_experts=8)),
     "qwen3_moe": (transformers.Qwen3MoeConfig, dict(num_experts=8, moe_intermediate_size=48, norm_topk_prob=True,
@@ -181,3 +184,22 @@ def test_tensor_parallel_equals_transformers(checkpoint):
 def test_olmoe_refuses_tensor_parallel(checkpoint):
     with pytest.raises(ValueError, match="tensor_parallel_size"):  # its q/k norm spans every head
         LLM(model=checkpoint[1], dtype="float32", tensor_parallel_size=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", list(CONFIGS), indirect=True)
+def test_gguf_greedy_equals_transformers(checkpoint, tmp_path, monkeypatch):
+    """A GGUF file as llama.cpp's converter writes it (the router as ffn_gate_inp, each projection
+    of every expert stacked in one tensor, Mixtral under "llama" with Q/K permuted, the expert
+    counts and OLMoE's clip in the metadata; Qwen3-MoE's dense layer 1 without a router) gives
+    transformers' tokens for the HF model it was written from."""
+    arch, _, want = checkpoint
+    monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path / "cache"))
+    path = str(tmp_path / f"{arch}.gguf")
+    write_tiny_gguf(path, tiny_moe(arch, seed=5), GGUF_ARCHS[arch])  # the checkpoint's weights
+    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+    fields = ("architecture", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_layers",
+              "norm_topk_prob", "clip_qkv")
+    hf = ModelArchConfig.from_hf(tiny_config(arch).to_dict())
+    assert [getattr(llm.llm_engine.arch, f) for f in fields] == [getattr(hf, f) for f in fields]
+    assert _run(llm, PROMPTS[2:5]) == want[2:5]

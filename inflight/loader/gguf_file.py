@@ -1,10 +1,12 @@
 """Read a llama.cpp GGUF file into an HF-style config and float32 HF-named weights.
 
-Three things differ from an HF checkpoint and are undone here:
+Four things differ from an HF checkpoint and are undone here:
 - names: ``blk.N.attn_q.weight`` instead of ``model.layers.N.self_attn.q_proj.weight``;
 - shapes: GGUF lists dimensions innermost first (``[in, out]``), the reverse of torch;
 - for the llama architecture, llama.cpp's converter reorders the rows of Q and K
-  inside each head (see ``_unpermute_qk``).
+  inside each head (see ``_unpermute_qk``);
+- mixture-of-experts types hold each projection of every expert in one stacked tensor
+  (``blk.N.ffn_gate_exps``), read here as one HF tensor per expert.
 
 Which llama.cpp types we read, their tensor names and whether Q/K are permuted
 come from the architecture's ``ArchSpec`` (inflight/models). Tensors are
@@ -13,7 +15,8 @@ dequantized one at a time, when read (``GgufSource``).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -58,6 +61,8 @@ def gguf_architecture(reader: Any, source: str) -> tuple[str, str]:
     # llama.cpp files Mistral models under "llama"; the name is the only hint left.
     if arch == "llama" and "mistral" in str(_field(reader, "general.name", "")).lower():
         hf_arch = "MistralForCausalLM"
+    if arch == "llama" and _field(reader, "llama.expert_count"):  # and Mixtral too, with experts
+        hf_arch = "MixtralForCausalLM"
     return arch, hf_arch
 
 
@@ -120,8 +125,31 @@ def gguf_hf_config(reader: Any, source: str) -> dict[str, Any]:
     extra = arch_spec(hf_arch).gguf_config
     if extra is not None:
         raw.update(extra(meta))
+    if meta("expert_count"):  # blocks without a router have a dense MLP (Qwen3-MoE's mlp_only_layers)
+        dense = [i for i in range(int(meta("block_count"))) if f"blk.{i}.ffn_gate_inp.weight" not in names]
+        raw["mlp_only_layers"] = dense or None
     # Metadata the file lacks is left to the model type's defaults, not set to None.
     return normalize_hf_config({k: v for k, v in raw.items() if v is not None}, source)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A GGUF tensor, or (``expert`` set) one expert's slice of a stacked expert tensor."""
+
+    tensor: Any
+    expert: Optional[int] = None
+
+
+def _hf_entries(tensor: Any, spec: ArchSpec, source: str) -> dict[str, _Entry]:
+    """HF name -> entry for one GGUF tensor: one per expert for llama.cpp's stacked expert
+    tensors (``blk.N.ffn_gate_exps`` holds every expert's gate projection)."""
+    base, _, kind = tensor.name.rpartition(".")
+    if base.startswith("blk."):
+        _, layer, part = base.split(".", 2)
+        if part in spec.gguf_expert_tensors:
+            path = f"model.layers.{layer}.{spec.gguf_expert_tensors[part]}.{kind}"
+            return {path.format(e=e): _Entry(tensor, e) for e in range(int(tensor.shape[-1]))}
+    return {_hf_name(tensor.name, spec, source): _Entry(tensor)}
 
 
 def _hf_name(gguf_name: str, spec: ArchSpec, source: str) -> str:
@@ -149,11 +177,19 @@ def _unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
 
 
-def _dequantize(tensor: Any) -> torch.Tensor:
+def _shape(entry: _Entry) -> list[int]:
+    """Torch order (GGUF lists dimensions innermost first); an expert's slice drops the expert axis."""
+    dims = [int(d) for d in reversed(entry.tensor.shape)]
+    return dims if entry.expert is None else dims[1:]
+
+
+def _dequantize(entry: _Entry) -> torch.Tensor:
     from gguf.quants import dequantize
 
-    arr = dequantize(tensor.data, tensor.tensor_type)
-    arr = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(tensor.shape)])
+    tensor = entry.tensor
+    # the reader shapes quantized data as (..., rows, bytes per row), so an expert's rows are data[e]
+    data = tensor.data if entry.expert is None else tensor.data[entry.expert]
+    arr = np.asarray(dequantize(data, tensor.tensor_type), dtype=np.float32).reshape(_shape(entry))
     if not arr.flags.writeable or not arr.flags.c_contiguous:
         # F32 tensors come back as views of the read-only memory map: copy so the
         # result outlives the reader and torch gets a writable buffer.
@@ -166,25 +202,25 @@ class GgufSource(WeightSource):
     float32 one at a time when read."""
 
     def __init__(self, reader: Any, hf_config: dict[str, Any], source: str) -> None:
-        spec = spec_for_gguf(_field(reader, "general.architecture"))
+        spec = arch_spec(hf_config["architectures"][0])  # Mistral and Mixtral share llama's GGUF type
         self.source = source
         self.permute = spec.gguf_permute_qk
         self.norm_offset = spec.gguf_norm_offset
         self.heads = {"q_proj": hf_config["num_attention_heads"], "k_proj": hf_config["num_key_value_heads"]}
-        self.entries = {_hf_name(t.name, spec, source): t for t in reader.tensors}
+        self.entries = {name: entry for t in reader.tensors for name, entry in _hf_entries(t, spec, source).items()}
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in reversed(self.entries[name].shape))
+        return tuple(_shape(self.entries[name]))
 
     def dtype(self, name: str) -> torch.dtype:
         return torch.float32
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
-        tensor = self.entries[name]
+        entry = self.entries[name]
         try:
-            value = _dequantize(tensor)
+            value = _dequantize(entry)
         except Exception as exc:
-            raise ModelLoadError(f"cannot dequantize {tensor.name} in {self.source}: {exc}") from exc
+            raise ModelLoadError(f"cannot dequantize {entry.tensor.name} in {self.source}: {exc}") from exc
         proj = name.split(".")[-2]
         if self.permute and proj in self.heads:
             value = _unpermute_qk(value, self.heads[proj])

@@ -109,6 +109,7 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         writer.add_rope_freq_base(rope_theta(cfg))
         _add_window_and_caps(writer, cfg)
+        _add_experts(writer, cfg, arch)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(TOKENS)
@@ -128,7 +129,8 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
                 value = llama_cpp_permute(value, heads[proj])
             if name.endswith("norm.weight"):  # as llama.cpp's converter (Gemma stores 1 + w)
                 value = value + spec_for_gguf(arch).gguf_norm_offset
-            writer.add_tensor(gguf_name(name, arch), value.numpy().astype(np.float32))
+            for gg_name, part in _expert_tensors(name, value) or [(gguf_name(name, arch), value)]:
+                writer.add_tensor(gg_name, part.numpy().astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -143,3 +145,34 @@ def _add_window_and_caps(writer: gguf.GGUFWriter, cfg: transformers.PretrainedCo
         writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
     if getattr(cfg, "final_logit_softcapping", None):
         writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+
+
+def _add_experts(writer: gguf.GGUFWriter, cfg: transformers.PretrainedConfig, arch: str) -> None:
+    """The mixture-of-experts metadata llama.cpp's converter writes (Mixtral, Qwen3-MoE, OLMoE)."""
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if not experts:
+        return
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    if arch == "qwen3moe":
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if getattr(cfg, "clip_qkv", None):
+        writer.add_clamp_kqv(cfg.clip_qkv)
+
+
+def _expert_tensors(name: str, value: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+    """llama.cpp's router and stacked expert tensors for transformers 5's MoE parameters
+    (``mlp.gate``, ``mlp.experts.gate_up_proj`` [E, 2I, H] gate rows first, ``mlp.experts.down_proj``);
+    None for any other tensor."""
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"] or parts[3] != "mlp":
+        return None
+    blk, rest = f"blk.{parts[2]}", ".".join(parts[4:])
+    if rest == "gate.weight":
+        return [(f"{blk}.ffn_gate_inp.weight", value)]
+    if rest == "experts.gate_up_proj":
+        gate, up = value.chunk(2, dim=1)
+        return [(f"{blk}.ffn_gate_exps.weight", gate), (f"{blk}.ffn_up_exps.weight", up)]
+    if rest == "experts.down_proj":
+        return [(f"{blk}.ffn_down_exps.weight", value)]
+    return None

@@ -31,13 +31,18 @@ def tokenizer_from_gguf(
     copies ``tokenizer.chat_template`` too; ``chat_template`` is a fallback
     source for the template, called only when transformers left it unset.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     folder, name = os.path.split(path)
     try:
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     except Exception as exc:
-        raise ModelLoadError(f"cannot build tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            # AutoTokenizer first parses the model config and refuses architectures transformers
+            # cannot load from GGUF (olmoe); the vocabulary itself converts the same for any of them
+            tok = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        except Exception:
+            raise ModelLoadError(f"cannot build tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
     if not tok.chat_template and chat_template is not None:
         template = chat_template()
         if template:

@@ -163,6 +163,6 @@ def _weight(norm: Optional[RMSNorm]) -> Optional[torch.Tensor]:
 ARCHITECTURES = (
     ArchSpec("LlamaForCausalLM", "llama", LlamaForCausalLM, gguf_arch="llama", gguf_permute_qk=True),
     # llama.cpp files Mistral under "llama"; the GGUF reader tells them apart by name.
-    ArchSpec("MistralForCausalLM", "mistral", LlamaForCausalLM),
+    ArchSpec("MistralForCausalLM", "mistral", LlamaForCausalLM, gguf_permute_qk=True),
     ArchSpec("Qwen2ForCausalLM", "qwen2", LlamaForCausalLM, attention_bias=True, gguf_arch="qwen2"),
 )

@@ -6,7 +6,7 @@ Llama-shaped stacks: on the CPU fast path these run op by op with packed linears
 packed experts."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from inflight.layers.layernorm import RMSNorm
 from inflight.layers.moe import FusedMoE, make_expert_params_mapping
 from inflight.layers.rotary import RotaryEmbedding
 from inflight.models.llama import LlamaAttention, LlamaMLP
-from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
+from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 from inflight.structured_output.masks import GrammarBitmask
 
@@ -127,6 +127,30 @@ class MixtralForCausalLM(nn.Module):
         load_checkpoint(self, arch_spec(self.cfg.architecture).stacked, weights)
 
 
+def moe_gguf_tensors(mlp: str, gate: str, down: str, up: str, **more: str) -> dict[str, Any]:
+    """The ``ArchSpec`` GGUF tensor names of a Llama-shaped MoE type whose router is
+    ``{mlp}.gate`` and whose expert e's projections are ``{mlp}.experts.{e}.{gate|down|up}``:
+    llama.cpp stores the router as ``ffn_gate_inp`` and each projection of every expert
+    stacked in one tensor (``ffn_gate_exps``, ``ffn_down_exps``, ``ffn_up_exps``)."""
+    experts = {"ffn_gate_exps": gate, "ffn_down_exps": down, "ffn_up_exps": up}
+    return dict(gguf_tensors={**LLAMA_GGUF_TENSORS, "ffn_gate_inp": f"{mlp}.gate", **more},
+                gguf_expert_tensors={k: f"{mlp}.experts.{{e}}.{v}" for k, v in experts.items()})
+
+
+def moe_gguf_config(experts_key: str, **more: Callable[[Callable[[str], Any]], Any]
+                    ) -> Callable[[Callable[[str], Any]], dict[str, Any]]:
+    """A ``gguf_config``: the expert count (under the HF key ``experts_key``) and top-k from
+    llama.cpp's metadata, plus each of ``more`` (HF key -> its value from ``meta``)."""
+    def read(meta: Callable[[str], Any]) -> dict[str, Any]:
+        return {experts_key: meta("expert_count"), "num_experts_per_tok": meta("expert_used_count"),
+                **{k: f(meta) for k, f in more.items()}}
+    return read
+
+
 ARCHITECTURES = (
-    ArchSpec("MixtralForCausalLM", "mixtral", MixtralForCausalLM),
+    # llama.cpp files Mixtral under "llama" (Q/K permuted as for Llama); the GGUF reader
+    # tells them apart by the expert count
+    ArchSpec("MixtralForCausalLM", "mixtral", MixtralForCausalLM, gguf_permute_qk=True,
+             gguf_config=moe_gguf_config("num_local_experts"),
+             **moe_gguf_tensors("block_sparse_moe", "w1", "w2", "w3")),
 )

@@ -9,7 +9,7 @@ import torch
 from inflight.attention.base import AttentionBackend
 from inflight.layers.layernorm import RMSNorm
 from inflight.models.llama import LlamaAttention
-from inflight.models.mixtral import MixtralForCausalLM
+from inflight.models.mixtral import MixtralForCausalLM, moe_gguf_config, moe_gguf_tensors
 from inflight.models.registry import ArchSpec, ModelArchConfig
 
 
@@ -39,5 +39,10 @@ class OlmoeForCausalLM(MixtralForCausalLM):
 
 
 ARCHITECTURES = (
-    ArchSpec("OlmoeForCausalLM", "olmoe", OlmoeForCausalLM),
+    # llama.cpp does not renormalise olmoe's top-k weights unless the file says so; a clamp of 0 is none
+    ArchSpec("OlmoeForCausalLM", "olmoe", OlmoeForCausalLM, gguf_arch="olmoe",
+             gguf_config=moe_gguf_config("num_experts", norm_topk_prob=lambda m: bool(m("expert_weights_norm", False)),
+                                         clip_qkv=lambda m: m("attention.clamp_kqv") or None),
+             **moe_gguf_tensors("mlp", "gate_proj", "down_proj", "up_proj",
+                                attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")),
 )

@@ -99,6 +99,9 @@ class ArchSpec:
     # HF config keys from a GGUF file's metadata beyond the common ones; ``meta(key)`` reads ``<gguf_arch>.<key>``
     gguf_config: Optional[Callable[[Callable[[str], Any]], dict[str, Any]]] = None
     gguf_norm_offset: float = 0.0  # llama.cpp's converter stored every norm weight plus this (Gemma: 1)
+    # llama.cpp's per-layer tensor holding every expert ([E, rows, cols]) -> HF per-expert module
+    # path, ``{e}`` standing for the expert (mixture-of-experts types)
+    gguf_expert_tensors: dict[str, str] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
