@@ -212,6 +212,19 @@ def test_decode_long_contexts(backend, monkeypatch, num_seqs):
     torch.testing.assert_close(backend._decode(q, kc, vc, md, 0.125), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim,block_size,window", [(9, 3, 64, 16, None), (9, 3, 64, 16, 37),
+                                                                  (16, 1, 36, 5, None), (6, 2, 80, 5, 9)])
+def test_decode_items_of_whole_sequences(backend, monkeypatch, heads, kv_heads, dim, block_size, window):
+    """Twelve decodes: with up to three threads a work item is then a whole sequence (every
+    kv head in one pass over its keys); the single decodes above take one kv head each."""
+    lens = [1, 2, 17, 64, 65, 130, 200, 301, 9, 44, 128, 7]
+    q, k, v, kc, vc, md = make_step(len(lens) + heads, heads, kv_heads, dim, block_size, [(n - 1, 1) for n in lens])
+    want = TorchAttentionBackend()._decode(q, kc, vc, md, dim ** -0.5, sliding_window=window)
+    no_fallback(monkeypatch)
+    got = backend._decode(q, kc, vc, md, dim ** -0.5, sliding_window=window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_prefill_over_long_cached_prefix(backend, monkeypatch):
     """One 300-token chunk over 700 cached tokens, GQA 4:1, and a lone short chunk."""
     q, k, v, kc, vc, md = make_step(11, 8, 2, 64, 16, [(700, 300), (1000, 4)])

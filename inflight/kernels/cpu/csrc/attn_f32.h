@@ -100,8 +100,8 @@ static inline vf af_keep_range(vf a, int64_t lo, int64_t hi, float fill) {
 /* lanes [0, n) of a, the rest `fill` */
 static inline vf af_keep(vf a, int64_t n, float fill) { return af_keep_range(a, 0, n, fill); }
 
-/* lane j = q . k[j] for the VL key rows k[0..VL); q is padded with zeros to AF_PAD(D) */
-static inline __attribute__((always_inline)) vf af_qk(const float* q, const float* const* k, int D) {
+/* lane j = q . k[j][ko ..] for the VL key rows k[0..VL); q is padded with zeros to AF_PAD(D) */
+static inline __attribute__((always_inline)) vf af_qk(const float* q, const float* const* k, int64_t ko, int D) {
     vf a[VL];
 #pragma GCC unroll 16
     for (int j = 0; j < VL; j++) a[j] = vf_zero();
@@ -109,28 +109,28 @@ static inline __attribute__((always_inline)) vf af_qk(const float* q, const floa
     for (int i = 0; i < nf; i++) {
         const vf qi = AF_LD(q + i * VL);
 #pragma GCC unroll 16
-        for (int j = 0; j < VL; j++) a[j] = vf_fma(qi, AF_LD(k[j] + i * VL), a[j]);
+        for (int j = 0; j < VL; j++) a[j] = vf_fma(qi, AF_LD(k[j] + ko + i * VL), a[j]);
     }
     if (D % VL) {
         const vf qi = AF_LD(q + nf * VL);
 #pragma GCC unroll 16
-        for (int j = 0; j < VL; j++) a[j] = vf_fma(qi, vf_load_n(k[j] + nf * VL, D % VL), a[j]);
+        for (int j = 0; j < VL; j++) a[j] = vf_fma(qi, vf_load_n(k[j] + ko + nf * VL, D % VL), a[j]);
     }
     return af_reduce_each(a);
 }
 
-/* o[g][d0 .. d0 + DV*VL) += sum_j p[g][j] v[j][d0 ..] for GB rows over nk keys; n: the
- * dims left from d0 (only the DV == 1 tail block ever has n < VL) */
+/* o[g][d0 .. d0 + DV*VL) += sum_j p[g][j] v[j][ko + d0 ..] for GB rows over nk keys; n:
+ * the dims left from d0 (only the DV == 1 tail block ever has n < VL) */
 static inline __attribute__((always_inline)) void af_pv(const int GB, const int DV, float* const* o,
-                                                        const float* const* p, const float* const* v, int nk,
-                                                        int64_t d0, int64_t n) {
+                                                        const float* const* p, const float* const* v, int64_t ko,
+                                                        int nk, int64_t d0, int64_t n) {
     vf acc[4 * 4];
     for (int g = 0; g < GB; g++)
         for (int i = 0; i < DV; i++) acc[g * DV + i] = AF_LD(o[g] + d0 + i * VL);
     if (n >= DV * VL) {
         for (int j = 0; j < nk; j++) {
             vf vv[4];
-            for (int i = 0; i < DV; i++) vv[i] = AF_LD(v[j] + d0 + i * VL);
+            for (int i = 0; i < DV; i++) vv[i] = AF_LD(v[j] + ko + d0 + i * VL);
             for (int g = 0; g < GB; g++) {
                 const vf pj = vf_set1(p[g][j]);
                 for (int i = 0; i < DV; i++) acc[g * DV + i] = vf_fma(pj, vv[i], acc[g * DV + i]);
@@ -138,7 +138,7 @@ static inline __attribute__((always_inline)) void af_pv(const int GB, const int 
         }
     } else {  /* DV == 1, a tail of n < VL dims */
         for (int j = 0; j < nk; j++) {
-            const vf vv = vf_load_n(v[j] + d0, n);
+            const vf vv = vf_load_n(v[j] + ko + d0, n);
             for (int g = 0; g < GB; g++) acc[g] = vf_fma(vf_set1(p[g][j]), vv, acc[g]);
         }
     }
@@ -146,9 +146,10 @@ static inline __attribute__((always_inline)) void af_pv(const int GB, const int 
         for (int i = 0; i < DV; i++) AF_ST(o[g] + d0 + i * VL, acc[g * DV + i]);
 }
 
-/* rows [r0, R) of the padded output buffer ob += P V, P rows in sb (AF_KT apart) */
+/* rows [r0, R) of the padded output buffer ob += P V, P rows in sb (AF_KT apart), V at
+ * offset ko of each row v[j] */
 static inline void af_pv_rows(float* ob, const float* sb, int r0, int R, int Dp, int D, const float* const* v,
-                              int nk) {
+                              int64_t ko, int nk) {
     for (int r = r0; r < R; r += 4) {
         const int gb = R - r < 4 ? R - r : 4;
         float* o[4];
@@ -160,10 +161,10 @@ static inline void af_pv_rows(float* ob, const float* sb, int r0, int R, int Dp,
         int64_t d0 = 0;
 #define AF_PV(DV, N)                                          \
         switch (gb) {                                         \
-        case 4: af_pv(4, DV, o, p, v, nk, d0, N); break;      \
-        case 3: af_pv(3, DV, o, p, v, nk, d0, N); break;      \
-        case 2: af_pv(2, DV, o, p, v, nk, d0, N); break;      \
-        default: af_pv(1, DV, o, p, v, nk, d0, N); break;     \
+        case 4: af_pv(4, DV, o, p, v, ko, nk, d0, N); break;      \
+        case 3: af_pv(3, DV, o, p, v, ko, nk, d0, N); break;      \
+        case 2: af_pv(2, DV, o, p, v, ko, nk, d0, N); break;      \
+        default: af_pv(1, DV, o, p, v, ko, nk, d0, N); break;     \
         }
         for (; d0 + AF_DV * VL <= D; d0 += AF_DV * VL) AF_PV(AF_DV, AF_DV * VL)
         for (; d0 + VL <= D; d0 += VL) AF_PV(1, VL)
@@ -172,16 +173,17 @@ static inline void af_pv_rows(float* ob, const float* sb, int r0, int R, int Dp,
     }
 }
 
-/* The cache rows of keys [t0, t0 + nk) of one kv head (the pool's K and V rows for that
- * head start at kbase / vbase), prefetched: blocks lie at random places in the pool,
- * where the hardware prefetcher loses the stream. */
+/* The cache rows of keys [t0, t0 + nk) of the kv heads an item reads (the pool's K and V
+ * rows for the first start at kbase / vbase; span: floats of the heads together),
+ * prefetched: blocks lie at random places in the pool, where the hardware prefetcher
+ * loses the stream. */
 static inline void af_tile_rows(const float* kbase, const float* vbase, const int64_t* bt, int block_size,
-                                int64_t tok_stride, int D, int64_t t0, int nk, const float** kp, const float** vp) {
+                                int64_t tok_stride, int span, int64_t t0, int nk, const float** kp, const float** vp) {
     for (int64_t b = t0 / block_size, i = t0 % block_size, j = 0; j < nk; b++, i = 0)  /* no division per key */
         for (int64_t off = (bt[b] * block_size + i) * tok_stride; i < block_size && j < nk; i++, j++) {
             kp[j] = kbase + off;
             vp[j] = vbase + off;
-            for (int d = 0; d < D; d += 64 / (int)sizeof(float)) {
+            for (int d = 0; d < span; d += 64 / (int)sizeof(float)) {
                 __builtin_prefetch(kp[j] + d);
                 __builtin_prefetch(vp[j] + d);
             }
@@ -194,17 +196,64 @@ static inline int64_t af_scratch_floats(void) {
     return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1);
 }
 
-/* One work item: ntok tokens (ntok * G <= AF_MAX_ROWS) of one request from q / out (the
- * run's first token), the query heads of kv head kh; token i at position ctx + i. bt:
- * the request's block table row; window: the sliding window (0: none); scratch:
- * af_scratch_floats() floats. */
+/* Rows [r0, r1) of one kv head against one tile of nk keys starting at t0: scores, the
+ * online softmax update and O += P V. qb/ob/sb/m/l: that head's query, output, score,
+ * max and sum rows; ko: the head's offset inside the tile's K and V rows. */
+static inline void af_tile(const float* qb, float* ob, float* sb, float* m, float* l, int r0, int r1, int G,
+                           int D, int64_t ctx, int64_t window, int64_t t0, int nk, const float* const* kp,
+                           const float* const* vp, int64_t ko) {
+    const int Dp = AF_PAD(D), nkp = AF_PAD(nk);
+    for (int r = r0; r < r1; r++) {
+        const int64_t pos = ctx + r / G;
+        const int nr = pos - t0 + 1 < nk ? (int)(pos - t0 + 1) : nk;  /* keys of the tile row r sees */
+        const int jlo = window > 0 && pos - window + 1 > t0 ? (int)(pos - window + 1 - t0) : 0;  /* ... from */
+        const float* qr = qb + (int64_t)r * Dp;
+        float* s = sb + (int64_t)r * AF_KT;
+        const int js = jlo / VL * VL;  /* whole vectors before the window are skipped */
+        for (int j0 = 0; j0 < js; j0 += VL) AF_ST(s + j0, vf_zero());
+        vf vmax = vf_set1(-INFINITY);
+        for (int j0 = js; j0 < nr; j0 += VL) {
+            const vf sc = af_keep_range(af_qk(qr, kp + j0, ko, D), jlo - j0, nr - j0, -INFINITY);
+            AF_ST(s + j0, sc);
+            vmax = vf_max(vmax, sc);
+        }
+        const float mnew = fmaxf(m[r], vf_reduce_max(vmax));
+        const float alpha = expf(m[r] - mnew);  /* 0 on the first tile (m = -inf) */
+        const vf vm = vf_set1(mnew);
+        vf sum = vf_zero();
+        int j0 = js;
+        for (; j0 < nr; j0 += VL) {
+            const vf pr = af_keep_range(vf_exp(AF_LD(s + j0) - vm), jlo - j0, nr - j0, 0.f);
+            AF_ST(s + j0, pr);
+            sum += pr;
+        }
+        for (; j0 < nkp; j0 += VL) AF_ST(s + j0, vf_zero());  /* keys past this row's position */
+        l[r] = l[r] * alpha + vf_reduce_add(sum);
+        m[r] = mnew;
+        if (alpha != 1.f) {
+            float* o = ob + (int64_t)r * Dp;
+            const vf va = vf_set1(alpha);
+            for (int d = 0; d < Dp; d += VL) AF_ST(o + d, AF_LD(o + d) * va);
+        }
+    }
+    af_pv_rows(ob, sb, r0, r1, Dp, D, vp, ko, nk);
+}
+
+/* One work item: ntok tokens of one request from q / out (the run's first token), the
+ * query heads of kv heads [kh0, kh0 + nkh) (nkh * ntok * G <= AF_MAX_ROWS); token i at
+ * position ctx + i. bt: the request's block table row; window: the sliding window (0:
+ * none); scratch: af_scratch_floats() floats.
+ * NOTE: several kv heads per item read each key's rows of those heads together, one
+ * contiguous run of the pool row: per-head items read a third of every row and the
+ * hardware prefetcher fetches the rest anyway, so a decode from DRAM pays for it twice. */
 static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
-                      int G, int kh, int D, const float* k_cache, const float* v_cache, const int64_t* bt,
-                      int block_size, int64_t tok_stride, float scale, int64_t window, float* scratch) {
-    const int R = ntok * G, Dp = AF_PAD(D);
-    float* qb = scratch;                             /* [R][Dp] scaled queries, zero padded */
-    float* ob = qb + (int64_t)AF_MAX_ROWS * Dp;      /* [R][Dp] unnormalized outputs */
-    float* sb = ob + (int64_t)AF_MAX_ROWS * Dp;      /* [R][AF_KT] scores, then probabilities */
+                      int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
+                      const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
+                      float* scratch) {
+    const int R = ntok * G, Dp = AF_PAD(D);           /* rows per kv head */
+    float* qb = scratch;                             /* [nkh][R][Dp] scaled queries, zero padded */
+    float* ob = qb + (int64_t)AF_MAX_ROWS * Dp;      /* [nkh][R][Dp] unnormalized outputs */
+    float* sb = ob + (int64_t)AF_MAX_ROWS * Dp;      /* [nkh][R][AF_KT] scores, then probabilities */
     float* m = sb + (int64_t)AF_MAX_ROWS * AF_KT;    /* running max per row */
     float* l = m + AF_MAX_ROWS;                      /* running sum per row */
     const float** kq[2], ** vq[2];  /* K and V rows of this tile and the next */
@@ -212,74 +261,46 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     vq[0] = kq[0] + AF_KT;
     kq[1] = vq[0] + AF_KT;
     vq[1] = kq[1] + AF_KT;
-    for (int r = 0; r < R; r++) {
-        const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
-        for (int d = 0; d < D; d++) qb[(int64_t)r * Dp + d] = qr[d] * scale;
-        for (int d = D; d < Dp; d++) qb[(int64_t)r * Dp + d] = 0.f;
-        memset(ob + (int64_t)r * Dp, 0, sizeof(float) * Dp);
-        m[r] = -INFINITY;
-        l[r] = 0.f;
-    }
+    for (int h = 0; h < nkh; h++)
+        for (int r = 0; r < R; r++) {
+            const int hr = h * R + r;
+            const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)((kh0 + h) * G + r % G) * D;
+            for (int d = 0; d < D; d++) qb[(int64_t)hr * Dp + d] = qr[d] * scale;
+            for (int d = D; d < Dp; d++) qb[(int64_t)hr * Dp + d] = 0.f;
+            memset(ob + (int64_t)hr * Dp, 0, sizeof(float) * Dp);
+            m[hr] = -INFINITY;
+            l[hr] = 0.f;
+        }
     const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
     const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
-    const float* kbase = k_cache + (int64_t)kh * D;
-    const float* vbase = v_cache + (int64_t)kh * D;
-    af_tile_rows(kbase, vbase, bt, block_size, tok_stride, D, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
-                 kq[0], vq[0]);
+    const float* kbase = k_cache + (int64_t)kh0 * D;
+    const float* vbase = v_cache + (int64_t)kh0 * D;
+    af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, lo,
+                 nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kq[0], vq[0]);
     for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
         const float** kp = kq[cur];
         const float** vp = vq[cur];
         if (t0 + AF_KT < nkeys)  /* the next tile's rows, prefetched while this one runs */
-            af_tile_rows(kbase, vbase, bt, block_size, tok_stride, D, t0 + AF_KT,
+            af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kq[cur ^ 1], vq[cur ^ 1]);
         for (int j = nk; j < AF_PAD(nk); j++) kp[j] = kp[nk - 1];  /* read real rows; masked below */
         const int r0 = t0 > ctx ? (int)(t0 - ctx) * G : 0;  /* rows before r0 see none of this tile */
         /* rows from r1 on start their window past this tile; the rows between see >= 1 key of it */
         const int64_t ntok_seen = window > 0 ? t0 + nk + window - 1 - ctx : ntok;
         const int r1 = ntok_seen < ntok ? (int)ntok_seen * G : R;
-        const int nkp = AF_PAD(nk);
-        for (int r = r0; r < r1; r++) {
-            const int64_t pos = ctx + r / G;
-            const int nr = pos - t0 + 1 < nk ? (int)(pos - t0 + 1) : nk;  /* keys of the tile row r sees */
-            const int jlo = window > 0 && pos - window + 1 > t0 ? (int)(pos - window + 1 - t0) : 0;  /* ... from */
-            const float* qr = qb + (int64_t)r * Dp;
-            float* s = sb + (int64_t)r * AF_KT;
-            const int js = jlo / VL * VL;  /* whole vectors before the window are skipped */
-            for (int j0 = 0; j0 < js; j0 += VL) AF_ST(s + j0, vf_zero());
-            vf vmax = vf_set1(-INFINITY);
-            for (int j0 = js; j0 < nr; j0 += VL) {
-                const vf sc = af_keep_range(af_qk(qr, kp + j0, D), jlo - j0, nr - j0, -INFINITY);
-                AF_ST(s + j0, sc);
-                vmax = vf_max(vmax, sc);
-            }
-            const float mnew = fmaxf(m[r], vf_reduce_max(vmax));
-            const float alpha = expf(m[r] - mnew);  /* 0 on the first tile (m = -inf) */
-            const vf vm = vf_set1(mnew);
-            vf sum = vf_zero();
-            int j0 = js;
-            for (; j0 < nr; j0 += VL) {
-                const vf pr = af_keep_range(vf_exp(AF_LD(s + j0) - vm), jlo - j0, nr - j0, 0.f);
-                AF_ST(s + j0, pr);
-                sum += pr;
-            }
-            for (; j0 < nkp; j0 += VL) AF_ST(s + j0, vf_zero());  /* keys past this row's position */
-            l[r] = l[r] * alpha + vf_reduce_add(sum);
-            m[r] = mnew;
-            if (alpha != 1.f) {
-                float* o = ob + (int64_t)r * Dp;
-                const vf va = vf_set1(alpha);
-                for (int d = 0; d < Dp; d += VL) AF_ST(o + d, AF_LD(o + d) * va);
-            }
+        for (int h = 0; h < nkh; h++)
+            af_tile(qb + (int64_t)h * R * Dp, ob + (int64_t)h * R * Dp, sb + (int64_t)h * R * AF_KT, m + h * R,
+                    l + h * R, r0, r1, G, D, ctx, window, t0, nk, kp, vp, (int64_t)h * D);
+    }
+    for (int h = 0; h < nkh; h++)
+        for (int r = 0; r < R; r++) {
+            const int hr = h * R + r;
+            float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)((kh0 + h) * G + r % G) * D;
+            const float* o = ob + (int64_t)hr * Dp;
+            const vf inv = vf_set1(1.f / l[hr]);
+            for (int d = 0; d < D; d += VL) vf_store_n(dst + d, AF_LD(o + d) * inv, D - d);
         }
-        af_pv_rows(ob, sb, r0, r1, Dp, D, vp, nk);
-    }
-    for (int r = 0; r < R; r++) {
-        float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)(kh * G + r % G) * D;
-        const float* o = ob + (int64_t)r * Dp;
-        const vf inv = vf_set1(1.f / l[r]);
-        for (int d = 0; d < D; d += VL) vf_store_n(dst + d, AF_LD(o + d) * inv, D - d);
-    }
 }
 
 #endif

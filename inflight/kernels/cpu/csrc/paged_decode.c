@@ -10,6 +10,7 @@
  * Build: gcc -O3 -march=native -fopenmp -shared -fPIC.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,24 +88,31 @@ void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, cons
     }                                                                                        \
 }
 
-/* float32 on every ISA level: attn_f32.h's tiles with one query token per work item,
- * parallel over (sequence, kv head); window > 0: the sliding window (paged_decode_f32_sw). */
+/* float32 on every ISA level: attn_f32.h's tiles with one query token per work item;
+ * window > 0: the sliding window (paged_decode_f32_sw). A work item is a whole sequence
+ * (every kv head in one pass over its keys) when there are enough sequences to keep the
+ * threads busy, else one (sequence, kv head), so a lone long sequence still spreads. */
 static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
                        int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                        int64_t window) {
     const int G = num_heads / num_kv_heads;
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
+    const int whole = num_seqs >= 4 * omp_get_max_threads() && num_heads <= AF_MAX_ROWS;
+    const int per = whole ? num_kv_heads : 1;  /* kv heads per item */
+    const int n_items = num_seqs * (num_kv_heads / per);
     _Pragma("omp parallel")
     {
         float* scratch = (float*)malloc(sizeof(float) * (size_t)af_scratch_floats());
-        _Pragma("omp for collapse(2) schedule(dynamic, 1)")
-        for (int s = 0; s < num_seqs; s++)
-            for (int kh = 0; kh < num_kv_heads; kh++)
-                if (seq_lens[s] > 0)
-                    af_attend(q + (int64_t)s * q_stride, q_stride, out + (int64_t)s * num_heads * head_dim,
-                              (int64_t)num_heads * head_dim, 1, seq_lens[s] - 1, G, kh, head_dim, k_cache, v_cache,
-                              block_tables + (int64_t)s * bt_stride, block_size, tok_stride, scale, window, scratch);
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int item = 0; item < n_items; item++) {
+            const int s = item / (num_kv_heads / per), kh0 = item % (num_kv_heads / per) * per;
+            if (seq_lens[s] > 0)
+                af_attend(q + (int64_t)s * q_stride, q_stride, out + (int64_t)s * num_heads * head_dim,
+                          (int64_t)num_heads * head_dim, 1, seq_lens[s] - 1, G, kh0, per, head_dim, k_cache,
+                          v_cache, block_tables + (int64_t)s * bt_stride, block_size, tok_stride, scale, window,
+                          scratch);
+        }
         free(scratch);
     }
 }

@@ -279,7 +279,7 @@ static int prefill_bf16_widened(const uint16_t* q, int64_t q_stride, const uint1
                         for (int d = 0; d < D; d++) dst[d] = bf16_to_f32(src[d]);
                     }
                 /* kv head 0 of a one-head pool: q and out rows are [G][D], the pool [lp][D] */
-                af_attend(qbuf, (int64_t)G * D, obuf, (int64_t)G * D, ntok, seq_len[r] - q_len[r] + i0, G, 0, D,
+                af_attend(qbuf, (int64_t)G * D, obuf, (int64_t)G * D, ntok, seq_len[r] - q_len[r] + i0, G, 0, 1, D,
                           kw, kw + lp * D, zero_table, (int)lp, D, scale, 0, scratch);
                 for (int i = 0; i < ntok; i++)
                     for (int g = 0; g < G; g++) {
@@ -419,7 +419,7 @@ static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, c
                 const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
                 const int64_t row = q_start[r] + i0;
                 af_attend(q + row * q_stride, q_stride, out + row * num_heads * D, (int64_t)num_heads * D,
-                          (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh, D, k_cache, v_cache,
+                          (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh, 1, D, k_cache, v_cache,
                           block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch);
             }
         free(scratch);
