@@ -41,13 +41,19 @@ def moe_config(arch: str, vocab_size: int, layers: int, hidden: int, intermediat
 
 def make_moe_folder(out: str, arch: str = "mixtral", dtype: str = "float32", seed: int = 0, **shape) -> str:
     """Write the model and the embedded SmolLM2 tokenizer to ``out``; returns ``out``."""
+    return write_random_folder(out, lambda vocab: moe_config(arch, vocab, **shape), dtype, seed)
+
+
+def write_random_folder(out: str, make_config, dtype: str = "float32", seed: int = 0) -> str:
+    """Write a random-weight model of ``make_config(vocab_size)`` (a transformers config) and the
+    embedded SmolLM2 tokenizer to ``out``; returns ``out``."""
     import torch
     import transformers
 
     from inflight.loader import load_tokenizer
 
     tokenizer = load_tokenizer(None)
-    cfg = moe_config(arch, len(tokenizer), **shape)
+    cfg = make_config(len(tokenizer))
     cfg.bos_token_id, cfg.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
