@@ -3,6 +3,8 @@ random-weight checkpoints, alone, batched, in tiny chunks, under preemption and
 prefix-cached, on the CPU fast path (the default) and on the plain-torch reference."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import transformers
@@ -13,6 +15,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.distributed.layers import RowParallelLinear
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.loader.testing import tiny_model, write_tiny_gguf
+from inflight.models.registry import _max_window_layer_types
 
 pytestmark = pytest.mark.slow
 
@@ -131,3 +134,12 @@ def test_qwen2_max_window_layers_equal_transformers(qwen2_window, backend):
     s = _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
     assert _run(llm, PROMPTS[2:5]) == want  # prefills in chunks of at most 4 tokens beside decodes
     assert s.kv.num_free_blocks == s.kv.num_blocks
+
+
+@pytest.mark.parametrize("first", [0, 2, 4])
+def test_max_window_layers_rule_equals_transformers(first):
+    """Where transformers predates layer_types, the layers from max_window_layers on are windowed,
+    as transformers 5 derives them; without use_sliding_window none is."""
+    kw = dict(num_hidden_layers=4, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=first)
+    assert _max_window_layer_types(SimpleNamespace(**kw)) == transformers.Qwen2Config(**kw).layer_types
+    assert _max_window_layer_types(SimpleNamespace(**{**kw, "use_sliding_window": False})) == []

@@ -126,7 +126,7 @@ def gguf_hf_config(reader: Any, source: str) -> dict[str, Any]:
     if extra is not None:
         raw.update(extra(meta))
     if meta("expert_count"):  # blocks without a router have a dense MLP (Qwen3-MoE's mlp_only_layers)
-        dense = [i for i in range(int(meta("block_count"))) if f"blk.{i}.ffn_gate_inp.weight" not in names]
+        dense = [i for i in range(int(meta("block_count") or 0)) if f"blk.{i}.ffn_gate_inp.weight" not in names]
         raw["mlp_only_layers"] = dense or None
     # Metadata the file lacks is left to the model type's defaults, not set to None.
     return normalize_hf_config({k: v for k, v in raw.items() if v is not None}, source)
