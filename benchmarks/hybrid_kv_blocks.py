@@ -1,6 +1,7 @@
 """KV memory a long request holds on a stack that mixes sliding-window and global layers:
-one block table for every layer (what the engine does today for such stacks) against the
-hybrid manager's per-group tables (``inflight/core/hybrid_kv.py``). Counts only, no timing:
+one block table for every layer (what the engine does for such stacks when the model class
+has no ``supports_hybrid_kv``) against the hybrid manager's per-group tables
+(``inflight/core/hybrid_kv.py``: the engine's layout for Gemma 2/3). Counts only, no timing:
 
     python benchmarks/hybrid_kv_blocks.py                       # 4,096 tokens, 1,024 window, 1:1
     python benchmarks/hybrid_kv_blocks.py --pattern 6 --layers 26 --window 512   # Gemma 3 1B's shape
@@ -55,7 +56,7 @@ def main() -> None:
     shared = held_blocks(KVCacheManager(args.num_blocks, args.block_size), args.prompt, args.tokens, args.chunk)
     hybrid = held_blocks(HybridKVCacheManager(args.num_blocks, args.block_size, False, groups),
                          args.prompt, args.tokens, args.chunk)
-    rows = {"shared table (today)": (shared, args.layers),
+    rows = {"shared table": (shared, args.layers),
             f"hybrid, {len(groups)} groups of {group_size} layers": (hybrid, group_size)}
     for name, ((peak, final), layers) in rows.items():
         print(json.dumps({"layout": name, "peak_blocks": peak, "final_blocks": final,

@@ -3,8 +3,13 @@ on tiny random-weight checkpoints whose windowed layers (an 8-token window, far 
 than the prompts) alternate with global ones, alone, batched, in tiny chunks, under
 preemption and prefix-cached, on the CPU fast path (the default) and on the plain-torch
 reference. Gemma 2 runs with attention and final logit soft-caps, Gemma 3 with its q/k
-norms and a RoPE base of its own for the windowed layers."""
+norms and a RoPE base of its own for the windowed layers. Every run uses the hybrid KV
+layout (a block table per layer group); a long request holds less KV than on the same
+stack with every layer global, and gives every block back."""
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 import torch
@@ -12,6 +17,8 @@ import transformers
 
 from inflight import LLM, SamplingParams
 from inflight.config import CacheConfig, SchedulerConfig
+from inflight.core.hybrid_kv import HybridKVCacheManager, group_layers
+from inflight.core.kv_cache_manager import NULL_BLOCK, KVCacheManager
 from inflight.core.scheduler import Scheduler
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.loader.testing import TOKENS, write_tiny_gguf
@@ -107,17 +114,20 @@ def _run(llm, prompts) -> list[list[int]]:
 
 
 def _scheduler(llm, sched: dict | None = None, **cache) -> Scheduler:
-    """The loaded model with other scheduler settings (and the engine's KV window)."""
+    """The loaded model with other scheduler settings (and the engine's KV layout: a block
+    table per layer group, windowed groups apart from global ones)."""
     eng = llm.llm_engine
     cfg = SchedulerConfig(**{**eng.config.scheduler_config.__dict__, **(sched or {})})
     cc = CacheConfig(**{**eng.config.cache_config.__dict__, **cache})
     eng.scheduler = Scheduler(cfg, cc, cc.num_gpu_blocks_override or eng.num_blocks, eng.max_model_len,
-                              sliding_window=eng.scheduler.kv.sliding_window)
+                              sliding_window=eng.scheduler.kv.sliding_window,
+                              layer_windows=eng.executor.built.layer_windows)
+    assert isinstance(eng.scheduler.kv, HybridKVCacheManager)
     return eng.scheduler
 
 
 def test_layer_windows_from_config():
-    """Each layer gets its type's window; the KV manager keeps every block (global layers read them)."""
+    """Each layer gets its type's window; no window is common to every layer."""
     g2 = parse_hf_config(_config("gemma2", WINDOW).to_dict())
     assert [g2.layer_sliding_window(i) for i in range(4)] == [WINDOW, None, WINDOW, None]
     assert g2.kv_sliding_window is None and g2.attn_logit_softcapping == 5.0
@@ -132,9 +142,13 @@ def test_greedy_equals_transformers(checkpoint, backend):
     llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
               max_num_seqs=16, max_num_batched_tokens=256)
     model = llm.llm_engine.runner.model
-    assert llm.llm_engine.scheduler.kv.sliding_window is None
-    assert [ly.self_attn.sliding_window for ly in model.layers] == [
-        parse_hf_config(_config(arch, WINDOW).to_dict()).layer_sliding_window(i) for i in range(4)]
+    windows = [parse_hf_config(_config(arch, WINDOW).to_dict()).layer_sliding_window(i) for i in range(4)]
+    assert [ly.self_attn.sliding_window for ly in model.layers] == windows
+    # the hybrid layout: a block table per layer group, a pool per place in a group
+    kv = llm.llm_engine.scheduler.kv
+    assert isinstance(kv, HybridKVCacheManager) and kv.groups == group_layers(windows)
+    pools = {id(c[0]) for c in llm.llm_engine.runner.kv_caches}
+    assert len(pools) == len(kv.groups[0].layers) == {"gemma2": 2, "gemma3": 1}[arch]
     if backend == "auto" and packed_linear_class(torch.float32) is not None:
         # packed linears, op by op: the C layer loop has no GeGLU, (1 + w) norms or soft-caps
         assert isinstance(model.layers[0].mlp.down_proj, packed_linear_class(torch.float32))
@@ -154,13 +168,64 @@ def test_greedy_equals_transformers(checkpoint, backend):
     assert _run(llm, PROMPTS) == want  # prefills in chunks of at most 4 tokens beside decodes
     assert s.kv.num_free_blocks == s.kv.num_blocks
 
-    s = _scheduler(llm, num_gpu_blocks_override=8)
+    s = _scheduler(llm, num_gpu_blocks_override=4 * len(llm.llm_engine.scheduler.kv.groups))  # 4 per group
     assert _run(llm, PROMPTS) == want
     assert s.num_preemptions > 0
 
     s = _scheduler(llm, enable_prefix_caching=True)
     assert _run(llm, PROMPTS[-2:-1]) + _run(llm, PROMPTS[-1:]) == want[-2:]
     assert s.kv.prefix_cache_hits >= 32  # the second prompt's shared blocks came from the cache
+
+
+def _all_global_copy(folder: str, dest) -> str:
+    """The same checkpoint with every layer global."""
+    shutil.copytree(folder, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg.update(sliding_window=None, layer_types=[FULL] * cfg["num_hidden_layers"])
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return str(dest)
+
+
+def _held_mid_run(llm, prompt: list[int]) -> tuple[object, int]:
+    """(the KV manager, pool blocks the request holds) once it has decoded a few tokens."""
+    eng = llm.llm_engine
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    eng.add_request("long", {"prompt_token_ids": prompt}, sp)
+    for _ in range(4):  # the prompt in one step, then decodes
+        eng.step()
+    kv = eng.scheduler.kv
+    assert eng.scheduler.requests["long"].num_output_tokens >= 3
+    return kv, kv.num_blocks_of("long")
+
+
+def test_windowed_groups_free_blocks_behind_the_window(checkpoint, tmp_path):
+    """A 100-token request: the global group holds all 7 of its 16-token blocks, each windowed
+    group the 2 its 8-token window reaches (in the scheduler's and the worker's tables), so it
+    holds fewer layer-blocks (bytes) than the all-global stack; every block comes back after
+    it finishes and after an abort."""
+    arch, folder, _, _ = checkpoint
+    layer_block = 2 * 16 * 2 * 24 * 4  # K and V of 16 tokens, 2 KV heads of 24 float32 in one layer
+    kw = dict(dtype="float32", kv_cache_memory=40 * 4 * layer_block, max_num_seqs=4, max_num_batched_tokens=256)
+    prompt = [3 + (7 * j) % 250 for j in range(100)]
+    kv_g, held_g = _held_mid_run(LLM(model=_all_global_copy(folder, tmp_path / "global"), **kw), prompt)
+    assert isinstance(kv_g, KVCacheManager) and held_g == 7 and kv_g.num_blocks == 40
+    llm = LLM(model=folder, **kw)
+    kv, held = _held_mid_run(llm, prompt)
+    assert isinstance(kv, HybridKVCacheManager)
+    group_size, windowed = len(kv.groups[0].layers), [g.sliding_window is not None for g in kv.groups]
+    assert kv.num_blocks == 40 * 4 // group_size  # the same bytes: a block holds fewer layers
+    assert [m.num_blocks_of("long") for m in kv.managers] == [2 if w else 7 for w in windowed]
+    assert held * group_size < held_g * 4
+    worker_tables = llm.llm_engine.runner.requests.states["long"].block_ids
+    for m, w, table in zip(kv.managers, windowed, worker_tables):
+        assert (m.req_to_blocks["long"][0] is NULL_BLOCK) == w and (table[:5] == [0] * 5) == w
+    while llm.llm_engine.has_unfinished_requests():
+        llm.llm_engine.step()
+    assert kv.num_free_blocks == kv.num_blocks
+    kv, _ = _held_mid_run(llm, prompt[::-1])
+    llm.llm_engine.abort_request("long")
+    assert kv.num_free_blocks == kv.num_blocks
+    kv.check_integrity()
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])

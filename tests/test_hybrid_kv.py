@@ -3,9 +3,10 @@ group hands back the blocks behind its window while the global groups keep every
 prefix hits agree across groups, and under random traffic (chunks, prefix hits,
 preemption, frees) every read a layer group makes finds its token and every block
 returns to the pool."""
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from fake_runner import make_request
+from fake_runner import make_request, make_scheduler
 from inflight.core.hybrid_kv import HybridKVCacheManager, KVCacheGroup, group_layers
 from inflight.core.kv_cache_manager import NULL_BLOCK, KVCacheManager
 
@@ -72,6 +73,18 @@ def test_prefix_hit_is_cut_to_what_every_group_holds():
     assert kv.allocate_slots(b, 13, hit)
     kv.check_integrity()
     assert kv.prefix_cache_hits == 20
+
+
+def test_the_scheduler_keeps_a_table_per_group_only_for_mixed_windows():
+    """Layers that differ in window get the hybrid manager, whose tables the worker is sent
+    per group; one window (or none) for every layer keeps one table per request. Swap
+    preemption, whose host pool holds one table per request, is refused at startup."""
+    assert type(make_scheduler(layer_windows=[None, None]).kv) is KVCacheManager
+    assert type(make_scheduler(layer_windows=[8, 8], sliding_window=8).kv) is KVCacheManager
+    s = make_scheduler(layer_windows=[8, None, 8, None])
+    assert isinstance(s.kv, HybridKVCacheManager) and s.kv.group_windows == (None, 8)
+    with pytest.raises(ValueError, match="preemption_mode='swap' is not supported"):
+        make_scheduler(layer_windows=[8, None], preemption_mode="swap", num_host_blocks=8)
 
 
 class GroupedKV:

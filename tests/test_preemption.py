@@ -34,7 +34,7 @@ def test_swap_out_exact_blocks_then_resume_before_new_admissions():
     s.add_request(make_request("old", prompt_len=8, max_tokens=6, arrival_time=1.0))
     s.add_request(make_request("new", prompt_len=8, max_tokens=6, base=100, arrival_time=2.0))
     sched, _ = run_step(s)
-    assert [x.block_ids for x in sched.scheduled] == [[0, 1], [2, 3]]
+    assert [x.block_ids for x in sched.scheduled] == [([0, 1],), ([2, 3],)]
     sched, _ = run_step(s)  # old needs a third block: new (the newest) goes to the host pool
     new = s.swapped[0]
     assert sched.preempted_req_ids == ["new"] and split(sched) == {"old": 1}
@@ -53,7 +53,7 @@ def test_swap_out_exact_blocks_then_resume_before_new_admissions():
     assert all("late" not in st for st in steps[:-1])
     assert sched.blocks_to_swap_in and [h for h, _ in sched.blocks_to_swap_in] == [0, 1]
     resumed = next(x for x in sched.scheduled if x.request is new)
-    assert [d for _, d in sched.blocks_to_swap_in] == resumed.block_ids[:2]
+    assert [d for _, d in sched.blocks_to_swap_in] == resumed.block_ids[0][:2]
     assert resumed.num_new_tokens == 1  # straight back to decoding, nothing recomputed
     assert finished == {"old": "length"}  # new came back only once old had finished
     assert drain(s) == {"new": "length", "late": "length"}

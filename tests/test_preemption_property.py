@@ -35,7 +35,7 @@ class SimulatedKV:
             self.device[d * self.bs:(d + 1) * self.bs] = data
 
     def slot(self, x, pos: int) -> int:
-        return x.block_ids[pos // self.bs] * self.bs + pos % self.bs
+        return x.block_ids[0][pos // self.bs] * self.bs + pos % self.bs
 
     def forward(self, sched) -> None:
         """Write every new token first, then check every read (write_kv precedes attention)."""

@@ -54,11 +54,11 @@ def _serve_twice(salt_a, salt_b) -> tuple[int, set[int], set[int]]:
     s = make_scheduler(num_blocks=32, block_size=4)
     s.add_request(make_request("a", prompt_len=13, max_tokens=3, cache_salt=salt_a))
     sched, _ = run_step(s)
-    blocks_a = set(sched.scheduled[0].block_ids)
+    blocks_a = set(sched.scheduled[0].block_ids[0])
     s.add_request(make_request("b", prompt_len=13, max_tokens=3, cache_salt=salt_b))
     sched, _ = run_step(s)
     b = next(x for x in sched.scheduled if x.request.request_id == "b")
-    return b.request.num_cached_tokens, blocks_a, set(b.block_ids)
+    return b.request.num_cached_tokens, blocks_a, set(b.block_ids[0])
 
 
 def test_two_salts_share_no_blocks():

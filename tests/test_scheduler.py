@@ -119,12 +119,12 @@ def test_prefix_cache_hit_exact_blocks_and_ref_counts():
     # 10-token prompt: blocks 0,1 full (cached), block 2 partial (private).
     s.add_request(make_request("a", prompt_len=10, max_tokens=5))
     sched, _ = run_step(s)
-    assert sched.scheduled[0].block_ids == [0, 1, 2]
+    assert sched.scheduled[0].block_ids == ([0, 1, 2],)
     s.add_request(make_request("b", prompt_len=10, max_tokens=5))
     sched, _ = run_step(s)
     b = next(x for x in sched.scheduled if x.request.request_id == "b")
-    assert b.block_ids[:2] == [0, 1]  # shared full blocks
-    assert b.block_ids[2] not in (0, 1, 2)  # the partial block is never shared
+    assert b.block_ids[0][:2] == [0, 1]  # shared full blocks
+    assert b.block_ids[0][2] not in (0, 1, 2)  # the partial block is never shared
     assert b.num_new_tokens == 2 and b.request.num_cached_tokens == 8
     pool = s.kv.pool
     assert [pool.blocks[i].ref_cnt for i in (0, 1, 2)] == [2, 2, 1]
@@ -152,11 +152,11 @@ def test_eviction_is_lru_and_tail_first():
     assert list(s.kv.pool._free) == [2, 3, 4, 5, 1, 0]
     s.add_request(make_request("b", prompt_len=15, max_tokens=1, base=500))  # needs 4 blocks
     sched, _ = run_step(s)
-    assert sched.scheduled[0].block_ids == [2, 3, 4, 5]
+    assert sched.scheduled[0].block_ids == ([2, 3, 4, 5],)
     assert s.kv.pool.blocks[1].block_hash is not None  # a's prefix survives
     s.add_request(make_request("c", prompt_len=9, max_tokens=1))
     sched, _ = run_step(s)
-    assert sched.scheduled[0].block_ids[:2] == [0, 1]  # hit on the surviving prefix
+    assert sched.scheduled[0].block_ids[0][:2] == [0, 1]  # hit on the surviving prefix
 
 
 def test_salt_separates_prefix_caches():

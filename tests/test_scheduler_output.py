@@ -63,15 +63,15 @@ def test_a_running_request_is_sent_in_full_once_then_as_diffs():
     first, _ = run_step(s, token=9)
     new = first.scheduled_new_reqs
     assert [d.req_id for d in new] == ["a"] and new[0].prompt_token_ids == list(range(6))
-    assert new[0].block_ids == [0, 1] and new[0].num_computed_tokens == 0 and not first.scheduled_cached_reqs
+    assert new[0].block_ids == ([0, 1],) and new[0].num_computed_tokens == 0 and not first.scheduled_cached_reqs
     second, _ = run_step(s, token=9)
     (diff,) = second.scheduled_cached_reqs
     assert not second.scheduled_new_reqs
     # the token sampled last step, no block yet (7 tokens fit in two blocks of 4)
-    assert diff.new_token_ids == [9] and diff.new_block_ids == [] and diff.num_computed_tokens == 6
+    assert diff.new_token_ids == [9] and diff.new_block_ids == ([],) and diff.num_computed_tokens == 6
     run_step(s, token=9)  # position 7: the last slot of block 1
     fourth, _ = run_step(s, token=9)  # position 8 opens a block
-    assert fourth.scheduled_cached_reqs[0].new_block_ids == [2]
+    assert fourth.scheduled_cached_reqs[0].new_block_ids == ([2],)
     assert fourth.scheduled_cached_reqs[0].new_token_ids == [9]
 
 
@@ -81,11 +81,12 @@ def test_a_running_request_is_sent_in_full_once_then_as_diffs():
     dict(preemption_mode="recompute", sliding_window=6),
     dict(scheduling="static"),
     dict(preemption_mode="recompute", speculative_config=SpeculativeConfig(num_speculative_tokens=3)),
+    dict(layer_windows=[6, None, 6, None], num_blocks=24),  # a block table per layer group
 ])
 def test_worker_state_follows_the_scheduler_through_preemption(kw):
     """Under memory pressure: after every step the worker's copy of each scheduled
-    request (tokens, progress, block table) equals the scheduler's."""
-    s = make_scheduler(num_blocks=12, block_size=2, max_num_batched_tokens=16, max_num_seqs=4, **kw)
+    request (tokens, progress, block tables) equals the scheduler's."""
+    s = make_scheduler(**{**dict(num_blocks=12, block_size=2, max_num_batched_tokens=16, max_num_seqs=4), **kw})
     for i in range(5):
         s.add_request(make_request(f"r{i}", prompt_len=3 + i, max_tokens=6 + i, base=1 + 3 * (i % 2),
                                    arrival_time=float(i)))

@@ -16,6 +16,10 @@ class AttentionMetadata:
     then prefill chunks. Request ``i`` owns query rows
     ``query_start_loc[i]:query_start_loc[i+1]`` and, after this step, has
     ``seq_lens[i]`` tokens of context in the blocks ``block_tables[i]``.
+
+    With a hybrid KV layout (layers in groups with a block table each, core/hybrid_kv.py)
+    ``per_layer[L]`` is layer L's: its group's block tables and slot mapping, the rest
+    shared; a model hands each layer ``for_layer(L)``.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
@@ -26,10 +30,15 @@ class AttentionMetadata:
     num_decodes: int
     block_size: int
     max_decode_seq_len: int = 0
+    per_layer: Optional[list["AttentionMetadata"]] = None
 
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_list)
+
+    def for_layer(self, layer: int) -> "AttentionMetadata":
+        """Layer ``layer``'s metadata: this one unless the KV layout has layer groups."""
+        return self if self.per_layer is None else self.per_layer[layer]
 
 
 class AttentionBackend(abc.ABC):

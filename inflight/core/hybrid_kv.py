@@ -9,14 +9,16 @@ prefix-cache keys tagged with the group), so a windowed group hands back the blo
 behind its window while the global groups keep theirs: a long request holds the whole
 context once per global group and only the window in each windowed group.
 
-NOTE: the scheduler and the model runner still use one block table per request (every
-layer in every block; windowed layers read only their window): this manager is the
-KVCacheManager-shaped core that the per-group tables and pools will sit on.
+The scheduler uses it when the model's layers mix windows (``Scheduler(layer_windows=...)``)
+and sends each request's tables per group; the worker's KV pool then holds ``group size``
+layer pools of ``num_blocks`` blocks, layer L in the pool of its place in its group, and
+each layer reads its group's block table and slot mapping (``AttentionMetadata.for_layer``).
+Swap preemption and KV transfer work on one table per request: both are refused here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Union
 
 from inflight.core.block_pool import BlockPool
 from inflight.core.kv_cache_manager import NULL_BLOCK, ComputedBlocks, KVCacheManager
@@ -144,6 +146,15 @@ class HybridKVCacheManager:
         """One block table per group."""
         return [m.get_block_ids(request_id) for m in self.managers]
 
+    @property
+    def group_windows(self) -> tuple[Optional[int], ...]:
+        """Each group's sliding window (None: global), in group order."""
+        return tuple(g.sliding_window for g in self.groups)
+
+    def get_group_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """One block table per group, as the worker gets it."""
+        return tuple(m.get_block_ids(request_id) for m in self.managers)
+
     def num_blocks_of(self, request_id: str) -> int:
         return sum(m.num_blocks_of(request_id) for m in self.managers)
 
@@ -160,3 +171,17 @@ class HybridKVCacheManager:
         for b in self.pool.blocks:
             assert b.ref_cnt == counts.get(b.block_id, 0), \
                 f"block {b.block_id}: ref_cnt {b.ref_cnt} != holders {counts.get(b.block_id, 0)}"
+
+
+def make_kv_cache_manager(num_blocks: int, block_size: int, enable_caching: bool, sliding_window: Optional[int],
+                          layer_windows: Optional[Sequence[Optional[int]]] = None,
+                          preemption_mode: str = "recompute") -> Union[KVCacheManager, HybridKVCacheManager]:
+    """One block table per request, unless the layers' windows differ (``layer_windows``,
+    per layer): then one per layer group over the same pool."""
+    if layer_windows is None or len({w or None for w in layer_windows}) < 2:
+        return KVCacheManager(num_blocks, block_size, enable_caching, sliding_window)
+    if preemption_mode == "swap":
+        # the host swap pool and its copies hold one block table per request
+        raise ValueError("preemption_mode='swap' is not supported for models that mix sliding-window and "
+                         "global attention layers (per-group KV block tables); use preemption_mode='recompute'")
+    return HybridKVCacheManager(num_blocks, block_size, enable_caching, group_layers(layer_windows))

@@ -278,6 +278,15 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
+    @property
+    def group_windows(self) -> tuple[Optional[int], ...]:
+        """Each KV cache group's sliding window: one group, every layer."""
+        return (self.sliding_window,)
+
+    def get_group_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table per KV cache group (one here), as the worker gets it."""
+        return ([b.block_id for b in self.req_to_blocks.get(request_id, ())],)
+
     def num_blocks_of(self, request_id: str) -> int:
         """Pool blocks the request holds (placeholders for freed window blocks not counted)."""
         return sum(1 for b in self.req_to_blocks.get(request_id, ()) if b is not NULL_BLOCK)

@@ -17,17 +17,22 @@ from inflight.sampling_params import SamplingParams
 # (token_id, logprob, rank): the sampled token first, then the top-N.
 LogprobEntry = list[tuple[int, float, int]]
 
+# One block table per KV cache group, as vLLM's: a 1-tuple unless the stack mixes windowed
+# and global layers (core/hybrid_kv.py), then one per layer group.
+GroupBlockIds = tuple[list[int], ...]
+
 
 class ScheduledRequest(NamedTuple):
     """The scheduler's own record of one request's share of a step (it never goes
     to the worker): compute ``num_new_tokens`` tokens starting at
-    ``request.num_computed_tokens``, with KV slots in ``block_ids``. With speculative
+    ``request.num_computed_tokens``, with KV slots in ``block_ids`` (one table per KV
+    cache group). With speculative
     decoding the last ``len(spec_token_ids)`` of them are draft tokens, past the
     request's known tokens."""
 
     request: Request
     num_new_tokens: int
-    block_ids: list[int]
+    block_ids: GroupBlockIds
     spec_token_ids: tuple[int, ...] = ()
 
     @property
@@ -50,7 +55,7 @@ class NewRequestData:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: GroupBlockIds
     num_computed_tokens: int
     eos_token_ids: tuple[int, ...] = ()
     # output tokens generated before a preemption (empty on the first step)
@@ -59,8 +64,8 @@ class NewRequestData:
     num_prompt_logprobs: int = 0
 
     @classmethod
-    def from_request(cls, req: Request, block_ids: list[int]) -> "NewRequestData":
-        return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params, list(block_ids),
+    def from_request(cls, req: Request, block_ids: GroupBlockIds) -> "NewRequestData":
+        return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params, tuple(map(list, block_ids)),
                    req.num_computed_tokens, tuple(req.eos_token_ids), list(req.output_token_ids),
                    len(req.prompt_logprobs))
 
@@ -79,11 +84,11 @@ class CachedRequestData:
 
     req_id: str
     new_token_ids: list[int]
-    new_block_ids: list[int]
+    new_block_ids: GroupBlockIds  # appended to each group's table
     num_computed_tokens: int
-    # leading blocks that fell out of a sliding window and went back to the pool
-    # (block id 0, the null block, in the worker's table from now on)
-    num_null_blocks: int = 0
+    # per group, leading blocks that fell out of a sliding window and went back to the
+    # pool (block id 0, the null block, in the worker's table from now on); () if none
+    num_null_blocks: tuple[int, ...] = ()
 
 
 @dataclass

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from inflight.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from inflight.core.admission import AdmissionQueue, chunk_size
 from inflight.core.batching import BatchingPolicy
-from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.hybrid_kv import make_kv_cache_manager
 from inflight.core.outputs import EngineCoreOutput, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.core.preemption import Preemptor, VictimPolicy
 from inflight.core.request import Request, RequestStatus
@@ -44,18 +44,22 @@ class Scheduler:
     ``num_host_blocks`` sizes the host pool for ``preemption_mode="swap"`` (the
     worker computes it from ``swap_space``); with none, swap falls back to recompute.
     ``sliding_window``: the model's, when every layer has it (the KV manager then
-    frees the blocks that fall out of it).
+    frees the blocks that fall out of it). ``layer_windows``: each layer's window where
+    they differ and the worker lays its KV pool out in layer groups: the KV manager is
+    then a :class:`HybridKVCacheManager` (block counts are pool blocks of one layer per
+    group; every request has a block table per group).
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int, num_host_blocks: int = 0,
                  speculative_config: Optional[SpeculativeConfig] = None,
-                 sliding_window: Optional[int] = None, batching: Optional[BatchingPolicy] = None) -> None:
+                 sliding_window: Optional[int] = None, batching: Optional[BatchingPolicy] = None,
+                 layer_windows: Optional[Sequence[Optional[int]]] = None) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
-        self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching,
-                                 sliding_window)
+        self.kv = make_kv_cache_manager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching,
+                                        sliding_window, layer_windows, scheduler_config.preemption_mode)
         if batching is None:
             batching = StaticBatching(scheduler_config) if scheduler_config.scheduling == "static" \
                 else BatchingPolicy()
@@ -78,7 +82,7 @@ class Scheduler:
         self.kv_connector = None  # prefill/decode disaggregation's KVConnectorBase, set by the engine
         # This step's batch as the scheduler sees it (with the Requests); the worker gets data only.
         self.last_scheduled: list[ScheduledRequest] = []
-        self.worker_view = WorkerView(self.kv.sliding_window is not None)
+        self.worker_view = WorkerView([w is not None for w in self.kv.group_windows])
         # Structured output's step masks (structured_output.GrammarMasks), set by the engine.
         self.grammar_masks = None
 
@@ -179,7 +183,8 @@ class Scheduler:
             # NOTE: no admissions in a step whose running requests had to preempt: memory is short.
             budget = self._schedule_waiting(out, budget)
             if self.drafts is not None:
-                self.drafts.add_drafts(self.last_scheduled, budget, self._reserve, self.kv.get_block_ids)
+                self.drafts.add_drafts(self.last_scheduled, budget, self._reserve,
+                                       self.kv.get_group_block_ids)
         for s in self.last_scheduled:
             if s.request.times.first_scheduled_time is None:
                 s.request.times.first_scheduled_time = time.time()
@@ -220,7 +225,7 @@ class Scheduler:
                 scheduled[req.request_id] = n
                 budget -= n
         self.last_scheduled.extend(
-            ScheduledRequest(r, scheduled[r.request_id], self.kv.get_block_ids(r.request_id))
+            ScheduledRequest(r, scheduled[r.request_id], self.kv.get_group_block_ids(r.request_id))
             for r in self.running if r.request_id in scheduled)
         return budget
 
@@ -296,7 +301,7 @@ class Scheduler:
     def _start(self, req: Request, n: int, out: SchedulerOutput) -> None:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
-        self.last_scheduled.append(ScheduledRequest(req, n, self.kv.get_block_ids(req.request_id)))
+        self.last_scheduled.append(ScheduledRequest(req, n, self.kv.get_group_block_ids(req.request_id)))
 
     # ------------------------------------------------------------------ update
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:

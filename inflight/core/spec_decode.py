@@ -104,7 +104,8 @@ class DraftPlanner:
         return drafts
 
     def add_drafts(self, batch: list[ScheduledRequest], budget: int,
-                   reserve: Callable[[Request, int], bool], block_ids: Callable[[str], list[int]]) -> None:
+                   reserve: Callable[[Request, int], bool],
+                   block_ids: Callable[[str], tuple[list[int], ...]]) -> None:
         """Add drafts to this step's decodes in ``batch``, in batch order, while the budget
         lasts; ``reserve(req, n)`` takes the KV slots for n tokens (False: no room).
 

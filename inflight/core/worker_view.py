@@ -1,17 +1,24 @@
 """What the worker holds of each request, so each step sends only the difference."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from inflight.core.outputs import CachedRequestData, NewRequestData, ScheduledRequest, SchedulerOutput
 
 
 class WorkerView:
     """The scheduler's record of each request the worker holds (how many tokens and
-    block ids it was sent); turns a step's batch into ``NewRequestData`` for the
-    requests it does not hold and ``CachedRequestData`` diffs for the others."""
+    block ids per KV cache group it was sent); turns a step's batch into
+    ``NewRequestData`` for the requests it does not hold and ``CachedRequestData``
+    diffs for the others.
 
-    def __init__(self, sliding_window: bool) -> None:
-        self.sliding_window = sliding_window
-        self._sent: dict[str, tuple[int, int]] = {}  # request id -> (tokens, block ids) sent
+    ``windowed``: per KV cache group, whether it has a sliding window (its leading
+    blocks become the null block as the request runs)."""
+
+    def __init__(self, windowed: Sequence[bool]) -> None:
+        self.windowed = tuple(windowed)
+        self._any_windowed = any(self.windowed)
+        self._sent: dict[str, tuple[int, tuple[int, ...]]] = {}  # request id -> (tokens, block ids per group)
 
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._sent
@@ -28,12 +35,14 @@ class WorkerView:
             if sent is None:
                 out.scheduled_new_reqs.append(NewRequestData.from_request(req, s.block_ids))
             else:
-                num_null = 0
-                if self.sliding_window:  # blocks behind the window became the null block (id 0)
-                    num_null = next((i for i, b in enumerate(s.block_ids) if b != 0), len(s.block_ids))
+                num_null: tuple[int, ...] = ()
+                if self._any_windowed:  # blocks behind a window became the null block (id 0)
+                    num_null = tuple(next((i for i, b in enumerate(ids) if b != 0), len(ids)) if w else 0
+                                     for ids, w in zip(s.block_ids, self.windowed))
+                new_ids = tuple(ids[n:] for ids, n in zip(s.block_ids, sent[1]))
                 out.scheduled_cached_reqs.append(CachedRequestData(
-                    rid, req.all_token_ids[sent[0]:], s.block_ids[sent[1]:], req.num_computed_tokens, num_null))
-            self._sent[rid] = (req.num_tokens, len(s.block_ids))
+                    rid, req.all_token_ids[sent[0]:], new_ids, req.num_computed_tokens, num_null))
+            self._sent[rid] = (req.num_tokens, tuple(len(ids) for ids in s.block_ids))
             out.num_scheduled_tokens[rid] = s.num_new_tokens
             if s.spec_token_ids:
                 out.scheduled_spec_decode_tokens[rid] = list(s.spec_token_ids)

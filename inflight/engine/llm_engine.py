@@ -55,7 +55,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, built.num_blocks, self.max_model_len,
                                    num_host_blocks=built.num_host_blocks,
                                    speculative_config=config.speculative_config,
-                                   sliding_window=built.arch.kv_sliding_window)
+                                   sliding_window=built.arch.kv_sliding_window,
+                                   layer_windows=built.layer_windows)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
         self.scheduler.grammar_masks = GrammarMasks(self.arch.vocab_size)

@@ -119,6 +119,10 @@ class GemmaForCausalLM(nn.Module):
     """The Gemma 2 / Gemma 3 text decoder stack; ``forward`` returns hidden states,
     ``compute_logits`` projects (and soft-caps) only the rows that sample."""
 
+    # each layer reads its own attention metadata, so the KV pool may hold the windowed and
+    # the global layers in groups with block tables of their own (worker/kv_cache.py)
+    supports_hybrid_kv = True
+
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -134,9 +138,9 @@ class GemmaForCausalLM(nn.Module):
         x = x * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=x.dtype)
         glob, local = self.rope.lookup(positions, x.dtype)
         residual = None
-        for layer, kv in zip(self.layers, kv_caches):
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
             rope = local if layer.self_attn.sliding_window else glob
-            x, residual = layer(x, residual, rope, kv, md)
+            x, residual = layer(x, residual, rope, kv, md.for_layer(i))
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

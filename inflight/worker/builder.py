@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -14,7 +15,7 @@ from inflight.distributed.sharding import local_arch
 from inflight.models.registry import ModelArchConfig, get_model_class
 from inflight.models.weight_loading import SkipParamInit
 from inflight.platforms import Platform, current_platform
-from inflight.worker.kv_cache import allocate_kv_cache, resolve_num_blocks, resolve_num_host_blocks
+from inflight.worker.kv_cache import allocate_kv_cache, hybrid_layout, resolve_num_blocks, resolve_num_host_blocks
 from inflight.worker.model_runner import ModelRunner
 from inflight.worker.swap import Swapper
 
@@ -41,6 +42,9 @@ class BuiltRunner:
     dtype: torch.dtype
     device: torch.device
     num_host_blocks: int = 0  # host swap pool, for preemption_mode="swap"
+    # each layer's window where the KV pool is laid out in layer groups (the scheduler then
+    # keeps a block table per group); None: one table for every layer
+    layer_windows: Optional[list[Optional[int]]] = None
 
 
 def _build_model(config: EngineConfig, platform: Platform, arch: ModelArchConfig, weights,
@@ -79,10 +83,12 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     logger.info("%s, %s: %s", platform.describe(), dtype, ", ".join(done) or "plain torch")
     cc = config.cache_config
     peak = platform.profile_peak_bytes(model, kv_arch, dtype, max_len, config)
+    layout = hybrid_layout(kv_arch, model)  # windowed and global layers: a block per layer group
     num_blocks = resolve_num_blocks(kv_arch, cc.block_size, dtype, device, cc.kv_cache_memory,
                                     cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.kv_cache_dtype,
-                                    profiled_peak_bytes=peak)
-    kv = allocate_kv_cache(kv_arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros)
+                                    profiled_peak_bytes=peak, num_layers=layout and layout.group_size)
+    kv = allocate_kv_cache(kv_arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros,
+                           layout and layout.layer_pools)
     kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
     logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
     num_host = 0
@@ -91,6 +97,8 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
                                            cc.num_cpu_blocks_override)
         logger.info("swap space: %d host blocks = %d tokens", num_host, num_host * cc.block_size)
     runner = ModelRunner(model, kv, cc.block_size, arch.vocab_size, device, config.model_config.seed,
-                         swapper=Swapper(kv, num_host, device))
-    platform.attach_graph_runner(runner, model, kv, backend, max_len, config)
-    return BuiltRunner(runner, arch, num_blocks, max_len, dtype, device, num_host)
+                         swapper=Swapper(kv, num_host, device), layer_groups=layout and layout.layer_groups)
+    if layout is None:  # a captured graph holds one block table per request: hybrid layouts run eagerly
+        platform.attach_graph_runner(runner, model, kv, backend, max_len, config)
+    return BuiltRunner(runner, arch, num_blocks, max_len, dtype, device, num_host,
+                       layout and layout.layer_windows)

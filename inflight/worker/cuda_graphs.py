@@ -115,8 +115,10 @@ class CudaGraphRunner:
         self.num_replays = 0
 
     def can_run(self, input_ids: torch.Tensor, md: AttentionMetadata) -> bool:
-        """Decode-only, within the largest captured bucket and the static block-table width."""
-        return (is_decode_only(md) and md.num_reqs <= self.sizes[-1] and md.block_tables.shape[1] <= self.max_blocks
+        """Decode-only, one block table for every layer, within the largest captured bucket and
+        the static block-table width."""
+        return (md.per_layer is None and is_decode_only(md) and md.num_reqs <= self.sizes[-1]
+                and md.block_tables.shape[1] <= self.max_blocks
                 and padded_size(md.num_reqs, self.sizes) in self.graphs)
 
     @torch.inference_mode()

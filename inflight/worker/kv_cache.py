@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from inflight.attention.kv_quant import FP8_DTYPE, SCALE_DTYPE, FP8KVCache
+from inflight.core.hybrid_kv import group_layers
 from inflight.models.registry import ModelArchConfig
 
 logger = logging.getLogger(__name__)
@@ -18,39 +20,72 @@ def is_fp8(kv_cache_dtype: str) -> bool:
     return kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
-def bytes_per_block(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
-    """K and V for ``block_size`` tokens in every layer (fp8: values plus a bf16 scale per token and head)."""
+def bytes_per_block(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto",
+                    num_layers: Optional[int] = None) -> int:
+    """K and V for ``block_size`` tokens in ``num_layers`` layers (default every layer; a hybrid
+    layout's block holds one layer per group) (fp8: values plus a bf16 scale per token and head)."""
     if is_fp8(kv_cache_dtype):
         per_head = cfg.head_dim * FP8_DTYPE.itemsize + SCALE_DTYPE.itemsize
     else:
         per_head = cfg.head_dim * dtype.itemsize
-    return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * per_head
+    return 2 * (num_layers or cfg.num_hidden_layers) * block_size * cfg.num_key_value_heads * per_head
 
 
 def num_blocks_for_memory(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, memory: int,
-                          kv_cache_dtype: str = "auto") -> int:
-    per_block = bytes_per_block(cfg, block_size, dtype, kv_cache_dtype)
+                          kv_cache_dtype: str = "auto", num_layers: Optional[int] = None) -> int:
+    per_block = bytes_per_block(cfg, block_size, dtype, kv_cache_dtype, num_layers)
     n = memory // per_block
     if n < 1:
         raise ValueError(f"kv_cache_memory={memory} bytes is smaller than one KV block ({per_block} bytes)")
     return int(n)
 
 
+@dataclass(frozen=True)
+class HybridLayout:
+    """A KV pool in layer groups (core/hybrid_kv.py): each layer's group (whose block tables
+    it reads) and pool (its place in that group); a block holds ``group_size`` layers."""
+
+    layer_windows: list[Optional[int]]
+    layer_groups: list[int]
+    layer_pools: list[int]
+    group_size: int
+
+
+def hybrid_layout(cfg: ModelArchConfig, model: torch.nn.Module) -> Optional[HybridLayout]:
+    """The layer-group layout when the layers' windows differ and the model hands each layer its
+    own metadata (``supports_hybrid_kv``); None: one block table for every layer."""
+    windows = [cfg.layer_sliding_window(i) for i in range(cfg.num_hidden_layers)]
+    if len(set(windows)) < 2 or not getattr(model, "supports_hybrid_kv", False):
+        return None
+    groups = group_layers(windows)
+    layer_groups, layer_pools = [0] * len(windows), [0] * len(windows)
+    for g, group in enumerate(groups):
+        for place, layer in enumerate(group.layers):
+            layer_groups[layer], layer_pools[layer] = g, place
+    return HybridLayout(windows, layer_groups, layer_pools, len(groups[0].layers))
+
+
 def allocate_kv_cache(cfg: ModelArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                       device: torch.device, kv_cache_dtype: str = "auto",
-                      zeros: Optional[Callable[[tuple, torch.dtype], torch.Tensor]] = None) -> list[tuple]:
+                      zeros: Optional[Callable[[tuple, torch.dtype], torch.Tensor]] = None,
+                      layer_pools: Optional[list[int]] = None) -> list[tuple]:
     """One (K, V) pair per layer, each ``[num_blocks, block_size, kv_heads, head_dim]``:
     tensors of ``dtype``, or for fp8 :class:`FP8KVCache` pools that dequantize to ``dtype``.
+    ``layer_pools`` (a hybrid layout): each layer's pool, its place in its KV cache group;
+    layers of different groups at the same place share one pair (their block ids differ).
 
     NOTE: zero-filled so that padded (masked) slots never hold NaN: a NaN
     value times a zero attention weight would still poison the output. ``zeros`` is the
     platform's allocator for the pools (e.g. huge pages on the CPU)."""
     shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+    layer_pools = layer_pools if layer_pools is not None else list(range(cfg.num_hidden_layers))
     if is_fp8(kv_cache_dtype):
-        return [(FP8KVCache.zeros(shape, dtype, device), FP8KVCache.zeros(shape, dtype, device))
-                for _ in range(cfg.num_hidden_layers)]
-    zeros = zeros or (lambda shp, dt: torch.zeros(shp, dtype=dt, device=device))
-    return [(zeros(shape, dtype), zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers)]
+        pools = [(FP8KVCache.zeros(shape, dtype, device), FP8KVCache.zeros(shape, dtype, device))
+                 for _ in range(max(layer_pools) + 1)]
+    else:
+        zeros = zeros or (lambda shp, dt: torch.zeros(shp, dtype=dt, device=device))
+        pools = [(zeros(shape, dtype), zeros(shape, dtype)) for _ in range(max(layer_pools) + 1)]
+    return [pools[p] for p in layer_pools]
 
 
 def resolve_num_host_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str,
@@ -64,21 +99,22 @@ def resolve_num_host_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.
 def resolve_num_blocks(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, device: torch.device,
                        kv_cache_memory: Optional[int], gpu_memory_utilization: float,
                        override: Optional[int], kv_cache_dtype: str = "auto",
-                       profiled_peak_bytes: Optional[int] = None) -> int:
+                       profiled_peak_bytes: Optional[int] = None, num_layers: Optional[int] = None) -> int:
     """Number of blocks: explicit override, else the CPU byte budget, else a share of free GPU memory
-    (after the peak of a profiled forward pass, when ``profiled_peak_bytes`` is given)."""
+    (after the peak of a profiled forward pass, when ``profiled_peak_bytes`` is given); a block
+    holds ``num_layers`` layers (default every layer)."""
     if override:
         return override
     if device.type == "cuda" and kv_cache_memory is None and profiled_peak_bytes is not None:
         budget = gpu_kv_budget(device, gpu_memory_utilization, profiled_peak_bytes)
-        return num_blocks_for_memory(cfg, block_size, dtype, max(budget, 0), kv_cache_dtype)
+        return num_blocks_for_memory(cfg, block_size, dtype, max(budget, 0), kv_cache_dtype, num_layers)
     if device.type == "cuda" and kv_cache_memory is None:
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
         budget = int(total * gpu_memory_utilization) - used
-        return num_blocks_for_memory(cfg, block_size, dtype, max(budget, 0), kv_cache_dtype)
+        return num_blocks_for_memory(cfg, block_size, dtype, max(budget, 0), kv_cache_dtype, num_layers)
     return num_blocks_for_memory(cfg, block_size, dtype, kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY,
-                                 kv_cache_dtype)
+                                 kv_cache_dtype, num_layers)
 
 
 def gpu_kv_budget(device: torch.device, gpu_memory_utilization: float, peak_bytes: int) -> int:

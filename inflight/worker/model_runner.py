@@ -1,7 +1,7 @@
 """Turns a SchedulerOutput into one flattened batch, runs the model once and samples."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
@@ -48,8 +48,11 @@ class ModelRunner:
     knows nothing of HTTP or scheduling policy."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, block_size: int, vocab_size: int,
-                 device: torch.device, seed: int = 0, swapper: Optional[Swapper] = None) -> None:
+                 device: torch.device, seed: int = 0, swapper: Optional[Swapper] = None,
+                 layer_groups: Optional[list[int]] = None) -> None:
         self.model = model
+        # hybrid KV layout: each layer's KV cache group (it reads that group's block tables)
+        self.layer_groups = layer_groups
         self.swapper = swapper or Swapper(kv_caches, 0, device)  # host pool for swap preemption
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -65,35 +68,34 @@ class ModelRunner:
         """Flatten every scheduled token; decodes (one-token rows) first."""
         items = sorted(batch, key=lambda s: s.num_new_tokens != 1)
         ids: list[int] = []
-        q_lens, starts, tables = [], [], []
+        q_lens, starts = [], []
         for s in items:
             nc = s.state.num_computed_tokens
             ids.extend(s.state.all_token_ids[nc:nc + s.num_new_tokens - len(s.spec_token_ids)])
             ids.extend(s.spec_token_ids)
             q_lens.append(s.num_new_tokens)
             starts.append(nc)
-            tables.append(s.state.block_ids)
         dev = self.device
         B = len(items)
         qsl = [0]
         for n in q_lens:
             qsl.append(qsl[-1] + n)
         seq_lens = [a + n for a, n in zip(starts, q_lens)]
-        max_blocks = max(len(t) for t in tables)
-        # one tensor from padded rows: a tensor per row costs ~4 us each at 128 rows
-        bt = torch.tensor([list(t) + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int64)
         q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
         offsets = torch.tensor(starts, dtype=torch.int64) - torch.tensor(qsl[:-1], dtype=torch.int64)
         positions = torch.arange(qsl[-1], dtype=torch.int64) + torch.repeat_interleave(offsets, q_lens_t)
         req_idx = torch.repeat_interleave(torch.arange(B), q_lens_t)
-        bs = self.block_size
-        slots = bt[req_idx, positions // bs] * bs + positions % bs
+        groups = [self._block_table([s.state.block_ids[g] for s in items], req_idx, positions)
+                  for g in range(len(items[0].state.block_ids))]
         num_decodes = sum(1 for n in q_lens if n == 1)
         md = AttentionMetadata(
-            slot_mapping=slots.to(dev), block_tables=bt.to(dev),
+            slot_mapping=groups[0][1], block_tables=groups[0][0],
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            query_start_loc_list=qsl, seq_lens_list=seq_lens, num_decodes=num_decodes, block_size=bs,
+            query_start_loc_list=qsl, seq_lens_list=seq_lens, num_decodes=num_decodes, block_size=self.block_size,
             max_decode_seq_len=max(seq_lens[:num_decodes], default=0))
+        if self.layer_groups is not None:
+            per_group = [md] + [replace(md, block_tables=bt, slot_mapping=slots) for bt, slots in groups[1:]]
+            md.per_layer = [per_group[g] for g in self.layer_groups]
         sampling = [s for s in items if s.samples]
         # a request with drafts samples after its last known token and after every draft
         logits_idx = [j for i, s in enumerate(items) if s.samples
@@ -101,6 +103,16 @@ class ModelRunner:
         prompt = [r for i, s in enumerate(items) if (r := prompt_rows(s, qsl[i])) is not None]
         return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), md,
                           torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling, prompt)
+
+    def _block_table(self, tables: list[list[int]], req_idx: torch.Tensor,
+                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block tables, slot of each new token) of one KV cache group, on the device."""
+        max_blocks = max(len(t) for t in tables)
+        # one tensor from padded rows: a tensor per row costs ~4 us each at 128 rows
+        bt = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int64)
+        bs = self.block_size
+        slots = bt[req_idx, positions // bs] * bs + positions % bs
+        return bt.to(self.device), slots.to(self.device)
 
     def _request_rows(self, s: ScheduledState) -> list[SamplingRow]:
         """The rows one request samples this step; raises for settings that cannot be sampled."""

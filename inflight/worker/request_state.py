@@ -7,20 +7,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inflight.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from inflight.core.outputs import CachedRequestData, GroupBlockIds, NewRequestData, SchedulerOutput
 from inflight.sampling_params import SamplingParams
 
 
 @dataclass
 class CachedRequestState:
     """Everything the worker knows of one request: its tokens (prompt, then the
-    output the scheduler has sent), its KV block table and its progress."""
+    output the scheduler has sent), its KV block tables (one per KV cache group) and
+    its progress."""
 
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_ids: tuple[int, ...]
-    block_ids: list[int]
+    block_ids: GroupBlockIds
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
@@ -29,7 +30,8 @@ class CachedRequestState:
 
     @classmethod
     def from_new(cls, d: NewRequestData) -> "CachedRequestState":
-        return cls(d.req_id, d.prompt_token_ids, d.sampling_params, d.eos_token_ids, list(d.block_ids),
+        return cls(d.req_id, d.prompt_token_ids, d.sampling_params, d.eos_token_ids,
+                   tuple(list(ids) for ids in d.block_ids),
                    d.num_computed_tokens, list(d.output_token_ids),
                    list(d.prompt_token_ids) + list(d.output_token_ids), d.num_prompt_logprobs)
 
@@ -45,9 +47,11 @@ class CachedRequestState:
         """Apply one step's diff: tokens appended since, new blocks, progress."""
         self.output_token_ids.extend(d.new_token_ids)
         self.all_token_ids.extend(d.new_token_ids)
-        self.block_ids.extend(d.new_block_ids)
-        if d.num_null_blocks:
-            self.block_ids[:d.num_null_blocks] = [0] * d.num_null_blocks
+        for ids, new in zip(self.block_ids, d.new_block_ids):
+            ids.extend(new)
+        for ids, n in zip(self.block_ids, d.num_null_blocks):
+            if n:
+                ids[:n] = [0] * n
         self.num_computed_tokens = d.num_computed_tokens
 
 
