@@ -91,6 +91,9 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
                            layout and layout.layer_pools)
     kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
     logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
+    if layout is not None:
+        logger.info("KV cache in layer groups (windows per layer %s): a block holds %d of the %d layers",
+                    layout.layer_windows, layout.group_size, len(layout.layer_windows))
     num_host = 0
     if config.scheduler_config.preemption_mode == "swap":
         num_host = resolve_num_host_blocks(kv_arch, cc.block_size, dtype, cc.kv_cache_dtype, cc.swap_space,
