@@ -11,6 +11,7 @@ import transformers
 
 from inflight import LLM, SamplingParams
 from inflight.config import CacheConfig, SchedulerConfig
+from inflight.core.hybrid_kv import HybridKVCacheManager
 from inflight.core.scheduler import Scheduler
 from inflight.distributed.layers import RowParallelLinear
 from inflight.kernels.cpu.packing import packed_linear_class
@@ -57,11 +58,13 @@ def _run(llm, prompts) -> list[list[int]]:
 
 
 def _scheduler(llm, sched: dict | None = None, **cache) -> Scheduler:
-    """The loaded model with other scheduler settings."""
+    """The loaded model with other scheduler settings (and the engine's KV layout)."""
     eng = llm.llm_engine
     cfg = SchedulerConfig(**{**eng.config.scheduler_config.__dict__, **(sched or {})})
     cc = CacheConfig(**{**eng.config.cache_config.__dict__, **cache})
-    eng.scheduler = Scheduler(cfg, cc, cc.num_gpu_blocks_override or eng.num_blocks, eng.max_model_len)
+    eng.scheduler = Scheduler(cfg, cc, cc.num_gpu_blocks_override or eng.num_blocks, eng.max_model_len,
+                              sliding_window=eng.scheduler.kv.sliding_window,
+                              layer_windows=eng.executor.built.layer_windows)
     return eng.scheduler
 
 
@@ -129,9 +132,12 @@ def test_qwen2_max_window_layers_equal_transformers(qwen2_window, backend):
     llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
               max_num_seqs=16, max_num_batched_tokens=256)
     assert [ly.self_attn.sliding_window for ly in llm.llm_engine.runner.model.layers] == [None, WINDOW]
-    assert llm.llm_engine.arch.kv_sliding_window is None  # the global layer reads every block
+    assert llm.llm_engine.arch.kv_sliding_window is None  # one window does not hold for every layer
+    kv = llm.llm_engine.scheduler.kv  # a block table per layer group: the windowed one frees blocks
+    assert isinstance(kv, HybridKVCacheManager) and [g.sliding_window for g in kv.groups] == [None, WINDOW]
     assert _run(llm, PROMPTS[2:5]) == want
     s = _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+    assert isinstance(s.kv, HybridKVCacheManager)
     assert _run(llm, PROMPTS[2:5]) == want  # prefills in chunks of at most 4 tokens beside decodes
     assert s.kv.num_free_blocks == s.kv.num_blocks
 

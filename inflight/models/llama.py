@@ -88,6 +88,9 @@ class LlamaForCausalLM(nn.Module):
     # built from inflight/distributed's parallel layers; checked in the class's own
     # namespace, so a subclass with layers of its own must declare it again
     supports_tensor_parallel = True
+    # each layer reads its own metadata (md.for_layer): stacks that mix windowed and global
+    # layers (Qwen2's max_window_layers) get a block table per layer group
+    supports_hybrid_kv = True
 
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
@@ -102,13 +105,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rope.lookup(positions, x.dtype)
-        if self.layer_loop is not None and self.layer_loop.can_run(x, kv_caches):
+        # NOTE: the C layer loop reads one block table for every layer: layer groups run op by op
+        if self.layer_loop is not None and md.per_layer is None and self.layer_loop.can_run(x, kv_caches):
             # NOTE: the same kernels as the loop below, in one C call (bit-identical output)
             x, residual = self.layer_loop.run(x, rope, kv_caches, md)
             return self.norm(x, residual)[0]
         residual = None
-        for layer, kv in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, rope, kv, md)
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
+            x, residual = layer(x, residual, rope, kv, md.for_layer(i))
         return self.norm(x, residual)[0]
 
     def layer_plan(self) -> LayerPlan:

@@ -66,6 +66,7 @@ class MixtralForCausalLM(nn.Module):
     expert_names = ("w1", "w2", "w3")  # the checkpoint's gate, down and up projections of each expert
     # attention and dense MLPs from the parallel layers; router and experts whole on every rank
     supports_tensor_parallel = True
+    supports_hybrid_kv = True  # each layer reads its own metadata (md.for_layer)
 
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
@@ -81,8 +82,8 @@ class MixtralForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         rope = self.rope.lookup(positions, x.dtype)
         residual = None
-        for layer, kv in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, rope, kv, md)
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
+            x, residual = layer(x, residual, rope, kv, md.for_layer(i))
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
