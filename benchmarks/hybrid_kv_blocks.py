@@ -1,7 +1,7 @@
 """KV memory a long request holds on a stack that mixes sliding-window and global layers:
 one block table for every layer (what the engine does for such stacks when the model class
 has no ``supports_hybrid_kv``) against the hybrid manager's per-group tables
-(``inflight/core/hybrid_kv.py``: the engine's layout for Gemma 2/3). Counts only, no timing:
+(``inflight/core/hybrid_kv.py``: the engine's layout for Gemma 2/3 and mixed Qwen2/Qwen3 stacks). Counts only, no timing:
 
     python benchmarks/hybrid_kv_blocks.py                       # 4,096 tokens, 1,024 window, 1:1
     python benchmarks/hybrid_kv_blocks.py --pattern 6 --layers 26 --window 512   # Gemma 3 1B's shape
