@@ -63,6 +63,14 @@ def write_random_folder(out: str, make_config, dtype: str = "float32", seed: int
     return out
 
 
+def print_compare_command(out: str, dtype: str) -> None:
+    """The folder's path and the command that runs the chat workload on it against vLLM."""
+    print(out)
+    print("chat workload, inflight against vLLM (on a quiet machine):\n"
+          f"  .venv/bin/python benchmarks/peers/compare.py --workloads chat --hf-folder {out} "
+          f"--inflight-args \"{out} --dtype {dtype}\" --vllm-args \"--dtype {dtype}\" --no-mfu")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="mixtral", choices=list(ARCHS))
@@ -81,10 +89,7 @@ def main() -> int:
     make_moe_folder(out, args.arch, args.dtype, args.seed, layers=args.layers, hidden=args.hidden,
                     intermediate=args.intermediate, experts=args.experts, top_k=args.top_k, heads=args.heads,
                     kv_heads=args.kv_heads)
-    print(out)
-    print("chat workload, inflight against vLLM (on a quiet machine):\n"
-          f"  .venv/bin/python benchmarks/peers/compare.py --workloads chat --hf-folder {out} "
-          f"--inflight-args \"{out} --dtype {args.dtype}\" --vllm-args \"--dtype {args.dtype}\" --no-mfu")
+    print_compare_command(out, args.dtype)
     return 0
 
 

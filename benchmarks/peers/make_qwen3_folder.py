@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-from make_moe_folder import write_random_folder
+from make_moe_folder import print_compare_command, write_random_folder
 
 DEFAULT_OUT = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "qwen3-0.6b-shape-hf")
 
@@ -46,10 +46,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     write_random_folder(args.out, lambda vocab: qwen3_config(vocab, args.layers), args.dtype, args.seed)
-    print(args.out)
-    print("chat workload, inflight against vLLM (on a quiet machine):\n"
-          f"  .venv/bin/python benchmarks/peers/compare.py --workloads chat --hf-folder {args.out} "
-          f"--inflight-args \"{args.out} --dtype {args.dtype}\" --vllm-args \"--dtype {args.dtype}\" --no-mfu")
+    print_compare_command(args.out, args.dtype)
     return 0
 
 

@@ -153,7 +153,7 @@ class HybridKVCacheManager:
 
     def get_group_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """One block table per group, as the worker gets it."""
-        return tuple(m.get_block_ids(request_id) for m in self.managers)
+        return tuple(self.get_block_ids(request_id))
 
     def num_blocks_of(self, request_id: str) -> int:
         return sum(m.num_blocks_of(request_id) for m in self.managers)

@@ -285,7 +285,7 @@ class KVCacheManager:
 
     def get_group_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table per KV cache group (one here), as the worker gets it."""
-        return ([b.block_id for b in self.req_to_blocks.get(request_id, ())],)
+        return (self.get_block_ids(request_id),)
 
     def num_blocks_of(self, request_id: str) -> int:
         """Pool blocks the request holds (placeholders for freed window blocks not counted)."""

@@ -20,7 +20,7 @@ from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.layers.activation import GeluAndMul
 from inflight.layers.layernorm import GemmaRMSNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
-from inflight.models.llama import LlamaAttention
+from inflight.models.llama import LlamaAttention, head_argmax
 from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 from inflight.structured_output.masks import GrammarBitmask
@@ -153,11 +153,9 @@ class GemmaForCausalLM(nn.Module):
         """The argmax token of each row without materializing the logits, where the packed
         projection can; None with a final soft-cap: tanh can saturate and tie logits that
         the uncapped argmax would tell apart, and transformers takes the first of a tie."""
-        head = self.lm_head
-        if (self.cfg.final_logit_softcapping or head is None or not hasattr(head, "argmax")
-                or getattr(head, "bias", None) is not None or head.out_features != vocab_size):
+        if self.cfg.final_logit_softcapping:
             return None
-        return head.argmax(hidden, grammar)
+        return head_argmax(self.lm_head, hidden, vocab_size, grammar)
 
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""

@@ -137,11 +137,7 @@ class LlamaForCausalLM(nn.Module):
         """The argmax token of each row's logits without materializing them, where the
         logits projection can (a bias-free PanelLinear over exactly ``vocab_size``
         rows); None otherwise."""
-        head = self.lm_head
-        if (head is None or not hasattr(head, "argmax") or getattr(head, "bias", None) is not None
-                or head.out_features != vocab_size):
-            return None
-        return head.argmax(hidden, grammar)
+        return head_argmax(self.lm_head, hidden, vocab_size, grammar)
 
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""
@@ -158,6 +154,17 @@ class LlamaForCausalLM(nn.Module):
         tensor) pairs) into the parameters, fusing shards as the architecture's spec
         says; every parameter must be set."""
         load_checkpoint(self, arch_spec(self.cfg.architecture).stacked, weights)
+
+
+def head_argmax(head: Optional[nn.Module], hidden: torch.Tensor, vocab_size: int,
+                grammar: Optional[GrammarBitmask] = None) -> Optional[torch.Tensor]:
+    """Each row's argmax token from inside the logits GEMM (over the tokens ``grammar``
+    allows), where ``head`` is a bias-free packed projection onto exactly ``vocab_size``
+    outputs; None otherwise (the caller writes the logits)."""
+    if (head is None or not hasattr(head, "argmax") or getattr(head, "bias", None) is not None
+            or head.out_features != vocab_size):
+        return None
+    return head.argmax(hidden, grammar)
 
 
 def _weight(norm: Optional[RMSNorm]) -> Optional[torch.Tensor]:

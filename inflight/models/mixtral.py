@@ -16,7 +16,7 @@ from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.layers.layernorm import RMSNorm
 from inflight.layers.moe import FusedMoE, make_expert_params_mapping
 from inflight.layers.rotary import RotaryEmbedding
-from inflight.models.llama import LlamaAttention, LlamaMLP
+from inflight.models.llama import LlamaAttention, LlamaMLP, head_argmax
 from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 from inflight.structured_output.masks import GrammarBitmask
@@ -95,11 +95,7 @@ class MixtralForCausalLM(nn.Module):
                       grammar: Optional[GrammarBitmask] = None) -> Optional[torch.Tensor]:
         """Each row's argmax token from inside a packed logits GEMM, where the head is
         one (see LlamaForCausalLM.greedy_tokens); None otherwise."""
-        head = self.lm_head
-        if (head is None or not hasattr(head, "argmax") or getattr(head, "bias", None) is not None
-                or head.out_features != vocab_size):
-            return None
-        return head.argmax(hidden, grammar)
+        return head_argmax(self.lm_head, hidden, vocab_size, grammar)
 
     def pack_lm_head(self, factory) -> None:
         """Give a tied model its own (packed) logits projection; see kernels/cpu/packing.py."""
