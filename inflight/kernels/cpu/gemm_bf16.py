@@ -35,6 +35,9 @@ def pack_panels(weight: torch.Tensor, panel: int) -> torch.Tensor:
     """[N, K] -> [ceil(N/panel), ceil(K/2), panel, 2], zero-padded: each K pair of a
     panel's columns is one contiguous vector."""
     n, k = weight.shape
+    if n % panel == 0 and k % 2 == 0:  # one pass into the result: no padded copy, no second buffer
+        out = torch.empty(n // panel, k // 2, panel, 2, dtype=torch.bfloat16)
+        return out.copy_(weight.detach().reshape(n // panel, panel, k // 2, 2).permute(0, 2, 1, 3))
     n_pad, k_pad = -(-n // panel) * panel, k + k % 2
     w = torch.zeros(n_pad, k_pad, dtype=torch.bfloat16)
     w[:n, :k] = weight.detach()

@@ -35,6 +35,9 @@ def pack_panels_f32(weight: torch.Tensor, panel: int) -> torch.Tensor:
     """[N, K] -> [ceil(N/panel), K, panel] fp32, zero-padded past N: for each k, a
     panel's columns are contiguous."""
     n, k = weight.shape
+    if n % panel == 0:  # one pass into the result: no padded copy, no second buffer
+        out = torch.empty(n // panel, k, panel, dtype=torch.float32)
+        return out.copy_(weight.reshape(n // panel, panel, k).transpose(1, 2))
     n_pad = -(-n // panel) * panel
     w = torch.zeros(n_pad, k, dtype=torch.float32)
     w[:n] = weight

@@ -79,14 +79,18 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
     cls = packed_linear_class(dtype)
     if cls is None:
         return 0
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                # a tensor-parallel layer keeps its collective around the packed weight
-                pack = getattr(child, "packed", None)
-                setattr(module, name, pack(cls) if pack is not None else cls(child.weight, child.bias))
-                count += 1
+    # (parent, name) pairs, not the linears: each unpacked weight is freed as soon as its
+    # packed copy replaces it, so the next packed weight of its size reuses that memory
+    # instead of faulting in fresh pages (and the model never exists twice).
+    slots = [(module, name) for module in model.modules()
+             for name, child in module.named_children() if isinstance(child, nn.Linear)]
+    for module, name in slots:
+        child = getattr(module, name)
+        # a tensor-parallel layer keeps its collective around the packed weight
+        pack = getattr(child, "packed", None)
+        setattr(module, name, pack(cls) if pack is not None else cls(child.weight, child.bias))
+        del child, pack
+    count = len(slots)
     pack_head = getattr(model, "pack_lm_head", None)
     if pack_head is not None:
         pack_head(cls)
