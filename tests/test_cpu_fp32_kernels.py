@@ -13,6 +13,7 @@ from inflight.attention.torch_ref import TorchAttentionBackend
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.fused import CpuFusedOps
 from inflight.kernels.cpu.isa import machine_arch, supported_levels
+from inflight.layers.layernorm import QKNorm, RMSNorm
 
 LEVELS = supported_levels()
 F32 = torch.float32
@@ -122,6 +123,33 @@ def test_silu_mul_f32_matches_torch(ops, rows, inter):
     gate_up = torch.randn(rows, 2 * inter) * 4
     gate, up = gate_up.chunk(2, dim=-1)
     close(ops.silu_mul(gate_up), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("d", [128, 36])  # 36: a tail on every level
+def test_rmsnorm_heads_f32_matches_torch(ops, rows, d):
+    """Qwen3's per-head q/k norm in place on strided qkv rows: the model's torch op (QKNorm
+    natively), and bit for bit each head as add_rmsnorm of that head alone (the C RMSNorm the
+    Python loop ran per head before), v and the gap after the row untouched."""
+    torch.manual_seed(rows + d)
+    nh, nkv = 6, 2
+    width = (nh + 2 * nkv) * d
+    buf = torch.randn(rows, width + 5) * 3
+    qkv = buf[:, :width]
+    q_norm, k_norm = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(0.5, 1.5)
+    want = QKNorm(nh, nkv, d)(qkv, q_norm, k_norm)  # forward_native: plain torch
+    q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+    per_head = torch.cat([ops.add_rmsnorm(q.reshape(-1, d), None, q_norm.weight.detach(), 1e-6)[0].view(rows, -1),
+                          ops.add_rmsnorm(k.reshape(-1, d), None, k_norm.weight.detach(), 1e-6)[0].view(rows, -1),
+                          v], dim=-1)
+    got = buf.clone()
+    ops.rmsnorm_heads_(got[:, :width], nh, nkv, d, q_norm.weight.detach(), k_norm.weight.detach(), 1e-6)
+    close(got[:, :width], want)
+    assert torch.equal(got[:, :width], per_head)
+    assert torch.equal(got[:, (nh + nkv) * d:], buf[:, (nh + nkv) * d:])
 
 
 # ---- paged attention ----

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from inflight.kernels.cpu.fused import load_fused_ops
 from inflight.kernels.cpu.isa import supported_levels
-from inflight.layers.layernorm import RMSNorm
+from inflight.layers.layernorm import QKNorm, RMSNorm
 from inflight.layers.rotary import apply_rope
 
 OPS = load_fused_ops()
@@ -82,3 +82,28 @@ def test_add_rmsnorm_kernel_at_every_level(level, rows, with_residual):
                                                          norm.weight.detach(), 1e-5)
     close(got_out, want_out, 0.01)
     assert torch.equal(got_res, want_res)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("rows", [1, 7])
+def test_rmsnorm_heads_kernel_matches_torch(level, rows):
+    """Qwen3's per-head q/k norm in place: the model's torch op (QKNorm natively) to bf16
+    rounding, each head bit for bit as add_rmsnorm_bf16 of that head alone; v untouched."""
+    torch.manual_seed(rows + 20)
+    nh, nkv, d = 6, 2, 128
+    qkv = torch.randn(rows, (nh + 2 * nkv) * d, dtype=BF16) * 3
+    q_norm, k_norm = RMSNorm(d, 1e-6).to(BF16), RMSNorm(d, 1e-6).to(BF16)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(0.5, 1.5)
+    want = QKNorm(nh, nkv, d)(qkv, q_norm, k_norm)  # forward_native: plain torch
+    ops = load_fused_ops(level)
+    q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+    per_head = torch.cat([ops.add_rmsnorm(q.reshape(-1, d), None, q_norm.weight.detach(), 1e-6)[0].view(rows, -1),
+                          ops.add_rmsnorm(k.reshape(-1, d), None, k_norm.weight.detach(), 1e-6)[0].view(rows, -1),
+                          v], dim=-1)
+    got = qkv.clone()
+    ops.rmsnorm_heads_(got, nh, nkv, d, q_norm.weight.detach(), k_norm.weight.detach(), 1e-6)
+    close(got, want, 0.01)
+    assert torch.equal(got, per_head)
+    assert torch.equal(got[:, (nh + nkv) * d:], v)

@@ -1,12 +1,15 @@
 """The one-call C layer loop (kernels/cpu/layer_loop.py) runs the same kernels as the
 Python layer loop, so a mixed step (decodes and prefill chunks, with and without
-a cached prefix) gives bit-identical logprobs either way, in float32 and bfloat16."""
+a cached prefix) gives bit-identical logprobs either way, in float32 and bfloat16,
+for Llama (SmolLM2) and for Qwen3's per-head q/k norm (a tiny random checkpoint)."""
 import pytest
 import torch
+import transformers
 
 from inflight import LLM, SamplingParams
 from inflight.distributed.layers import RowParallelLinear
 from inflight.kernels.cpu.layer_loop import CpuLayerLoop
+from inflight.loader.testing import tiny_model, write_tiny_gguf
 
 PROMPTS = ["The capital of France is", "Here is a long story about a lighthouse keeper. " * 12, "1, 2, 3,",
            "Here is a long story about a lighthouse keeper. " * 12 + "His name was"]
@@ -40,6 +43,38 @@ def test_layer_loop_is_bit_identical_to_the_python_loop(fused_silu, dtype):
     assert logprob_table(with_loop) == logprob_table(without)
 
 
+@pytest.fixture(scope="module")
+def qwen3_folder(tmp_path_factory):
+    """A tiny random-weight Qwen3 HF folder (head_dim 128, q/k norm weights not 1)."""
+    folder = tmp_path_factory.mktemp("qwen3")
+    write_tiny_gguf(str(folder / "tok.gguf"), None)
+    transformers.AutoTokenizer.from_pretrained(folder, gguf_file="tok.gguf").save_pretrained(folder)
+    tiny_model("qwen3", seed=5).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_qwen3_layer_loop_is_bit_identical_to_the_python_loop(qwen3_folder, dtype):
+    # 16-token chunks: the longer prompts prefill over several steps beside running decodes
+    llm = LLM(model=qwen3_folder, dtype=dtype, kv_cache_memory=16 << 20, max_num_seqs=4,
+              max_num_batched_tokens=16, enable_prefix_caching=False)
+    model = llm.llm_engine.runner.model
+    loop = model.layer_loop
+    assert isinstance(loop, CpuLayerLoop) and loop.kernels.rmsnorm_heads is not None
+    prompts = [[5 + (i * 7 + j * 13) % 250 for j in range(6 + 11 * i)] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=3)
+    loop.profile()
+    with_loop = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert loop.profile_shares()["qk_norm"] > 0  # the norm ran in the loop, and its time is its own
+    model.layer_loop = None  # the Python loop: QKNorm's C kernel per layer
+    try:
+        without = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    finally:
+        model.layer_loop = loop
+    assert [o.outputs[0].token_ids for o in with_loop] == [o.outputs[0].token_ids for o in without]
+    assert logprob_table(with_loop) == logprob_table(without)
+
+
 @pytest.mark.slow
 def test_profile_attributes_the_loop_time_to_kernels():
     llm = LLM(max_num_batched_tokens=64)
@@ -52,6 +87,7 @@ def test_profile_attributes_the_loop_time_to_kernels():
     assert abs(sum(shares.values()) - 1) < 1e-9
     for kernel in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "decode_attention", "prefill_attention"):
         assert shares[kernel] > 0, kernel
+    assert shares["qk_norm"] == 0  # Llama has no q/k norm
     loop.profile(False)
     assert loop.ticks is None
 

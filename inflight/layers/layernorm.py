@@ -65,3 +65,30 @@ class GemmaRMSNorm(CustomOp):
         if ops is None or x.dtype != torch.float32:
             return self.forward_native(x, residual)
         return ops.add_rmsnorm(x, residual, 1.0 + self.weight, self.eps)
+
+
+class QKNorm(CustomOp):
+    """Qwen3's per-head RMSNorm of the q and k heads of fused qkv rows ``[T, (nh + 2 nkv) * hd]``,
+    before RoPE; v passes through. The norms (RMSNorm over ``hd``) stay the attention module's,
+    so their checkpoint names are unchanged; they come in with each call."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = num_heads, num_kv_heads, head_dim
+
+    def forward_native(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
+        """The normalised rows, a new tensor."""
+        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = q_norm(q.reshape(-1, self.nh, self.hd))[0].view(q.shape)
+        k = k_norm(k.reshape(-1, self.nkv, self.hd))[0].view(k.shape)
+        return torch.cat([q, k, v], dim=-1)
+
+    def forward_cpu(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
+        """As ``forward_native``, in place in ``qkv`` (one C call; each head exactly as the
+        C RMSNorm of ``RMSNorm.forward_cpu`` normalises it)."""
+        ops = cpu_fused_ops(qkv.dtype)
+        if ops is None or qkv.dim() != 2 or qkv.stride(-1) != 1 or q_norm.eps != k_norm.eps \
+                or q_norm.weight.dtype != qkv.dtype or k_norm.weight.dtype != qkv.dtype:
+            return self.forward_native(qkv, q_norm, k_norm)
+        ops.rmsnorm_heads_(qkv, self.nh, self.nkv, self.hd, q_norm.weight, k_norm.weight, q_norm.eps)
+        return qkv

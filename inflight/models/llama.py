@@ -11,7 +11,7 @@ from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.distributed.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                                          VocabParallelEmbedding, qkv_parallel_linear)
 from inflight.layers.activation import SiluAndMul
-from inflight.layers.layernorm import RMSNorm
+from inflight.layers.layernorm import QKNorm, RMSNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
 from inflight.models.layer_plan import DecoderLayerPlan, LayerPlan
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
@@ -33,6 +33,7 @@ class LlamaAttention(nn.Module):
         self.rotary = RotaryQKV(self.nh, self.nkv, self.hd)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.qk_norm = QKNorm(self.nh, self.nkv, self.hd) if cfg.qk_norm else None
         self.backend = backend
         self.scale = self.hd ** -0.5
         # per layer: Qwen2/Qwen3 with use_sliding_window window only the layers from max_window_layers on
@@ -40,10 +41,7 @@ class LlamaAttention(nn.Module):
 
     def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         """Each q and k head RMS-normalised over head_dim (before RoPE, as Qwen3 does)."""
-        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = self.q_norm(q.reshape(-1, self.nh, self.hd))[0].view(q.shape)
-        k = self.k_norm(k.reshape(-1, self.nkv, self.hd))[0].view(k.shape)
-        return torch.cat([q, k, v], dim=-1)
+        return self.qk_norm(qkv, self.q_norm, self.k_norm)
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, md: AttentionMetadata):
         qkv = self.qkv_proj(x)

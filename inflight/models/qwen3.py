@@ -1,6 +1,6 @@
 """Qwen3: the Llama-shaped decoder with each q and k head RMS-normalised before RoPE
-and no q/k/v biases. Its q/k norm is not in the CPU C layer loop, which declines such
-stacks; they run op by op (packed linears, C element-wise ops and attention)."""
+(layers/layernorm.py's QKNorm; on the CPU one C kernel, in the C layer loop too) and no
+q/k/v biases."""
 from __future__ import annotations
 
 from inflight.models.llama import LlamaForCausalLM

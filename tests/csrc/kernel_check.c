@@ -605,6 +605,45 @@ static void check_fused(void) {
     }
 }
 
+/* Qwen3's per-head q/k RMSNorm in place on strided qkv rows: q heads with q_w, k heads with k_w,
+ * v heads and the gap after each row keep their bits. */
+static void check_rmsnorm_heads(void) {
+    if (!present((const void*)rmsnorm_heads_f32, "rmsnorm_heads_f32")) return;
+    const int ds[] = {7, 64, 128};
+    for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++) {
+        const int d = ds[di], nh = 4, nkv = 2, rows = 3;
+        const int64_t stride = (int64_t)(nh + 2 * nkv) * d + 5, n = rows * stride;
+        const float eps = 1e-6f;
+        float* qkv = frand(n, 3.f);
+        float* qw = frand(d, 1.f);
+        float* kw = frand(d, 1.f);
+        double* want = malloc(sizeof(double) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) want[i] = qkv[i];
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < nh + nkv; h++) {
+                const int64_t o = r * stride + (int64_t)h * d;
+                double ss = 0;
+                for (int i = 0; i < d; i++) ss += (double)qkv[o + i] * qkv[o + i];
+                const double inv = 1.0 / sqrt(ss / d + eps);
+                for (int i = 0; i < d; i++) want[o + i] = (double)(h < nh ? qw : kw)[i] * qkv[o + i] * inv;
+            }
+        rmsnorm_heads_f32(qkv, rows, stride, nh, nkv, d, qw, kw, eps);
+        int untouched = 1;
+        for (int r = 0; r < rows; r++)
+            for (int64_t i = (int64_t)(nh + nkv) * d; i < stride; i++) untouched &= qkv[r * stride + i] == (float)want[r * stride + i];
+        double wa = 0;
+        const double e = err_ratio(qkv, want, n, 1e-6, 2e-6, &wa);
+        char name[96];
+        snprintf(name, sizeof name, "rmsnorm_heads_f32 rows=%d heads=%d+%d d=%d", rows, nh, nkv, d);
+        result(e <= 1 && untouched, name, "max abs err %.3g (atol 1e-6 + rtol 2e-6), v heads %s", wa,
+               untouched ? "untouched" : "CHANGED");
+        free(qkv);
+        free(qw);
+        free(kw);
+        free(want);
+    }
+}
+
 /* ---- fp32 GEMM ---- */
 
 /* W [N, K] into panels of NR columns, K-major: packed[N/NR][K][NR], zero past N */
@@ -805,6 +844,7 @@ int main(int argc, char** argv) {
     check_paged_prefill();
     check_sliding_window();
     check_fused();
+    check_rmsnorm_heads();
     check_gemm();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;

@@ -25,6 +25,8 @@ KWEAK void add_rmsnorm_f32(float* x, float* residual, const float* weight, float
 KWEAK void rope_f32(float* qkv, int64_t rows, int64_t stride, int nh, int nkv, int d, const float* cos_rows,
                     const float* sin_rows);
 KWEAK void silu_mul_f32(const float* gate_up, float* out, int64_t rows, int64_t inter);
+KWEAK void rmsnorm_heads_f32(float* qkv, int64_t rows, int64_t stride, int nh, int nkv, int d, const float* q_w,
+                             const float* k_w, float eps);
 
 /* paged_decode.c */
 KWEAK void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,

@@ -36,10 +36,12 @@ class CpuFusedOps:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         # Declared argument types: the ~90 calls a step pass plain ints, no wrapper objects.
-        self._add_rmsnorm, self._rope, self._silu_mul = {}, {}, {}
+        self._add_rmsnorm, self._rmsnorm_heads, self._rope, self._silu_mul = {}, {}, {}, {}
         for dtype, sfx in _SUFFIX.items():
             self._add_rmsnorm[dtype] = fn = getattr(lib, f"add_rmsnorm_{sfx}")
             fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _i32]
+            self._rmsnorm_heads[dtype] = fn = getattr(lib, f"rmsnorm_heads_{sfx}")
+            fn.argtypes = [_ptr, _i64, _i64, _i32, _i32, _i32, _ptr, _ptr, _f32]
             self._rope[dtype] = fn = getattr(lib, f"rope_{sfx}")
             fn.argtypes = [_ptr, _i64, _i64, _i32, _i32, _i32, _ptr, _ptr]
             self._silu_mul[dtype] = fn = getattr(lib, f"silu_mul_{sfx}")
@@ -54,6 +56,14 @@ class CpuFusedOps:
         self._add_rmsnorm[x.dtype](x.data_ptr(), (residual if residual is not None else x).data_ptr(),
                                    weight.data_ptr(), out.data_ptr(), rows, dim, eps, residual is not None)
         return out, (residual if residual is not None else x)
+
+    def rmsnorm_heads_(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, eps: float) -> None:
+        """RMS-normalise each q head (weight ``q_weight`` [d]) and k head (``k_weight``) of the fused
+        qkv rows in place, v untouched; each head exactly as ``add_rmsnorm`` of that head alone."""
+        qw, kw = q_weight.contiguous(), k_weight.contiguous()  # alive until the call returns
+        self._rmsnorm_heads[qkv.dtype](qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nh, nkv, d, qw.data_ptr(),
+                                       kw.data_ptr(), eps)
 
     def rope_(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotate the q and k heads of the fused qkv rows in place; cos/sin: [T, 1, d] of qkv's dtype."""

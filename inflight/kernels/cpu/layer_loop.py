@@ -1,7 +1,8 @@
 """The decoder layers of a Llama-family model in one C call (csrc/llama_layers.c).
 
 On the CPU fast path every layer runs seven C kernels (panel GEMMs, fused norms,
-RoPE, SiLU, the paged K/V write, decode and prefill attention). Driving them from
+RoPE, SiLU, the paged K/V write, decode and prefill attention; Qwen3's per-head q/k
+norm before RoPE). Driving them from
 the Python layer loop costs ~25 dispatches per layer; here Python builds the step's
 arguments once and one call runs every layer. The loop reads the model's
 ``layer_plan()`` (models/layer_plan.py) and runs bf16 or fp32 models alike: the
@@ -30,7 +31,7 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 class _Kernels(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("gemm", "add_rmsnorm", "rope", "silu_mul", "write_kv", "decode", "prefill",
-                                  "gemm_silu", "decode_sw", "prefill_sw")]
+                                  "gemm_silu", "decode_sw", "prefill_sw", "rmsnorm_heads")]
 
 
 class _Dims(ctypes.Structure):
@@ -40,8 +41,8 @@ class _Dims(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(n, _P) for n in ("input_norm", "qkv", "qkv_bias", "o", "post_norm", "gate_up", "down",
-                                  "k_cache", "v_cache")] + [("window", _I64)]
+    _fields_ = [(n, _P) for n in ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "post_norm", "gate_up",
+                                  "down", "k_cache", "v_cache")] + [("window", _I64)]
 
 
 class _Step(ctypes.Structure):
@@ -50,7 +51,7 @@ class _Step(ctypes.Structure):
                              "cos", "sin", "res", "y", "h", "qkv", "attn", "gate_up", "act", "ticks")]
 
 # csrc/llama_layers.c's enum tick, in order ("gate_up_proj" includes the SiLU when fused)
-KERNELS = ("rmsnorm", "qkv_proj", "rope", "kv_write", "decode_attention", "prefill_attention", "o_proj",
+KERNELS = ("rmsnorm", "qkv_proj", "qk_norm", "rope", "kv_write", "decode_attention", "prefill_attention", "o_proj",
            "gate_up_proj", "silu_mul", "down_proj")
 
 
@@ -67,6 +68,17 @@ def _addr(lib: ctypes.CDLL, name: str) -> int:
 def _window(layer) -> int:
     """A layer's sliding window (0: global attention)."""
     return getattr(layer.attention, "sliding_window", None) or 0
+
+
+def _head_norms_ok(layer, plan: LayerPlan, dtype: torch.dtype) -> bool:
+    """No q/k norm where the first layer has none, or else per-head ones that rmsnorm_heads_*
+    runs (Qwen3: a [head_dim] weight each, of the model's dtype); a norm over every head
+    at once (OLMoE's) is not one."""
+    first = plan.layers[0].q_norm is not None
+    if layer.q_norm is None and layer.k_norm is None:
+        return not first
+    return first and all(w is not None and w.shape == (plan.head_dim,) and w.dtype == dtype and w.is_contiguous()
+                         for w in (layer.q_norm, layer.k_norm))
 
 
 def _sw_kernels(attn: CpuPagedAttentionBackend) -> tuple[int, int]:
@@ -88,7 +100,8 @@ class CpuLayerLoop:
                                 _addr(attn.lib, "write_kv_rows"), _addr(attn.lib, f"paged_decode_{sfx}"),
                                 _addr(attn.prefill_lib, f"paged_prefill_{sfx}"),
                                 _addr(gemm, f"gemm_{sfx}_silu") if silu_ok else None,
-                                *(_sw_kernels(attn) if any(_window(ly) for ly in plan.layers) else (None, None)))
+                                *(_sw_kernels(attn) if any(_window(ly) for ly in plan.layers) else (None, None)),
+                                _addr(fused, f"rmsnorm_heads_{sfx}") if first.q_norm is not None else None)
         self.dims = _Dims(plan.hidden_size, plan.intermediate_size, plan.num_heads, plan.num_kv_heads,
                           plan.head_dim, 0, dtype.itemsize, plan.rms_norm_eps, plan.scale)
         self.inter = plan.intermediate_size
@@ -102,8 +115,8 @@ class CpuLayerLoop:
     def build(cls, plan: LayerPlan, dtype: torch.dtype) -> Optional["CpuLayerLoop"]:
         """The loop for a stack whose every layer is on the C fast path for ``dtype``."""
         sfx = _SUFFIX.get(dtype)
-        if sfx is None or not plan.layers or plan.layers[0].q_norm is not None:
-            return None  # the C loop has no per-head q/k norm: such models run op by op
+        if sfx is None or not plan.layers or not all(_head_norms_ok(ly, plan, dtype) for ly in plan.layers):
+            return None
         attn = getattr(plan.layers[0].attention, "backend", None)
         if not isinstance(attn, CpuPagedAttentionBackend) or attn.prefill_lib is None:
             return None
@@ -112,7 +125,7 @@ class CpuLayerLoop:
         if dtype != torch.float32 and any(_window(ly) for ly in plan.layers):
             return None  # only the float32 kernels take a sliding window
         fused = load_library("fused_ops")
-        if fused is None or not hasattr(fused, f"add_rmsnorm_{sfx}"):
+        if fused is None or not hasattr(fused, f"add_rmsnorm_{sfx}") or not hasattr(fused, f"rmsnorm_heads_{sfx}"):
             return None
         for layer in plan.layers:
             lins = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
@@ -143,6 +156,8 @@ class CpuLayerLoop:
                 a.input_norm, a.post_norm = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
                 a.qkv, a.o = layer.qkv_proj.packed.data_ptr(), layer.o_proj.packed.data_ptr()
                 a.qkv_bias = None if layer.qkv_proj.bias is None else layer.qkv_proj.bias.data_ptr()
+                a.q_norm = None if layer.q_norm is None else layer.q_norm.data_ptr()
+                a.k_norm = None if layer.k_norm is None else layer.k_norm.data_ptr()
                 a.gate_up, a.down = layer.gate_up_proj.packed.data_ptr(), layer.down_proj.packed.data_ptr()
                 a.k_cache, a.v_cache = kc.data_ptr(), vc.data_ptr()
                 a.window = _window(layer)

@@ -10,45 +10,61 @@
 
 #include "bf16_simd.h"
 
+/* One row of add_rmsnorm_bf16 (hr: the residual row, or xr itself without add). Not inlined:
+ * add_rmsnorm_bf16 and rmsnorm_heads_bf16 run this one body, so a head normed by either is
+ * bit-identical (-fassociative-math would let two inlined copies sum differently). */
+static __attribute__((noinline)) void rmsnorm_row_bf16(uint16_t* xr, uint16_t* hr, const uint16_t* weight,
+                                                       uint16_t* orow, int64_t dim, float eps, int add) {
+#ifdef HAVE_AVX512_BF16
+    {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < dim; i += 16) {
+            const __mmask16 m = tail_mask(dim - i);
+            __m512 h = load_bf16x16(xr + i, m);
+            if (add) {
+                h = round_bf16(_mm512_add_ps(h, load_bf16x16(hr + i, m)));
+                store_bf16x16(hr + i, h, m);
+            }
+            acc = _mm512_fmadd_ps(h, h, acc);
+        }
+        const __m512 inv = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
+        for (int64_t i = 0; i < dim; i += 16) {
+            const __mmask16 m = tail_mask(dim - i);
+            store_bf16x16(orow + i, _mm512_mul_ps(load_bf16x16(weight + i, m), round_bf16(_mm512_mul_ps(load_bf16x16(hr + i, m), inv))), m);
+        }
+        return;
+    }
+#endif
+    float ss = 0.f;
+    for (int64_t i = 0; i < dim; i++) {
+        float h = add ? bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(hr[i]))) : bf16_to_f32(xr[i]);
+        if (add) hr[i] = f32_to_bf16(h);
+        ss += h * h;
+    }
+    const float inv = 1.f / sqrtf(ss / (float)dim + eps);
+    for (int64_t i = 0; i < dim; i++) orow[i] = f32_to_bf16(bf16_to_f32(weight[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(hr[i]) * inv)));
+}
+
 /* residual += x (when add), then out = weight * bf16(residual * rsqrt(mean(residual^2) + eps)).
  * x and out may alias. */
 void add_rmsnorm_bf16(uint16_t* x, uint16_t* residual, const uint16_t* weight, uint16_t* out,
                       int64_t rows, int64_t dim, float eps, int add) {
     #pragma omp parallel for schedule(static) if (rows > 1)
-    for (int64_t r = 0; r < rows; r++) {
-        uint16_t* xr = x + r * dim;
-        uint16_t* hr = add ? residual + r * dim : xr;
-#ifdef HAVE_AVX512_BF16
-        {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t i = 0; i < dim; i += 16) {
-                const __mmask16 m = tail_mask(dim - i);
-                __m512 h = load_bf16x16(xr + i, m);
-                if (add) {
-                    h = round_bf16(_mm512_add_ps(h, load_bf16x16(hr + i, m)));
-                    store_bf16x16(hr + i, h, m);
-                }
-                acc = _mm512_fmadd_ps(h, h, acc);
-            }
-            const __m512 inv = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
-            uint16_t* orow = out + r * dim;
-            for (int64_t i = 0; i < dim; i += 16) {
-                const __mmask16 m = tail_mask(dim - i);
-                store_bf16x16(orow + i, _mm512_mul_ps(load_bf16x16(weight + i, m), round_bf16(_mm512_mul_ps(load_bf16x16(hr + i, m), inv))), m);
-            }
-            continue;
+    for (int64_t r = 0; r < rows; r++)
+        rmsnorm_row_bf16(x + r * dim, add ? residual + r * dim : x + r * dim, weight, out + r * dim, dim, eps, add);
+}
+
+/* Per-head RMSNorm in place on fused qkv rows (row stride `stride` elements), before RoPE
+ * (Qwen3): each of the nh q heads of d with q_w [d], each of the nkv k heads with k_w [d];
+ * v untouched. Each head is exactly add_rmsnorm_bf16 (add=0) on a row of d. */
+void rmsnorm_heads_bf16(uint16_t* qkv, int64_t rows, int64_t stride, int nh, int nkv, int d,
+                        const uint16_t* q_w, const uint16_t* k_w, float eps) {
+    #pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h < nh + nkv; h++) {
+            uint16_t* x = qkv + r * stride + (int64_t)h * d;
+            rmsnorm_row_bf16(x, x, h < nh ? q_w : k_w, x, d, eps, 0);
         }
-#endif
-        float ss = 0.f;
-        for (int64_t i = 0; i < dim; i++) {
-            float h = add ? bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(hr[i]))) : bf16_to_f32(xr[i]);
-            if (add) hr[i] = f32_to_bf16(h);
-            ss += h * h;
-        }
-        const float inv = 1.f / sqrtf(ss / (float)dim + eps);
-        uint16_t* orow = out + r * dim;
-        for (int64_t i = 0; i < dim; i++) orow[i] = f32_to_bf16(bf16_to_f32(weight[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(hr[i]) * inv)));
-    }
 }
 
 /* Rotate-half RoPE on q and k in place: rows of the fused qkv output (row stride
@@ -119,41 +135,58 @@ void silu_mul_bf16(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t
 #define FV_LD(p) (*(const vf*)(const void*)(p))
 #define FV_ST(p, v) (*(vf*)(void*)(p) = (v))
 
+/* One row of add_rmsnorm_f32 (hr: the residual row, or xr itself without add). Not inlined:
+ * add_rmsnorm_f32 and rmsnorm_heads_f32 run this one body, so a head normed by either is
+ * bit-identical (-fassociative-math would let two inlined copies sum differently). */
+static __attribute__((noinline)) void rmsnorm_row_f32(const float* xr, float* hr, const float* weight, float* orow,
+                                                      int64_t dim, float eps, int add) {
+    vf acc0 = vf_zero(), acc1 = vf_zero();
+    int64_t i = 0;
+    for (; i + 2 * VL <= dim; i += 2 * VL) {
+        vf h0 = FV_LD(xr + i), h1 = FV_LD(xr + i + VL);
+        if (add) {
+            h0 = h0 + FV_LD(hr + i);
+            h1 = h1 + FV_LD(hr + i + VL);
+            FV_ST(hr + i, h0);
+            FV_ST(hr + i + VL, h1);
+        }
+        acc0 = vf_fma(h0, h0, acc0);
+        acc1 = vf_fma(h1, h1, acc1);
+    }
+    for (; i < dim; i += VL) {
+        vf h = vf_load_n(xr + i, dim - i);
+        if (add) {
+            h = h + vf_load_n(hr + i, dim - i);
+            vf_store_n(hr + i, h, dim - i);
+        }
+        acc0 = vf_fma(h, h, acc0);
+    }
+    const vf inv = vf_set1(1.f / sqrtf(vf_reduce_add(acc0 + acc1) / (float)dim + eps));
+    for (i = 0; i + VL <= dim; i += VL)  /* weight * (h * inv), in torch's order */
+        FV_ST(orow + i, FV_LD(weight + i) * (FV_LD(hr + i) * inv));
+    if (i < dim) vf_store_n(orow + i, vf_load_n(weight + i, dim - i) * (vf_load_n(hr + i, dim - i) * inv), dim - i);
+}
+
 /* residual += x (when add), then out = weight * (residual * rsqrt(mean(residual^2) + eps)).
  * Without add the norm is of x itself and residual is not touched. x and out may alias. */
 void add_rmsnorm_f32(float* x, float* residual, const float* weight, float* out, int64_t rows, int64_t dim,
                      float eps, int add) {
     #pragma omp parallel for schedule(static) if (rows > 1)
-    for (int64_t r = 0; r < rows; r++) {
-        const float* xr = x + r * dim;
-        float* hr = add ? residual + r * dim : x + r * dim;
-        float* orow = out + r * dim;
-        vf acc0 = vf_zero(), acc1 = vf_zero();
-        int64_t i = 0;
-        for (; i + 2 * VL <= dim; i += 2 * VL) {
-            vf h0 = FV_LD(xr + i), h1 = FV_LD(xr + i + VL);
-            if (add) {
-                h0 = h0 + FV_LD(hr + i);
-                h1 = h1 + FV_LD(hr + i + VL);
-                FV_ST(hr + i, h0);
-                FV_ST(hr + i + VL, h1);
-            }
-            acc0 = vf_fma(h0, h0, acc0);
-            acc1 = vf_fma(h1, h1, acc1);
+    for (int64_t r = 0; r < rows; r++)
+        rmsnorm_row_f32(x + r * dim, add ? residual + r * dim : x + r * dim, weight, out + r * dim, dim, eps, add);
+}
+
+/* Per-head RMSNorm in place on fused qkv rows (row stride `stride` floats), before RoPE
+ * (Qwen3): each of the nh q heads of d with q_w [d], each of the nkv k heads with k_w [d];
+ * v untouched. Each head is exactly add_rmsnorm_f32 (add=0) on a row of d. */
+void rmsnorm_heads_f32(float* qkv, int64_t rows, int64_t stride, int nh, int nkv, int d, const float* q_w,
+                       const float* k_w, float eps) {
+    #pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h < nh + nkv; h++) {
+            float* x = qkv + r * stride + (int64_t)h * d;
+            rmsnorm_row_f32(x, x, h < nh ? q_w : k_w, x, d, eps, 0);
         }
-        for (; i < dim; i += VL) {
-            vf h = vf_load_n(xr + i, dim - i);
-            if (add) {
-                h = h + vf_load_n(hr + i, dim - i);
-                vf_store_n(hr + i, h, dim - i);
-            }
-            acc0 = vf_fma(h, h, acc0);
-        }
-        const vf inv = vf_set1(1.f / sqrtf(vf_reduce_add(acc0 + acc1) / (float)dim + eps));
-        for (i = 0; i + VL <= dim; i += VL)  /* weight * (h * inv), in torch's order */
-            FV_ST(orow + i, FV_LD(weight + i) * (FV_LD(hr + i) * inv));
-        if (i < dim) vf_store_n(orow + i, vf_load_n(weight + i, dim - i) * (vf_load_n(hr + i, dim - i) * inv), dim - i);
-    }
 }
 
 /* Rotate-half RoPE on the q and k heads of fused qkv rows in place (row stride

@@ -31,6 +31,7 @@ static inline uint64_t now_ticks(void) {
 typedef int (*gemm_fn)(const void*, int64_t, int64_t, int64_t, const void*, int64_t, const void*, void*, int64_t);
 typedef void (*rmsnorm_fn)(void*, void*, const void*, void*, int64_t, int64_t, float, int);
 typedef void (*rope_fn)(void*, int64_t, int64_t, int, int, int, const void*, const void*);
+typedef void (*heads_norm_fn)(void*, int64_t, int64_t, int, int, int, const void*, const void*, float);
 typedef void (*silu_fn)(const void*, void*, int64_t, int64_t);
 typedef void (*write_fn)(const char*, int64_t, const char*, int64_t, char*, char*, const int64_t*, int64_t,
                          int64_t);
@@ -58,6 +59,7 @@ struct kernels {
     gemm_silu_fn gemm_silu;  /* gate_up and SiLU in one pass; NULL: gemm then silu_mul */
     decode_sw_fn decode_sw;    /* for layers with a sliding window; NULL when none has one */
     prefill_sw_fn prefill_sw;
+    heads_norm_fn rmsnorm_heads;  /* per-head q/k RMSNorm (rmsnorm_heads_*); NULL when no layer has one */
 };
 
 struct dims {
@@ -65,10 +67,11 @@ struct dims {
     float eps, scale;
 };
 
-/* one layer: packed projection panels (gemm_*.py), norm weights, its KV pool, and its
- * sliding window (0: global attention) */
+/* one layer: packed projection panels (gemm_*.py), norm weights (q_norm, k_norm [head_dim]:
+ * Qwen3's per-head norms before RoPE, NULL: none), its KV pool, and its sliding window
+ * (0: global attention) */
 struct layer {
-    const void *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
+    const void *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o, *post_norm, *gate_up, *down;
     void *k_cache, *v_cache;
     int64_t window;
 };
@@ -85,7 +88,7 @@ struct step {
 };
 
 /* where the time of a step goes: kernel kinds in the order of struct step's ticks */
-enum tick { T_NORM, T_QKV, T_ROPE, T_WRITE, T_DECODE, T_PREFILL, T_O, T_GATE_UP, T_SILU, T_DOWN, T_COUNT };
+enum tick { T_NORM, T_QKV, T_QK_NORM, T_ROPE, T_WRITE, T_DECODE, T_PREFILL, T_O, T_GATE_UP, T_SILU, T_DOWN, T_COUNT };
 
 static inline void tick(uint64_t* ticks, int kind, uint64_t* last) {
     if (!ticks) return;
@@ -111,6 +114,11 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         int rc = k->gemm(s->h, T, d->hidden, d->hidden, w->qkv, qkv_dim, w->qkv_bias, s->qkv, qkv_dim);
         if (rc) return rc;
         tick(tk, T_QKV, &last);
+        if (w->q_norm) {  /* after the bias, before RoPE, as the Python loop's _norm_qk */
+            if (!k->rmsnorm_heads || !w->k_norm) return -3;  /* the caller declines such stacks */
+            k->rmsnorm_heads(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, w->q_norm, w->k_norm, d->eps);
+            tick(tk, T_QK_NORM, &last);
+        }
         k->rope(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, s->cos, s->sin);
         tick(tk, T_ROPE, &last);
         k->write_kv((const char*)s->qkv + attn_dim * es, qkv_dim * es, (const char*)s->qkv + (attn_dim + nkv * hd) * es,
