@@ -68,27 +68,32 @@ class GemmaRMSNorm(CustomOp):
 
 
 class QKNorm(CustomOp):
-    """Qwen3's per-head RMSNorm of the q and k heads of fused qkv rows ``[T, (nh + 2 nkv) * hd]``,
-    before RoPE; v passes through. The norms (RMSNorm over ``hd``) stay the attention module's,
-    so their checkpoint names are unchanged; they come in with each call."""
+    """Per-head norms of the q and k heads of fused qkv rows ``[T, (nh + 2 nkv) * hd]`` before
+    RoPE (Qwen3's; Gemma 3's); v passes through. The norms (over ``hd``) stay the attention
+    module's, so their checkpoint names are unchanged; they come in with each call."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__()
         self.nh, self.nkv, self.hd = num_heads, num_kv_heads, head_dim
 
-    def forward_native(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
+    def forward_native(self, qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
         """The normalised rows, a new tensor."""
         q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         q = q_norm(q.reshape(-1, self.nh, self.hd))[0].view(q.shape)
         k = k_norm(k.reshape(-1, self.nkv, self.hd))[0].view(k.shape)
         return torch.cat([q, k, v], dim=-1)
 
-    def forward_cpu(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
-        """As ``forward_native``, in place in ``qkv`` (one C call; each head exactly as the
-        C RMSNorm of ``RMSNorm.forward_cpu`` normalises it)."""
+    def forward_cpu(self, qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
+        """As ``forward_native``, in place in ``qkv`` for plain RMSNorms (one C call; each head
+        exactly as ``RMSNorm.forward_cpu`` normalises it); other norms (Gemma's) natively."""
         ops = cpu_fused_ops(qkv.dtype)
-        if ops is None or qkv.dim() != 2 or qkv.stride(-1) != 1 or q_norm.eps != k_norm.eps \
-                or q_norm.weight.dtype != qkv.dtype or k_norm.weight.dtype != qkv.dtype:
+        if ops is None or not _plain_norms(qkv, q_norm, k_norm) or qkv.dim() != 2 or qkv.stride(-1) != 1:
             return self.forward_native(qkv, q_norm, k_norm)
         ops.rmsnorm_heads_(qkv, self.nh, self.nkv, self.hd, q_norm.weight, k_norm.weight, q_norm.eps)
         return qkv
+
+
+def _plain_norms(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> bool:
+    """Both norms are RMSNorms of qkv's dtype with one eps: what rmsnorm_heads_* computes."""
+    return (type(q_norm) is RMSNorm and type(k_norm) is RMSNorm and q_norm.eps == k_norm.eps
+            and q_norm.weight.dtype == qkv.dtype == k_norm.weight.dtype)

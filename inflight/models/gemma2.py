@@ -18,7 +18,7 @@ from torch import nn
 
 from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.layers.activation import GeluAndMul
-from inflight.layers.layernorm import GemmaRMSNorm
+from inflight.layers.layernorm import GemmaRMSNorm, QKNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
 from inflight.models.llama import LlamaAttention, head_argmax
 from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConfig, arch_spec
@@ -40,6 +40,7 @@ class GemmaAttention(nn.Module):
         self.rotary = RotaryQKV(self.nh, self.nkv, self.hd)
         self.q_norm = GemmaRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = GemmaRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.qk_norm = QKNorm(self.nh, self.nkv, self.hd) if cfg.qk_norm else None
         self.backend = backend
         self.scale = (cfg.query_pre_attn_scalar or self.hd) ** -0.5
         self.sliding_window = cfg.layer_sliding_window(layer)
