@@ -61,6 +61,15 @@ def test_qwen3_layer_loop_is_bit_identical_to_the_python_loop(qwen3_folder, dtyp
     model = llm.llm_engine.runner.model
     loop = model.layer_loop
     assert isinstance(loop, CpuLayerLoop) and loop.kernels.rmsnorm_heads is not None
+    # q/k norms the heads kernel does not compute are declined: one over every head at once
+    # (OLMoE's), or only some layers normed
+    plan, torch_dtype = model.layer_plan(), getattr(torch, dtype)
+    wide = torch.ones(plan.num_heads * plan.head_dim, dtype=torch_dtype)
+    assert CpuLayerLoop.build(plan._replace(layers=[ly._replace(q_norm=wide) for ly in plan.layers]),
+                              torch_dtype) is None
+    assert CpuLayerLoop.build(plan._replace(layers=plan.layers[:1] + [
+        ly._replace(q_norm=None, k_norm=None) for ly in plan.layers[1:]]), torch_dtype) is None
+    assert CpuLayerLoop.build(plan, torch_dtype) is not None
     prompts = [[5 + (i * 7 + j * 13) % 250 for j in range(6 + 11 * i)] for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=3)
     loop.profile()
