@@ -67,8 +67,9 @@ class CpuFusedOps:
 
     def rope_(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Rotate the q and k heads of the fused qkv rows in place; cos/sin: [T, 1, d] of qkv's dtype."""
-        self._rope[qkv.dtype](qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nh, nkv, d,
-                              cos.contiguous().data_ptr(), sin.contiguous().data_ptr())
+        # NOTE: the contiguous copies are held by name until the call returns
+        cos, sin = cos.contiguous(), sin.contiguous()
+        self._rope[qkv.dtype](qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nh, nkv, d, cos.data_ptr(), sin.data_ptr())
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for rows [gate | up]."""
