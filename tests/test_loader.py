@@ -169,7 +169,8 @@ def test_cached_load_skips_dequantizing(tiny_gguf_dir, tmp_path, monkeypatch):
 def test_cache_dir_from_environment(tiny_gguf_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path / "env"))
     load_model(os.path.join(tiny_gguf_dir, "llama.gguf"))
-    assert len(os.listdir(tmp_path / "env")) == 1
+    # the root is shared with the kernel builds and the parsed-config memo (kernels/, arch/)
+    assert len([n for n in os.listdir(tmp_path / "env") if n.startswith("llama.gguf-")]) == 1
 
 
 def _truncate(path: str) -> None:

@@ -176,7 +176,16 @@ def parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
     """The one HF-config parser: transformers' own config class for the architecture's
     model_type fills what the dict leaves out (defaults differ by type: rms_norm_eps,
     max_position_embeddings, Qwen3's head_dim of 128, Mistral's window). ValueError for
-    an unsupported architecture or feature."""
+    an unsupported architecture or feature.
+
+    Memoized on disk (arch_cache.py): importing transformers' config classes costs
+    about a second of every start."""
+    from inflight.models.arch_cache import memoized
+
+    return memoized(hf, _parse_hf_config, ModelArchConfig)
+
+
+def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
     from transformers import AutoConfig
 
     spec = resolve_spec(hf)
