@@ -55,19 +55,33 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The ``inflight`` parser; with ``command`` (one the CLI has), only that subcommand's:
+    each subcommand's module is imported to add its flags, and ``serve`` should not wait
+    for the proxy's and the benchmarks' imports (httpx, rich, ...)."""
     parser = argparse.ArgumentParser(prog="inflight", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    for mod, adder, command, runner in _SUBCOMMANDS:
+    if command in (None, "generate"):
+        _add_generate(sub)
+    for mod, adder, name, runner in _SUBCOMMANDS:
+        if command is not None and command != name:
+            continue
         try:
             module = __import__(mod, fromlist=[adder])
         except ImportError:
             continue
         getattr(module, adder)(sub)
-        if runner and command in sub.choices:
-            sub.choices[command].set_defaults(handler=getattr(module, runner))
+        if runner and name in sub.choices:
+            sub.choices[name].set_defaults(handler=getattr(module, runner))
+    if command is not None and command not in sub.choices:  # its module did not import
+        return build_parser()
     return parser
+
+
+def _command_of(argv: list[str]) -> Optional[str]:
+    """The subcommand ``argv`` names first, where it is one of ours (else None: the full parser)."""
+    known = {"generate", *(name for _, _, name, _ in _SUBCOMMANDS)}
+    return argv[0] if argv and argv[0] in known else None
 
 
 # (module, parser adder, command, runner); a module that sets its own handler names no runner.
@@ -82,7 +96,8 @@ _SUBCOMMANDS = (
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _guarded(run_generate, args)
