@@ -191,9 +191,39 @@ static inline void af_tile_rows(const float* kbase, const float* vbase, const in
         }
 }
 
+#define AF_COPY_SPAN 256  /* floats of a key's rows an item copies into its tile buffers, at most */
+
+/* The K and V rows of keys [t0, t0 + nk) copied into kb / vb (span floats a key, keys
+ * span apart), kp / vp pointing at the copies: a block's rows are one contiguous run of
+ * the pool, which plain copies read at the memory's pace, with no compute in between. */
+static inline void af_tile_copy(const float* kbase, const float* vbase, const int64_t* bt, int block_size,
+                                int64_t tok_stride, int span, int64_t t0, int nk, float* kb, float* vb,
+                                const float** kp, const float** vp) {
+    for (int64_t b = t0 / block_size, i = t0 % block_size, j = 0; j < nk; b++, i = 0) {
+        const int64_t off = (bt[b] * block_size + i) * tok_stride;
+        const int n = block_size - i < nk - j ? (int)(block_size - i) : (int)(nk - j);
+        if (tok_stride == span) {  /* the rows of the run are contiguous: one copy each */
+            memcpy(kb + j * span, kbase + off, sizeof(float) * (size_t)(n * span));
+            memcpy(vb + j * span, vbase + off, sizeof(float) * (size_t)(n * span));
+        } else {
+            for (int x = 0; x < n; x++) {
+                memcpy(kb + (j + x) * span, kbase + off + x * tok_stride, sizeof(float) * (size_t)span);
+                memcpy(vb + (j + x) * span, vbase + off + x * tok_stride, sizeof(float) * (size_t)span);
+            }
+        }
+        for (int x = 0; x < n; x++) {
+            kp[j + x] = kb + (j + x) * span;
+            vp[j + x] = vb + (j + x) * span;
+        }
+        j += n;
+        i += n;
+    }
+}
+
 /* Floats of per-thread scratch af_attend needs */
 static inline int64_t af_scratch_floats(void) {
-    return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1);
+    return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1)
+        + 4 * AF_KT * AF_COPY_SPAN + 16;
 }
 
 /* Rows [r0, r1) of one kv head against one tile of nk keys starting at t0: scores, the
@@ -261,6 +291,12 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     vq[0] = kq[0] + AF_KT;
     kq[1] = vq[0] + AF_KT;
     vq[1] = kq[1] + AF_KT;
+    const int span = nkh * D, copy = span <= AF_COPY_SPAN;
+    float* kb[2], * vb[2];  /* the tile buffers when copying, 64-byte aligned */
+    kb[0] = (float*)(((uintptr_t)(vq[1] + AF_KT) + 63) & ~(uintptr_t)63);
+    vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
+    kb[1] = vb[0] + AF_KT * AF_COPY_SPAN;
+    vb[1] = kb[1] + AF_KT * AF_COPY_SPAN;
     for (int h = 0; h < nkh; h++)
         for (int r = 0; r < R; r++) {
             const int hr = h * R + r;
@@ -275,13 +311,21 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
     const float* kbase = k_cache + (int64_t)kh0 * D;
     const float* vbase = v_cache + (int64_t)kh0 * D;
-    af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, lo,
-                 nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kq[0], vq[0]);
+    if (copy)
+        af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, lo,
+                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kb[0], vb[0], kq[0], vq[0]);
+    else
+        af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, lo,
+                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kq[0], vq[0]);
     for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
         const float** kp = kq[cur];
         const float** vp = vq[cur];
-        if (t0 + AF_KT < nkeys)  /* the next tile's rows, prefetched while this one runs */
+        if (t0 + AF_KT < nkeys && copy)
+            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
+                         nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kb[cur ^ 1], vb[cur ^ 1],
+                         kq[cur ^ 1], vq[cur ^ 1]);
+        else if (t0 + AF_KT < nkeys)  /* the next tile's rows, prefetched while this one runs */
             af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kq[cur ^ 1], vq[cur ^ 1]);
         for (int j = nk; j < AF_PAD(nk); j++) kp[j] = kp[nk - 1];  /* read real rows; masked below */
