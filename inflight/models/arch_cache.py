@@ -1,8 +1,8 @@
 """An on-disk memo of the HF-config parser (``registry.parse_hf_config``).
 
 The parser asks transformers' config class for the model type to fill in defaults,
-and importing that class pulls in ``torch.distributed.tensor`` and sympy: about a
-second of every start, before the first request, for a result that depends only on
+and importing that class pulls in ``torch.distributed.tensor`` and sympy on every
+start, before the first request, for a result that depends only on
 the config dict, the transformers version and this package's model sources
 (the parser, the ``ArchSpec``s and their ``check_config``). The memo is keyed by
 exactly those, so an edited model file or another transformers parses afresh.

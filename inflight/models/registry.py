@@ -178,8 +178,8 @@ def parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
     max_position_embeddings, Qwen3's head_dim of 128, Mistral's window). ValueError for
     an unsupported architecture or feature.
 
-    Memoized on disk (arch_cache.py): importing transformers' config classes costs
-    about a second of every start."""
+    Memoized on disk (arch_cache.py): importing transformers' config classes pulls in
+    torch.distributed.tensor and sympy, which serving never uses."""
     from inflight.models.arch_cache import memoized
 
     return memoized(hf, _parse_hf_config, ModelArchConfig)
