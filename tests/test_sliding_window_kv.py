@@ -3,7 +3,7 @@ token go back to the pool while a request runs, prefix hits need only the blocks
 inside the window, and under random traffic (swap and recompute preemption, prefix
 caching, chunks) every read inside a window finds its token, a request never holds
 more than the window's blocks, and every block returns to the pool."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from fake_runner import make_request, make_scheduler, run_step, schedule
 from inflight.core.kv_cache_manager import NULL_BLOCK, KVCacheManager
@@ -120,6 +120,10 @@ request_st = st.tuples(st.integers(1, 40), st.integers(1, 30), st.integers(0, 3)
     num_host_blocks=st.integers(0, 16),
     abort_steps=st.sets(st.integers(0, 60), max_size=3),
 )
+# a swap-out that copied blocks behind the window left a request whose resume needed more
+# blocks than the pool has: it stayed swapped forever
+@example(reqs=[(1, 1, 0, 0), (15, 3, 0, 0), (13, 1, 0, 0)], window=2, num_blocks=6, block_size=2, budget=9,
+         max_num_seqs=2, caching=False, policy="fcfs", mode="swap", num_host_blocks=5, abort_steps=set())
 def test_windowed_kv_under_random_traffic(reqs, window, num_blocks, block_size, budget, max_num_seqs, caching,
                                           policy, mode, num_host_blocks, abort_steps):
     s = make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget,

@@ -252,10 +252,14 @@ class KVCacheManager:
         self.free(request)
 
     def computed_block_ids(self, request: Request) -> list[int]:
-        """Blocks holding the request's computed tokens: what a swap-out copies (with a
-        sliding window, those still held: a suffix of them)."""
-        n = self.blocks_needed(request.num_computed_tokens)
-        return [b.block_id for b in self.req_to_blocks.get(request.request_id, [])[:n] if b is not NULL_BLOCK]
+        """Blocks holding the request's computed tokens that its next token can still
+        attend to: what a swap-out copies. With a sliding window, a suffix of them.
+        NOTE: blocks behind the next token's window may still be held (they go back
+        at the next allocation); copying them would cost host blocks that the resume
+        must then find room for on the device, more than the pool may ever have."""
+        nc = request.num_computed_tokens
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        return [b.block_id for b in blocks[self.num_skipped_blocks(nc):self.blocks_needed(nc)] if b is not NULL_BLOCK]
 
     def allocate_swapped_in(self, request: Request, num_blocks: int) -> list[int]:
         """Fresh blocks for a request coming back from the host pool; the caller
