@@ -3,12 +3,14 @@
  *
  * One work item is a run of query tokens of one request and the G query heads of one
  * kv head: its rows (token-major, row = token * G + head) go flash-attention style
- * over tiles of AF_KT keys read in place from the block pool (no gather, no repack):
+ * over tiles of AF_KT keys. Each tile's K and V rows are first copied, one memcpy per run
+ * of a block, into per-thread buffers (plain copies stream the scattered blocks at the
+ * memory's pace, with no compute between the loads); items whose heads span more than
+ * AF_COPY_SPAN floats read the rows in place and prefetch them a tile ahead instead:
  *   S = Q K^T     per row and VL keys: VL dot products, summed lane-wise by a
- *                 transpose-and-add tree (af_reduce_each), so each key row is read
- *                 straight from its cache slot;
+ *                 transpose-and-add tree (af_reduce_each), so no key tile is transposed;
  *   online softmax per row (running max and sum; the output rescaled when the max grows);
- *   O += P V      register blocks of up to 4 rows x AF_DV vectors, V rows in place.
+ *   O += P V      register blocks of up to 4 rows x AF_DV vectors.
  * Token i of the run sits at position ctx + i and sees keys [0, ctx + i] (causal over
  * the cache and the chunk's own earlier tokens), or with a sliding window W > 0 only
  * keys (ctx + i - W, ctx + i]: tiles start at the first token's first key, so keys
@@ -321,7 +323,7 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
         const float** kp = kq[cur];
         const float** vp = vq[cur];
-        if (t0 + AF_KT < nkeys && copy)
+        if (t0 + AF_KT < nkeys && copy)  /* the next tile's rows, copied before this one is computed */
             af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kb[cur ^ 1], vb[cur ^ 1],
                          kq[cur ^ 1], vq[cur ^ 1]);
