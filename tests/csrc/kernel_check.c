@@ -487,6 +487,23 @@ static void check_sliding_window(void) {
 
 /* ---- fused element-wise ops ---- */
 
+/* The verdict of a kernel that works in place on the q and k heads of fused qkv rows
+ * (stride floats apart): within atol 1e-6 + rtol of want, and the v heads and the gap
+ * after each row, where want holds the input, unchanged to the bit. */
+static void report_qk_heads(const char* kernel, const float* qkv, const double* want, int rows, int64_t stride,
+                            int nh, int nkv, int d, double rtol) {
+    int untouched = 1;
+    for (int r = 0; r < rows; r++)
+        for (int64_t i = (int64_t)(nh + nkv) * d; i < stride; i++)
+            untouched &= qkv[r * stride + i] == (float)want[r * stride + i];
+    double wa = 0;
+    const double e = err_ratio(qkv, want, rows * stride, 1e-6, rtol, &wa);
+    char name[96];
+    snprintf(name, sizeof name, "%s rows=%d heads=%d+%d d=%d", kernel, rows, nh, nkv, d);
+    result(e <= 1 && untouched, name, "max abs err %.3g (atol 1e-6 + rtol %g), v heads %s", wa, rtol,
+           untouched ? "untouched" : "CHANGED");
+}
+
 static void check_fused(void) {
     const int64_t dims[] = {7, 64, 100, 2048};
     if (present((const void*)add_rmsnorm_f32, "add_rmsnorm_f32")) {
@@ -563,15 +580,7 @@ static void check_fused(void) {
                         want[o + i + half] = b * cs[r * d + i + half] + a * sn[r * d + i + half];
                     }
             rope_f32(qkv, rows, stride, nh, nkv, d, cs, sn);
-            int untouched = 1;  /* v heads and the gap keep their bits */
-            for (int r = 0; r < rows; r++)
-                for (int64_t i = (int64_t)(nh + nkv) * d; i < stride; i++) untouched &= qkv[r * stride + i] == orig[r * stride + i];
-            double wa = 0;
-            const double e = err_ratio(qkv, want, rows * stride, 1e-6, 1e-6, &wa);
-            char name[96];
-            snprintf(name, sizeof name, "rope_f32 rows=%d heads=%d+%d d=%d", rows, nh, nkv, d);
-            result(e <= 1 && untouched, name, "max abs err %.3g (atol 1e-6 + rtol 1e-6), v heads %s", wa,
-                   untouched ? "untouched" : "CHANGED");
+            report_qk_heads("rope_f32", qkv, want, rows, stride, nh, nkv, d, 1e-6);
             free(qkv);
             free(orig);
             free(cs);
@@ -628,15 +637,7 @@ static void check_rmsnorm_heads(void) {
                 for (int i = 0; i < d; i++) want[o + i] = (double)(h < nh ? qw : kw)[i] * qkv[o + i] * inv;
             }
         rmsnorm_heads_f32(qkv, rows, stride, nh, nkv, d, qw, kw, eps);
-        int untouched = 1;
-        for (int r = 0; r < rows; r++)
-            for (int64_t i = (int64_t)(nh + nkv) * d; i < stride; i++) untouched &= qkv[r * stride + i] == (float)want[r * stride + i];
-        double wa = 0;
-        const double e = err_ratio(qkv, want, n, 1e-6, 2e-6, &wa);
-        char name[96];
-        snprintf(name, sizeof name, "rmsnorm_heads_f32 rows=%d heads=%d+%d d=%d", rows, nh, nkv, d);
-        result(e <= 1 && untouched, name, "max abs err %.3g (atol 1e-6 + rtol 2e-6), v heads %s", wa,
-               untouched ? "untouched" : "CHANGED");
+        report_qk_heads("rmsnorm_heads_f32", qkv, want, rows, stride, nh, nkv, d, 2e-6);
         free(qkv);
         free(qw);
         free(kw);
