@@ -7,6 +7,7 @@ a useful reference.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -31,13 +32,29 @@ def _load(path: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     if os.path.isdir(path):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    elif importlib.util.find_spec("accelerate") is not None:
-        folder, name = os.path.split(path)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
-    else:
-        model = _from_gguf_without_accelerate(path, dtype)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    with _tensor_name_maps_memoized():
+        if importlib.util.find_spec("accelerate") is not None:
+            folder, name = os.path.split(path)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+        else:
+            model = _from_gguf_without_accelerate(path, dtype)
     return model.eval()
+
+
+@contextlib.contextmanager
+def _tensor_name_maps_memoized():
+    """transformers asks gguf for the same (arch, layers) name map once per submodule,
+    and each is built from scratch: a third of the load. The map is a pure function of
+    its arguments, so memoizing it changes no weight."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
 
 
 def _from_gguf_without_accelerate(path: str, dtype: torch.dtype):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from c_build import build_executable, compile_all
 from inflight.kernels.cpu import build
 from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
 
@@ -42,32 +43,14 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
-def _compile_all(cmds: list[list[str]]) -> subprocess.CompletedProcess | None:
-    """Run the compiler commands at once (they are independent); the first that failed, or None."""
-    procs = [(cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) for cmd in cmds]
-    failed = None
-    for cmd, p in procs:
-        out, err = p.communicate()
-        if p.returncode != 0 and failed is None:
-            failed = subprocess.CompletedProcess(cmd, p.returncode, out, err)
-    return failed
-
-
 def build_driver(level: IsaLevel, cc: str, out: Path, static: bool = False, opt: str = "-O3") -> subprocess.CompletedProcess:
     """kernel_check for ``level``: each kernel source compiled with kernels.h force-included
     (a drifted signature is a compile error), then linked with the driver. Returns the
     first failing compiler run, or the link."""
-    flags = _flags(level, opt)
-    cmds, objs = [], []
-    for src in [CSRC / n for n in KERNEL_SOURCES if (CSRC / n).exists()] + [DRIVER]:
-        obj = out.with_name(f"{out.name}.{src.stem}.o")
-        extra = ["-Wall", f"-I{DRIVER_DIR}"] if src == DRIVER else ["-include", str(DRIVER_DIR / "kernels.h")]
-        cmds.append([cc, *flags, f"-I{CSRC}", *extra, "-c", str(src), "-o", str(obj)])
-        objs.append(str(obj))
-    failed = _compile_all(cmds)
-    if failed is not None:
-        return failed
-    return _run([cc, *flags, *objs, "-o", str(out), "-lm", *(["-static"] if static else [])])
+    srcs = [CSRC / n for n in KERNEL_SOURCES if (CSRC / n).exists()]
+    sources = [(src, [f"-I{CSRC}", "-include", str(DRIVER_DIR / "kernels.h")]) for src in srcs]
+    sources.append((DRIVER, [f"-I{CSRC}", "-Wall", f"-I{DRIVER_DIR}"]))
+    return build_executable(cc, _flags(level, opt), sources, out, static)
 
 
 def check_output(res: subprocess.CompletedProcess, what: str) -> None:
@@ -170,6 +153,6 @@ def test_csrc_compiles_aarch64(level, tmp_path):
     res = _vec_h_compile(cc, level, tmp_path)
     assert res.returncode == 0, f"vec.h for aarch64 {level.name}:\n{res.stderr[-4000:]}"
     others = [src for src in sorted(CSRC.glob("*.c")) if src.name not in KERNEL_SOURCES]
-    failed = _compile_all([[cc, *_flags(level, "-O1"), f"-I{CSRC}", "-c", str(src), "-o", str(tmp_path / f"{src.stem}.o")]
+    failed = compile_all([[cc, *_flags(level, "-O1"), f"-I{CSRC}", "-c", str(src), "-o", str(tmp_path / f"{src.stem}.o")]
                            for src in others])
     assert failed is None, f"{failed.args[-3]} for aarch64 {level.name}:\n{failed.stderr[-4000:]}"

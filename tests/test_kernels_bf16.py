@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from c_build import build_executable
 from inflight.kernels.cpu import build
 from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
 
@@ -26,9 +27,8 @@ CROSS_CC = "aarch64-linux-gnu-gcc"
 
 def _build(level: IsaLevel, cc: str, out: Path, opt: str = "-O3", static: bool = False) -> subprocess.CompletedProcess:
     flags = [opt if f == "-O3" else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
-    cmd = [cc, *flags, f"-I{CSRC}", str(DRIVER), *(str(CSRC / s) for s in SOURCES), "-o", str(out), "-lm",
-           *(["-static"] if static else [])]
-    return subprocess.run(cmd, capture_output=True, text=True)
+    sources = [(p, [f"-I{CSRC}"]) for p in (DRIVER, *(CSRC / s for s in SOURCES))]
+    return build_executable(cc, flags, sources, out, static)
 
 
 def _check(res: subprocess.CompletedProcess, what: str) -> None:
