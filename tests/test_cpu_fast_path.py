@@ -1,17 +1,17 @@
-"""The CPU fast path (packed bf16 linears, fused element-wise ops, C paged
-decode and prefill kernels) against the plain-torch reference path
-(``attention_backend="torch"``), on the embedded model.
+"""The CPU fast path (packed linears, fused element-wise ops, C paged decode and
+prefill kernels) against the plain-torch reference path (``attention_backend="torch"``),
+on the embedded model.
 
-bfloat16 is noisy: greedy outputs drift from float32 at near-ties whatever the
-kernels. So the fast path is held to the reference path's own standard at the
-same dtype: its greedy tokens must agree with float32 about as long as the
-reference's do. Measured (9 prompts x 24 tokens, one over 400 tokens prefilled in
-64-token chunks over its cached prefix): tokens agreeing with float32 before the
-first divergence, summed over prompts, 147 for the fast path against 148 for the
-reference in bf16; the first generated token's logprob differs between the two
-bf16 paths by at most 0.07. A broken kernel agrees on next to nothing.
+bfloat16 is noisy: its logits come in steps of 1/16 to 1/8 at their usual size, so two
+correct bf16 paths that sum in different orders pick different tokens wherever the top
+two are within a few steps, and from there their outputs part. So the bf16 fast path is
+held to what its differences with the bf16 reference can explain: at each prompt's first
+divergence from the reference, the two paths disagree on the logit gap between their two
+tokens by a few steps at most (measured on the 9 prompts x 24 tokens below, one over 400
+tokens prefilled in 64-token chunks over its cached prefix: 0.06-0.25 where they part),
+and the first generated token's logprob differs by at most 0.07. A broken kernel parts
+from the reference early and by whole units of logit.
 """
-import functools
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Translate to French: Good morning, my friend.",
            "The quick brown fox jumps over the lazy dog. The quick brown fox", "Water boils at a temperature of",
            "Here is a long story about a lighthouse keeper. " * 30 + "The keeper's name was"]
-PARAMS = SamplingParams(temperature=0, max_tokens=24, logprobs=0)
+PARAMS = SamplingParams(temperature=0, max_tokens=24, logprobs=5)  # top 5: the runner-up at a divergence
 
 
 def agreeing_prefix(a: list[int], b: list[int]) -> int:
@@ -39,27 +39,38 @@ def agreeing_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-@functools.lru_cache(maxsize=None)  # the float32 reference serves two tests
 def run(**kwargs):
     llm = LLM(max_num_batched_tokens=64, **kwargs)
     model = llm.llm_engine.runner.model
     kinds = (type(model.layers[0].self_attn.backend), type(model.layers[0].mlp.down_proj))
     outs = [o.outputs[0] for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
     first_logprob = [o.logprobs[0][o.token_ids[0]].logprob for o in outs]
-    return kinds, [o.token_ids for o in outs], first_logprob
+    top = [[{t: lp.logprob for t, lp in step.items()} for step in o.logprobs] for o in outs]
+    return kinds, [o.token_ids for o in outs], first_logprob, top
+
+
+def gap_disagreement(a: list[int], a_top: list[dict], b: list[int], b_top: list[dict]) -> float:
+    """Where greedy outputs a and b first part (0 if never): how much the two runs disagree
+    on the logprob gap between a's token x and b's token y, (a[x] - a[y]) + (b[y] - b[x]).
+    inf when either run did not rank the other's token among its top 5."""
+    i = agreeing_prefix(a, b)
+    if i == min(len(a), len(b)):
+        return 0.0
+    x, y = a[i], b[i]
+    if y not in a_top[i] or x not in b_top[i]:
+        return float("inf")
+    return (a_top[i][x] - a_top[i][y]) + (b_top[i][y] - b_top[i][x])
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no bf16 CPU support")
-def test_fast_path_agrees_with_float32_as_well_as_the_reference_does():
-    _, fp32, _ = run(dtype="float32", attention_backend="torch")
-    ref_kinds, ref, ref_lp = run(dtype="bfloat16", attention_backend="torch")
-    kinds, fast, fast_lp = run(dtype="bfloat16")
+def test_bf16_fast_path_parts_from_the_reference_only_at_near_ties():
+    ref_kinds, ref, ref_lp, ref_top = run(dtype="bfloat16", attention_backend="torch")
+    kinds, fast, fast_lp, fast_top = run(dtype="bfloat16")
     assert kinds == (CpuPagedAttentionBackend, packed_linear_class())  # the fast path is what ran
     assert ref_kinds == (TorchAttentionBackend, RowParallelLinear)  # and the reference is plain torch
-    ref_agree = sum(agreeing_prefix(a, b) for a, b in zip(ref, fp32))
-    fast_agree = sum(agreeing_prefix(a, b) for a, b in zip(fast, fp32))
-    assert fast_agree >= ref_agree - PARAMS.max_tokens, (fast_agree, ref_agree)  # one prompt of slack
+    gaps = [gap_disagreement(*pair) for pair in zip(fast, fast_top, ref, ref_top)]
+    assert max(gaps) <= 0.5, gaps  # a few bf16 logit steps
     assert max(abs(a - b) for a, b in zip(fast_lp, ref_lp)) < 0.15, (fast_lp, ref_lp)
 
 
@@ -67,8 +78,8 @@ def test_fast_path_agrees_with_float32_as_well_as_the_reference_does():
 def test_float32_fast_path_matches_the_float32_reference():
     """float32 kernels differ from torch only in summation order: the first token's
     logprob agrees to 1e-3 and greedy outputs agree but for a near-tie (one prompt of slack)."""
-    ref_kinds, ref, ref_lp = run(dtype="float32", attention_backend="torch")
-    kinds, fast, fast_lp = run(dtype="float32")
+    ref_kinds, ref, ref_lp, _ = run(dtype="float32", attention_backend="torch")
+    kinds, fast, fast_lp, _ = run(dtype="float32")
     assert kinds == (CpuPagedAttentionBackend, packed_linear_class(torch.float32))
     assert ref_kinds == (TorchAttentionBackend, RowParallelLinear)
     agree = sum(agreeing_prefix(a, b) for a, b in zip(ref, fast))

@@ -222,11 +222,18 @@ static inline void af_tile_copy(const float* kbase, const float* vbase, const in
     }
 }
 
-/* Floats of per-thread scratch af_attend needs */
+#include "attn_f32_wide.h"  /* wide items (aw_attend): needs af_tile_copy */
+
+/* Floats of per-thread scratch af_attend needs (aw_attend's layout takes no more) */
 static inline int64_t af_scratch_floats(void) {
     return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1)
         + 4 * AF_KT * AF_COPY_SPAN + 16;
 }
+
+/* aw_attend's scratch, less the tile buffers both have, fits in af_attend's */
+_Static_assert(2 * AF_MAX_D * AW_LD + AF_KT * AW_LD + 3 * AW_LD + 2 * AF_KT * (sizeof(void*) / sizeof(float))
+               <= AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (sizeof(void*) / sizeof(float) + 1),
+               "aw_attend's scratch layout does not fit af_scratch_floats");
 
 /* Rows [r0, r1) of one kv head against one tile of nk keys starting at t0: scores, the
  * online softmax update and O += P V. qb/ob/sb/m/l: that head's query, output, score,
@@ -282,6 +289,11 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
                       int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
                       const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
                       float* scratch) {
+    if (nkh == 1 && ntok * G >= AW_MIN_ROWS) {
+        aw_attend(q, q_stride, out, out_stride, ntok, ctx, G, kh0, D, k_cache, v_cache, bt, block_size, tok_stride,
+                  scale, window, scratch);
+        return;
+    }
     const int R = ntok * G, Dp = AF_PAD(D);           /* rows per kv head */
     float* qb = scratch;                             /* [nkh][R][Dp] scaled queries, zero padded */
     float* ob = qb + (int64_t)AF_MAX_ROWS * Dp;      /* [nkh][R][Dp] unnormalized outputs */

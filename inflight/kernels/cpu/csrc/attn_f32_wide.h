@@ -1,0 +1,185 @@
+/* Wide work items of float32 paged attention (included by attn_f32.h): runs of many
+ * query rows, such as prefill chunks. af_tile takes a row at a time and reloads every
+ * key from L1 for each row it scores; here the item's rows are the vector lanes, and a
+ * tile is two small matrix products in register blocks (as gemm_f32.c's microkernel):
+ *   S^T[j][r]  = sum_d K[j][d] Q^T[d][r]    Q^T: the item's scaled queries, transposed once
+ *   O^T[d][r] += sum_j V[j][d] P^T[j][r]
+ * The online softmax runs across lanes too, a running max and sum per lane (row), and the
+ * causal and window masks compare each key's index with a per-lane limit.
+ * Every sum stays inside one row, so a row's result does not depend on the other rows of
+ * its item; it differs from af_tile's in the order of the d sum (last bits only).
+ *
+ * Scratch (af_scratch_floats): Q^T, O^T [AF_MAX_D][AW_LD], S^T [AF_KT][AW_LD], then the
+ * per-lane max, sum and position, the tile pointers and the tile buffers as af_attend has them.
+ */
+#ifndef INFLIGHT_ATTN_F32_WIDE_H
+#define INFLIGHT_ATTN_F32_WIDE_H
+
+#if VL == 16
+#define AW_MR 12  /* register block: AW_MR rows of the left operand x AW_NV vectors of lanes */
+#define AW_NV 2
+#elif VEC_REGS >= 32
+#define AW_MR 6
+#define AW_NV 4
+#else
+#define AW_MR 6
+#define AW_NV 2
+#endif
+#define AW_RB (AW_NV * VL)  /* lanes per register block; divides AF_MAX_ROWS */
+#define AW_LD AF_MAX_ROWS   /* lanes per row of Q^T, O^T and S^T */
+#define AW_MIN_ROWS 32      /* items with fewer rows go through af_tile */
+#define AW_UNROLL _Pragma("GCC unroll 16")
+
+_Static_assert(AW_MR * AW_NV + AW_NV + 1 <= VEC_REGS, "the register block does not fit the vector registers");
+_Static_assert(AW_LD % AW_RB == 0, "lane blocks must tile the rows");
+
+/* lanes of a where mask is set, else b */
+static inline vf aw_select(vi mask, vf a, vf b) {
+    vi ai, bi;
+    memcpy(&ai, &a, sizeof a);
+    memcpy(&bi, &b, sizeof b);
+    ai = (ai & mask) | (bi & ~mask);
+    memcpy(&a, &ai, sizeof a);
+    return a;
+}
+
+/* c[i][0 .. AW_RB) (+)= sum_k a[i * as + k * ks] * b[k][0 .. AW_RB) for the R rows i; rows of
+ * b and c AW_LD apart. With R a constant every accumulator index is one, so they stay in registers. */
+static inline __attribute__((always_inline)) void aw_micro(const int R, const int load, const float* a, int64_t as,
+                                                           int64_t ks, const float* b, int64_t n, float* c) {
+    vf acc[AW_MR][AW_NV];
+    AW_UNROLL for (int r = 0; r < R; r++)
+        AW_UNROLL for (int i = 0; i < AW_NV; i++) acc[r][i] = load ? AF_LD(c + r * AW_LD + i * VL) : vf_zero();
+    _Pragma("GCC unroll 2")
+    for (int64_t k = 0; k < n; k++) {
+        vf w[AW_NV];
+        AW_UNROLL for (int i = 0; i < AW_NV; i++) w[i] = AF_LD(b + k * AW_LD + i * VL);
+        AW_UNROLL for (int r = 0; r < R; r++) {
+            const vf av = vf_set1(a[r * as + k * ks]);
+            AW_UNROLL for (int i = 0; i < AW_NV; i++) acc[r][i] = vf_fma(av, w[i], acc[r][i]);
+        }
+    }
+    AW_UNROLL for (int r = 0; r < R; r++)
+        AW_UNROLL for (int i = 0; i < AW_NV; i++) AF_ST(c + r * AW_LD + i * VL, acc[r][i]);
+}
+
+/* c rows [0, rows) over lanes [l0, l1) (multiples of AW_RB): c = (load ? c : 0) + A b, with
+ * A[i][k] = a[i * as + k * ks] for k < n */
+static void aw_gemm(int rows, int load, const float* a, int64_t as, int64_t ks, const float* b, int64_t n, float* c,
+                    int l0, int l1) {
+    for (int i = 0; i < rows; i += AW_MR) {
+        const int R = rows - i < AW_MR ? rows - i : AW_MR;
+        const float* ai = a + (int64_t)i * as;
+        for (int l = l0; l < l1; l += AW_RB) {
+            float* ci = c + (int64_t)i * AW_LD + l;
+#define AW_CASE(r) case r: if (load) aw_micro(r, 1, ai, as, ks, b + l, n, ci); \
+                           else aw_micro(r, 0, ai, as, ks, b + l, n, ci); break;
+            switch (R) {
+                AW_CASE(1) AW_CASE(2) AW_CASE(3) AW_CASE(4) AW_CASE(5) AW_CASE(6)
+#if AW_MR > 6
+                AW_CASE(7) AW_CASE(8) AW_CASE(9) AW_CASE(10) AW_CASE(11) AW_CASE(12)
+#endif
+            }
+#undef AW_CASE
+        }
+    }
+}
+
+/* The online softmax of one tile for the lanes [l0, l1): masks keys a row must not see
+ * (key t0 + j is visible to lane r iff pos[r] - window < t0 + j <= pos[r]) when `mask`,
+ * turns S^T into P^T, and rescales the running sums and O^T rows (D of them). */
+static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, float* ot, int D, int l0, int l1,
+                       int64_t t0, int64_t window, int mask) {
+    const vf ninf = vf_set1(-INFINITY), zero = vf_zero();
+    for (int c = l0; c < l1; c += VL) {
+        const vf last = AF_LD(pos + c) - (float)t0;  /* the last key index of the tile each lane sees */
+        const vf first = window > 0 ? last - (float)(window - 1) : vf_set1(-1.f);
+        vf vmax = ninf;
+        for (int j = 0; j < nk; j++) {
+            vf s = AF_LD(st + (int64_t)j * AW_LD + c);
+            if (mask) {
+                const vf jf = vf_set1((float)j);
+                s = aw_select((jf <= last) & (jf >= first), s, ninf);
+                AF_ST(st + (int64_t)j * AW_LD + c, s);
+            }
+            vmax = vf_max(vmax, s);
+        }
+        const vf mold = AF_LD(m + c), mnew = vf_max(mold, vmax);
+        const vf msafe = aw_select(mnew > ninf, mnew, zero);  /* a lane that has seen no key yet */
+        const vf alpha = aw_select(mold > ninf, vf_exp(mold - msafe), zero);
+        vf sum = zero;
+        for (int j = 0; j < nk; j++) {
+            const vf s = AF_LD(st + (int64_t)j * AW_LD + c);
+            vf p = vf_exp(s - msafe);
+            if (mask) p = aw_select(s > ninf, p, zero);
+            AF_ST(st + (int64_t)j * AW_LD + c, p);
+            sum += p;
+        }
+        AF_ST(l + c, AF_LD(l + c) * alpha + sum);
+        AF_ST(m + c, mnew);
+        for (int d = 0; d < D; d++) AF_ST(ot + (int64_t)d * AW_LD + c, AF_LD(ot + (int64_t)d * AW_LD + c) * alpha);
+    }
+}
+
+/* One wide work item: af_attend's arguments for the G query heads of kv head kh
+ * (ntok * G >= AW_MIN_ROWS rows, at most AF_MAX_ROWS). */
+static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx, int G,
+                      int kh, int D, const float* k_cache, const float* v_cache, const int64_t* bt, int block_size,
+                      int64_t tok_stride, float scale, int64_t window, float* scratch) {
+    const int R = ntok * G, lanes = (R + AW_RB - 1) / AW_RB * AW_RB;
+    float* qt = scratch;                         /* [D][AW_LD] scaled queries, zero past R */
+    float* ot = qt + (int64_t)AF_MAX_D * AW_LD;  /* [D][AW_LD] unnormalized outputs */
+    float* st = ot + (int64_t)AF_MAX_D * AW_LD;  /* [AF_KT][AW_LD] scores, then probabilities */
+    float* m = st + (int64_t)AF_KT * AW_LD;      /* running max, sum and position per lane */
+    float* l = m + AW_LD;
+    float* pos = l + AW_LD;
+    const float** kp = (const float**)(pos + AW_LD);  /* set by af_tile_copy, unused here */
+    const float** vp = kp + AF_KT;
+    float* kb[2], * vb[2];  /* the tile buffers, 64-byte aligned: keys D floats apart */
+    kb[0] = (float*)(((uintptr_t)(vp + AF_KT) + 63) & ~(uintptr_t)63);
+    vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
+    kb[1] = vb[0] + AF_KT * AF_COPY_SPAN;
+    vb[1] = kb[1] + AF_KT * AF_COPY_SPAN;
+    for (int r = 0; r < lanes; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+        pos[r] = (float)(ctx + r / G);
+    }
+    for (int d = 0; d < D; d++) {
+        memset(ot + (int64_t)d * AW_LD, 0, sizeof(float) * (size_t)lanes);
+        for (int r = R; r < lanes; r++) qt[(int64_t)d * AW_LD + r] = 0.f;
+    }
+    for (int r = 0; r < R; r++) {
+        const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
+        for (int d = 0; d < D; d++) qt[(int64_t)d * AW_LD + r] = qr[d] * scale;
+    }
+    const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
+    const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
+    const float* kbase = k_cache + (int64_t)kh * D;
+    const float* vbase = v_cache + (int64_t)kh * D;
+    af_tile_copy(kbase, vbase, bt, block_size, tok_stride, D, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
+                 kb[0], vb[0], kp, vp);
+    for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
+        const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
+        if (t0 + AF_KT < nkeys)  /* the next tile, copied before this one is computed */
+            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, D, t0 + AF_KT,
+                         nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kb[cur ^ 1], vb[cur ^ 1],
+                         kp, vp);
+        /* rows before r0 see none of this tile, nor (with a window) rows from r1 on */
+        const int r0 = t0 > ctx ? (int)(t0 - ctx) * G : 0;
+        const int64_t ntok_seen = window > 0 ? t0 + nk + window - 1 - ctx : ntok;
+        const int r1 = ntok_seen < ntok ? (int)ntok_seen * G : R;
+        const int l0 = r0 / AW_RB * AW_RB, l1 = (r1 + AW_RB - 1) / AW_RB * AW_RB;
+        const int mask = t0 + nk - 1 > ctx || window > 0;  /* some lane must not see some key */
+        aw_gemm(nk, 0, kb[cur], D, 1, qt, D, st, l0, l1);
+        aw_softmax(st, nk, m, l, pos, ot, D, l0, l1, t0, window, mask);
+        aw_gemm(D, 1, vb[cur], 1, D, st, nk, ot, l0, l1);
+    }
+    for (int r = 0; r < R; r++) {
+        float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)(kh * G + r % G) * D;
+        const float inv = 1.f / l[r];
+        for (int d = 0; d < D; d++) dst[d] = ot[(int64_t)d * AW_LD + r] * inv;
+    }
+}
+
+#endif
