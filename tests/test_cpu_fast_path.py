@@ -3,14 +3,15 @@ prefill kernels) against the plain-torch reference path (``attention_backend="to
 on the embedded model.
 
 bfloat16 is noisy: its logits come in steps of 1/16 to 1/8 at their usual size, so two
-correct bf16 paths that sum in different orders pick different tokens wherever the top
-two are within a few steps, and from there their outputs part. So the bf16 fast path is
-held to what its differences with the bf16 reference can explain: at each prompt's first
-divergence from the reference, the two paths disagree on the logit gap between their two
-tokens by a few steps at most (measured on an AVX2 CPU, the 9 prompts x 24 tokens below, one
-over 400 tokens prefilled in 64-token chunks over its cached prefix: 0.06-0.25 where they part),
-and the first generated token's logprob differs by at most 0.10 (0.07 on AVX-512-BF16). A wrong kernel moves that
-logprob past 0.15 (tried: prefill queries scaled 10% too much) or parts at a wide gap.
+correct bf16 paths that sum in different orders pick different tokens wherever the top two
+are within a few steps, and from there their outputs part. So the bf16 fast path is held to
+what its differences with the bf16 reference can explain: at each prompt's first divergence
+from the reference, the two paths disagree on the logit gap between their two tokens by a
+few steps at most (measured on an AVX2 CPU, the 9 prompts x 24 tokens below, one over 400
+tokens prefilled in 64-token chunks over its cached prefix: 0.06-0.25 where they part), and
+the first generated token's logprob differs by at most 0.10 (0.07 on AVX-512-BF16). A wrong
+kernel moves that logprob past 0.15 (tried: prefill queries scaled 10% too much) or parts at
+a wide gap.
 """
 
 import pytest
