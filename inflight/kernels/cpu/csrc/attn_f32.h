@@ -84,19 +84,23 @@ static inline __attribute__((always_inline)) vf af_reduce_each(const vf* a) {
 }
 #endif
 
+/* lanes of a where mask is set (all ones), else b */
+static inline vf af_select(vi mask, vf a, vf b) {
+    vi ai, bi;
+    memcpy(&ai, &a, sizeof a);
+    memcpy(&bi, &b, sizeof b);
+    ai = (ai & mask) | (bi & ~mask);
+    memcpy(&a, &ai, sizeof a);
+    return a;
+}
+
 /* lanes [lo, hi) of a, the rest `fill` (lo may be negative, hi past VL) */
 static inline vf af_keep_range(vf a, int64_t lo, int64_t hi, float fill) {
     if (lo <= 0 && hi >= VL) return a;
     vi lane;
     for (int i = 0; i < VL; i++) lane[i] = i;
     const vi keep = (lane >= (vi){0} + (int32_t)(lo > 0 ? lo : 0)) & (lane < (vi){0} + (int32_t)(hi < VL ? hi : VL));
-    const vf f = vf_set1(fill);
-    vi ai, fi;
-    memcpy(&ai, &a, sizeof a);
-    memcpy(&fi, &f, sizeof f);
-    ai = (ai & keep) | (fi & ~keep);
-    memcpy(&a, &ai, sizeof a);
-    return a;
+    return af_select(keep, a, vf_set1(fill));
 }
 
 /* lanes [0, n) of a, the rest `fill` */

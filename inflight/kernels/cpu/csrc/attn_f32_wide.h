@@ -33,16 +33,6 @@
 _Static_assert(AW_MR * AW_NV + AW_NV + 1 <= VEC_REGS, "the register block does not fit the vector registers");
 _Static_assert(AW_LD % AW_RB == 0, "lane blocks must tile the rows");
 
-/* lanes of a where mask is set, else b */
-static inline vf aw_select(vi mask, vf a, vf b) {
-    vi ai, bi;
-    memcpy(&ai, &a, sizeof a);
-    memcpy(&bi, &b, sizeof b);
-    ai = (ai & mask) | (bi & ~mask);
-    memcpy(&a, &ai, sizeof a);
-    return a;
-}
-
 /* c[i][0 .. AW_RB) (+)= sum_k a[i * as + k * ks] * b[k][0 .. AW_RB) for the R rows i; rows of
  * b and c AW_LD apart. With R a constant every accumulator index is one, so they stay in registers. */
 static inline __attribute__((always_inline)) void aw_micro(const int R, const int load, const float* a, int64_t as,
@@ -99,19 +89,19 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
             vf s = AF_LD(st + (int64_t)j * AW_LD + c);
             if (mask) {
                 const vf jf = vf_set1((float)j);
-                s = aw_select((jf <= last) & (jf >= first), s, ninf);
+                s = af_select((jf <= last) & (jf >= first), s, ninf);
                 AF_ST(st + (int64_t)j * AW_LD + c, s);
             }
             vmax = vf_max(vmax, s);
         }
         const vf mold = AF_LD(m + c), mnew = vf_max(mold, vmax);
-        const vf msafe = aw_select(mnew > ninf, mnew, zero);  /* a lane that has seen no key yet */
-        const vf alpha = aw_select(mold > ninf, vf_exp(mold - msafe), zero);
+        const vf msafe = af_select(mnew > ninf, mnew, zero);  /* a lane that has seen no key yet */
+        const vf alpha = af_select(mold > ninf, vf_exp(mold - msafe), zero);
         vf sum = zero;
         for (int j = 0; j < nk; j++) {
             const vf s = AF_LD(st + (int64_t)j * AW_LD + c);
             vf p = vf_exp(s - msafe);
-            if (mask) p = aw_select(s > ninf, p, zero);
+            if (mask) p = af_select(s > ninf, p, zero);
             AF_ST(st + (int64_t)j * AW_LD + c, p);
             sum += p;
         }
