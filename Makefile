@@ -38,24 +38,26 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-# The aarch64 kernel checks alone (cross-compiled, run under qemu-user); make cross-tools first.
+# The emulated kernel checks alone (aarch64 under qemu-user, AVX-512 through SIMDe); make cross-tools first.
 test-emulated: setup
 	$(PY) -m pytest -q -rs -m emulated tests/test_kernels_aarch64.py tests/test_kernels_bf16.py
 
-# Debian's aarch64 cross compiler and qemu-user, for the emulated kernel tests. Best effort:
-# only as root where apt-get exists; without them those tests skip and say why.
-CROSS_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+# Debian's aarch64 cross compiler and qemu-user, and SIMDe's headers (AVX-512 intrinsics in
+# portable C), for the emulated kernel tests. Best effort: only as root where apt-get exists;
+# without them those tests skip and say why.
+CROSS_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross libsimde-dev
 cross-tools:
 	@if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && \
-	    { command -v qemu-aarch64 || command -v qemu-aarch64-static; } >/dev/null 2>&1; then \
-	  echo "aarch64 cross tools present"; \
+	    { command -v qemu-aarch64 || command -v qemu-aarch64-static; } >/dev/null 2>&1 && \
+	    [ -e /usr/include/simde/x86/avx512.h ]; then \
+	  echo "aarch64 cross tools and SIMDe present"; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && \
 	  qemu=$$(apt-cache show qemu-user >/dev/null 2>&1 && echo qemu-user || echo qemu-user-static) && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(CROSS_PKGS) $$qemu >/dev/null && \
 	  echo "installed $(CROSS_PKGS) $$qemu"; \
 	else \
-	  echo "aarch64 cross tools not installed (needs apt-get and root): the emulated kernel tests will skip"; \
+	  echo "aarch64 cross tools and SIMDe not installed (needs apt-get and root): the emulated kernel tests will skip"; \
 	fi
 
 bench: setup

@@ -1,5 +1,6 @@
 """Attention backends against a dense reference on random paged layouts; the C kernels
-at every ISA level this CPU runs (isa.supported_levels(), each library built for its level)."""
+at every ISA level this CPU runs and at AVX-512-BF16 emulated where it lacks it
+(isa_levels.py), each library built for its level."""
 import math
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
 from inflight.kernels.cpu.build import load_library
-from inflight.kernels.cpu.isa import supported_levels
+from isa_levels import kernel_test_levels, level_id
 from inflight.attention.torch_ref import TorchAttentionBackend
 
 
@@ -59,8 +60,8 @@ def expected_decode(q, kc, vc, md, scale):
 
 
 # the ISA levels whose kernels build here (none without a C compiler)
-LEVELS = [lv for lv in supported_levels() if load_library("paged_decode", lv) is not None]
-LEVEL_PARAMS = [pytest.param(lv, id=lv.name) for lv in LEVELS]
+LEVELS = [lv for lv in kernel_test_levels() if load_library("paged_decode", lv) is not None]
+LEVEL_PARAMS = [pytest.param(lv, id=level_id(lv)) for lv in LEVELS]
 needs_c = pytest.mark.skipif(not LEVELS, reason="no C compiler")
 
 
@@ -69,7 +70,7 @@ def cpu_backend(level) -> CpuPagedAttentionBackend:
     return CpuPagedAttentionBackend(load_library("paged_decode", level), load_library("paged_prefill", level))
 
 
-BACKENDS = [pytest.param(None, id="torch"), *(pytest.param(lv, id=f"cpu-{lv.name}") for lv in LEVELS)]
+BACKENDS = [pytest.param(None, id="torch"), *(pytest.param(lv, id=f"cpu-{level_id(lv)}") for lv in LEVELS)]
 
 
 @pytest.mark.parametrize("level", BACKENDS)

@@ -1,18 +1,19 @@
 """The fused bf16 CPU element-wise ops against the torch ops they replace; the direct
-kernel calls at every ISA level this CPU runs (each library built for its level)."""
+kernel calls at every ISA level this CPU runs, and at AVX-512-BF16 emulated where it lacks
+it (isa_levels.py), each library built for its level."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from inflight.kernels.cpu.fused import load_fused_ops
-from inflight.kernels.cpu.isa import supported_levels
+from isa_levels import kernel_test_levels, level_id
 from inflight.layers.layernorm import QKNorm, RMSNorm
 from inflight.layers.rotary import apply_rope
 
 OPS = load_fused_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason="no C compiler")
 BF16 = torch.bfloat16
-LEVELS = [pytest.param(lv, id=lv.name) for lv in supported_levels()] if OPS is not None else []
+LEVELS = [pytest.param(lv, id=level_id(lv)) for lv in kernel_test_levels()] if OPS is not None else []
 
 
 def close(a: torch.Tensor, b: torch.Tensor, max_mismatch: float) -> None:

@@ -1,7 +1,8 @@
 """The panel GEMM (csrc/gemm_bf16.c) computes a bf16 linear layer: float32
 accumulation rounded once, like oneDNN, at every row count and odd shapes, at every
-ISA level this CPU runs (the bf16 dot product at avx512_bf16, bf16 widened to fp32 in
-registers below it). The CPU's own level runs every case, the others a smaller set."""
+ISA level this CPU runs and at AVX-512-BF16 emulated where it lacks it (isa_levels.py):
+the bf16 dot product at avx512_bf16, bf16 widened to fp32 in registers below it. The
+CPU's own level runs every case, the others a smaller set."""
 import ctypes
 
 import pytest
@@ -11,13 +12,14 @@ from torch import nn
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.fused import load_fused_ops
 from inflight.kernels.cpu.gemm_bf16 import PanelLinear, load_gemm, pack_panels
-from inflight.kernels.cpu.isa import current_level, supported_levels
+from inflight.kernels.cpu.isa import current_level
+from isa_levels import kernel_test_levels, level_id
 
 pytestmark = pytest.mark.skipif(load_gemm() is None, reason="no C compiler")
 
 TOP = current_level()
-LEVELS = supported_levels() if load_gemm() is not None else []
-LEVEL_PARAMS = [pytest.param(lv, id=lv.name) for lv in LEVELS]
+LEVELS = kernel_test_levels() if load_gemm() is not None else []
+LEVEL_PARAMS = [pytest.param(lv, id=level_id(lv)) for lv in LEVELS]
 _i64, _p = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -52,7 +54,7 @@ def _matmul_cases():
             for shape in [(160, 96), (576, 576), (100, 33), (32, 2), (70, 1)] if top else \
                     [(160, 96), (100, 33), (32, 2), (70, 1)]:
                 for bias in (False, True):
-                    yield pytest.param(lv, rows, shape, bias, id=f"{lv.name}-{rows}-{shape[0]}x{shape[1]}-{bias}")
+                    yield pytest.param(lv, rows, shape, bias, id=f"{level_id(lv)}-{rows}-{shape[0]}x{shape[1]}-{bias}")
 
 
 @pytest.mark.parametrize("level,rows,shape,bias", list(_matmul_cases()))

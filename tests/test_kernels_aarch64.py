@@ -5,7 +5,9 @@ compile_flags without -shared/-fPIC) and checks each kernel against a plain C
 reference in double. It runs natively for every level this CPU runs, and, on x86-64,
 cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-user for the
 aarch64 levels (neon and scalar): the ``emulated`` tests, which skip, saying why, when
-those packages are missing (``make cross-tools`` installs them; .ci/run does).
+those packages are missing (``make cross-tools`` installs them; .ci/run does). The AVX-512
+levels also run on an x86-64 CPU without AVX-512, emulated through SIMDe (isa.emulated(),
+Debian's libsimde-dev, also from make cross-tools): the same code paths, slowly.
 The levels the CPU cannot run are still compiled, so a build error on any level fails.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 from c_build import build_executable, compile_all
 from inflight.kernels.cpu import build
-from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
+from inflight.kernels.cpu.isa import LEVELS, IsaLevel, emulated, get_level, machine_arch, simde_available, supported_levels
 
 CSRC = Path(build.__file__).parent / "csrc"
 DRIVER_DIR = Path(__file__).parent / "csrc"
@@ -36,7 +38,7 @@ SUPPORTED = supported_levels()
 def _flags(level: IsaLevel, opt: str = "-O3") -> list[str]:
     """build.py's flags for ``level`` for an executable: no -shared/-fPIC; ``opt`` in place of
     -O3 (a compile-only check of a level the CPU cannot run needs no optimised code)."""
-    return [opt if f == "-O3" else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
+    return [opt if f.startswith("-O") else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -107,6 +109,35 @@ def _vec_h_compile(cc: str, level: IsaLevel, tmp: Path) -> subprocess.CompletedP
                    "    return vf_reduce_add(vf_exp(x)) + vf_reduce_max(vf_silu(y)) + vf_reduce_add(vf_load_bf16(h));\n"
                    "}\n")
     return _run([cc, *_flags(level), "-Wall", "-Werror", f"-I{CSRC}", "-c", str(src), "-o", str(tmp / "use_vec.o")])
+
+
+# ---- emulated: the AVX-512 levels through SIMDe on any AVX2 CPU ----
+
+AVX512_LEVELS = [lv for lv in LEVELS if lv.arch == "x86_64" and lv.lanes == 16]
+
+
+def avx512_emulation_cc() -> str:
+    """The C compiler for an emulated AVX-512 build, or a skip saying what is missing."""
+    if HERE != "x86_64" or get_level("avx2", "x86_64") not in SUPPORTED:
+        pytest.skip("AVX-512 emulation runs on an x86-64 CPU with AVX2")
+    if not simde_available():
+        pytest.skip("no SIMDe headers (Debian: libsimde-dev; make cross-tools)")
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    return cc
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("level", AVX512_LEVELS, ids=lambda lv: f"{lv.name}-emulated")
+def test_kernel_check_avx512_emulated(level, tmp_path):
+    """Every fp32 check at 16 lanes (AVX-512's register tiles and microkernel shapes), also
+    on a machine that runs the level natively: it then checks the emulation as well."""
+    cc = avx512_emulation_cc()
+    exe = tmp_path / f"kernel_check_{level.name}_emulated"
+    res = build_driver(emulated(level), cc, exe, opt="-O0")
+    assert res.returncode == 0, f"building kernel_check for {level.name} (emulated) failed:\n{res.stderr[-4000:]}"
+    check_output(_run([str(exe)], env=_env(), timeout=300), f"{level.name} (emulated)")
 
 
 # ---- emulated: aarch64 under qemu-user ----

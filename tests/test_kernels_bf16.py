@@ -3,7 +3,8 @@ through one C driver (tests/csrc/bf16_check.c) that checks them against referenc
 double: built with each level's flags (build.py's compile_flags), run natively for every
 level this CPU runs (the others are only compiled), and on x86-64 cross-compiled for the
 aarch64 levels (neon, scalar) and run under qemu-user: the ``emulated`` tests, which skip
-with the reason when gcc-aarch64-linux-gnu / qemu-user are missing (make cross-tools)."""
+with the reason when gcc-aarch64-linux-gnu / qemu-user are missing (make cross-tools). The
+AVX-512 levels also run emulated through SIMDe on a CPU without them (isa.emulated())."""
 from __future__ import annotations
 
 import os
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from c_build import build_executable
+from test_kernels_aarch64 import AVX512_LEVELS, avx512_emulation_cc
 from inflight.kernels.cpu import build
-from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
+from inflight.kernels.cpu.isa import LEVELS, IsaLevel, emulated, machine_arch, supported_levels
 
 CSRC = Path(build.__file__).parent / "csrc"
 DRIVER = Path(__file__).parent / "csrc" / "bf16_check.c"
@@ -26,7 +28,7 @@ CROSS_CC = "aarch64-linux-gnu-gcc"
 
 
 def _build(level: IsaLevel, cc: str, out: Path, opt: str = "-O3", static: bool = False) -> subprocess.CompletedProcess:
-    flags = [opt if f == "-O3" else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
+    flags = [opt if f.startswith("-O") else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
     sources = [(p, [f"-I{CSRC}"]) for p in (DRIVER, *(CSRC / s for s in SOURCES))]
     return build_executable(cc, flags, sources, out, static)
 
@@ -52,6 +54,16 @@ def test_bf16_kernels_native(level, tmp_path):
     assert res.returncode == 0, f"building bf16_check for {level.name} failed:\n{res.stderr[-4000:]}"
     if runs:  # else it builds; this CPU cannot run it
         _check(subprocess.run([str(exe)], capture_output=True, text=True, env=_env(), timeout=300), level.name)
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("level", AVX512_LEVELS, ids=lambda lv: f"{lv.name}-emulated")
+def test_bf16_kernels_avx512_emulated(level, tmp_path):
+    cc = avx512_emulation_cc()
+    exe = tmp_path / f"bf16_check_{level.name}_emulated"
+    res = _build(emulated(level), cc, exe, opt="-O0")
+    assert res.returncode == 0, f"building bf16_check for {level.name} (emulated) failed:\n{res.stderr[-4000:]}"
+    _check(subprocess.run([str(exe)], capture_output=True, text=True, env=_env(), timeout=300), f"{level.name} (emulated)")
 
 
 @pytest.mark.emulated

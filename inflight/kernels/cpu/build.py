@@ -50,7 +50,10 @@ def sources(name: str) -> dict[str, str]:
 
 
 def compile_flags(level: IsaLevel) -> list[str]:
-    return [*_FLAGS, *level.cflags, f"-DINFLIGHT_ISA_{level.name.upper()}=1"]
+    # an emulated level at -O1: at -O3 GCC spends minutes inlining SIMDe's lane loops (-O0
+    # compiles faster still, but the model then runs ten times slower)
+    flags = ["-O1" if f == "-O3" and level.emulated else f for f in _FLAGS]
+    return [*flags, *level.cflags, f"-DINFLIGHT_ISA_{level.name.upper()}=1"]
 
 
 def compile_library(name: str, level: IsaLevel, out: str, cc: str) -> subprocess.CompletedProcess:
@@ -60,8 +63,9 @@ def compile_library(name: str, level: IsaLevel, out: str, cc: str) -> subprocess
         for fname, text in sources(name).items():
             with open(os.path.join(tmp, fname), "w") as f:
                 f.write(text)
-        return subprocess.run([cc, *compile_flags(level), os.path.join(tmp, f"{name}.c"), "-o", out, "-lm"],
-                              capture_output=True, text=True)
+        # cwd: where an -include'd header (an emulated level's) is looked up first
+        return subprocess.run([cc, *compile_flags(level), os.path.join(tmp, f"{name}.c"), "-o", os.path.abspath(out), "-lm"],
+                              capture_output=True, text=True, cwd=tmp)
 
 
 def load_library(name: str = "paged_decode", level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:
@@ -78,7 +82,8 @@ def _load(name: str, level: IsaLevel) -> Optional[ctypes.CDLL]:
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     key = "".join(sources(name).values()) + " ".join(compile_flags(level))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = os.path.join(_cache_dir(), f"{name}-{level.name}-{digest}.so")
+    tag = f"{level.name}-emulated" if level.emulated else level.name
+    path = os.path.join(_cache_dir(), f"{name}-{tag}-{digest}.so")
     if not os.path.exists(path):
         if cc is None:
             logger.warning("no C compiler found: the CPU kernels are off, plain torch runs")

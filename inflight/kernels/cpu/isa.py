@@ -5,13 +5,15 @@ Levels, lowest first: ``scalar`` (portable C, whatever the compiler vectorizes f
 architecture's baseline), ``avx2`` (AVX2 + FMA: 8 fp32 lanes), ``avx512`` (AVX-512F/BW/VL/DQ:
 16 lanes), ``avx512_bf16`` (plus the bf16 dot product), and ``neon`` on aarch64 (4 lanes).
 ``INFLIGHT_CPU_ISA`` forces a lower level, so one machine tests every build it can run.
+``INFLIGHT_CPU_ISA=avx512_bf16-emulated`` (or ``avx512-emulated``) runs an AVX-512 level's code
+on an AVX2 CPU: the intrinsics come from SIMDe (csrc/avx512_emu.h), correct but slow; for tests.
 """
 from __future__ import annotations
 
 import functools
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class IsaLevel:
     lanes: int
     cflags: tuple[str, ...]
     cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags the level needs
+    emulated: bool = False  # built for AVX2 with the AVX-512 intrinsics emulated (emulated())
 
     @property
     def has_bf16_dot(self) -> bool:
@@ -41,6 +44,39 @@ LEVELS: tuple[IsaLevel, ...] = (
     IsaLevel("scalar", "aarch64", 0, 1, ("-march=armv8-a+nosimd",), ()),
     IsaLevel("neon", "aarch64", 1, 4, ("-march=armv8-a",), ("asimd",)),
 )
+
+
+EMULATION_HEADER = "avx512_emu.h"  # in csrc/; needs SIMDe's headers (Debian: libsimde-dev)
+EMULATED_SUFFIX = "-emulated"
+
+
+def emulated(level: IsaLevel) -> IsaLevel:
+    """``level`` (an AVX-512 one) built to run on an AVX2 CPU: the avx2 flags, the level's own
+    ``INFLIGHT_ISA_*`` macro, and csrc/avx512_emu.h force-included, which maps the AVX-512
+    intrinsics onto SIMDe's portable versions. The same code paths, slowly: for tests."""
+    if level.arch != "x86_64" or level.lanes != 16:
+        raise ValueError(f"only the AVX-512 levels are emulated, not {level.name}")
+    avx2 = get_level("avx2", "x86_64")
+    return replace(level, cflags=(*avx2.cflags, "-Wno-psabi", "-include", EMULATION_HEADER),
+                   cpu_flags=avx2.cpu_flags, emulated=True)
+
+
+def simde_available() -> bool:
+    """Whether SIMDe's AVX-512 header is on the C compiler's default include path."""
+    dirs = [*os.environ.get("C_INCLUDE_PATH", "").split(":"), *os.environ.get("CPATH", "").split(":"),
+            "/usr/local/include", "/usr/include"]
+    return any(d and os.path.exists(os.path.join(d, "simde", "x86", "avx512.h")) for d in dirs)
+
+
+def emulated_levels() -> list[IsaLevel]:
+    """The AVX-512 levels this machine runs only through emulation (an x86-64 CPU with AVX2
+    but without them, and SIMDe installed), lowest first."""
+    if machine_arch() != "x86_64" or not simde_available():
+        return []
+    native = supported_levels()
+    if get_level("avx2", "x86_64") not in native:
+        return []
+    return [emulated(lv) for lv in LEVELS if lv.arch == "x86_64" and lv.lanes == 16 and lv not in native]
 
 
 def get_level(name: str, arch: str | None = None) -> IsaLevel:
@@ -90,6 +126,13 @@ def _detect(forced: str) -> IsaLevel | None:
         return None
     if not forced or forced == "native":
         return levels[-1]
+    if forced.endswith(EMULATED_SUFFIX):
+        name = forced[: -len(EMULATED_SUFFIX)]
+        found = [lv for lv in emulated_levels() if lv.name == name]
+        if not found:
+            raise ValueError(f"INFLIGHT_CPU_ISA={forced!r}: only avx512 and avx512_bf16 are emulated, on an "
+                             "x86-64 CPU with AVX2 that lacks them, with SIMDe's headers (Debian: libsimde-dev)")
+        return found[0]
     level = get_level(forced)
     if level not in levels:
         raise ValueError(f"INFLIGHT_CPU_ISA={forced!r}: this CPU runs only {', '.join(lv.name for lv in levels)}")

@@ -18,7 +18,7 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(INFLIGHT_ISA_AVX512_BF16)
 #include <immintrin.h>
 #define HAVE_AVX512_BF16 1
 

@@ -17,7 +17,7 @@
 /* query rows (tokens x query heads of one kv head) one pass keeps state for */
 #define DECODE_MAX_ROWS 32
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(INFLIGHT_ISA_AVX512_BF16)
 #define CHUNK 16
 /* K and V rows are prefetched this many tokens ahead: blocks lie at random places
  * in the pool, where the hardware prefetcher loses the stream (8-10% faster on

@@ -46,7 +46,7 @@ static inline int allowed(const int32_t* allow, int64_t c) {
 
 enum mode { PLAIN, SILU, ARGMAX };
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(INFLIGHT_ISA_AVX512_BF16)
 
 int gemm_bf16_supported(void) { return 1; }
 

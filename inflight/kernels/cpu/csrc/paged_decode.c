@@ -144,7 +144,7 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
                        int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                        int max_len) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(INFLIGHT_ISA_AVX512_BF16)
     if (head_dim % 32 == 0 && num_heads / num_kv_heads <= MAX_G && head_dim <= MAX_D) {
         const int G = num_heads / num_kv_heads;
         const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;

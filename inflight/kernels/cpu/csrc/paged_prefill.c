@@ -35,7 +35,7 @@
 #define RB_MAX 4     /* rows per register block, at most (attend_item) */
 
 int paged_prefill_supported(int head_dim) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(INFLIGHT_ISA_AVX512_BF16)
     return head_dim % 32 == 0 && head_dim <= MAX_D;
 #else
     return head_dim > 0 && head_dim <= AF_MAX_D;  /* the portable path (prefill_bf16_widened) */
@@ -55,7 +55,7 @@ static inline int64_t pf_widened_floats(int64_t seq_len, int num_kv_heads, int h
 
 int64_t paged_prefill_workspace(const int64_t* seq_len, const int64_t* q_len, int num_reqs, int num_heads,
                                 int num_kv_heads, int head_dim) {
-#if !(defined(__AVX512F__) && defined(__AVX512BF16__))
+#if !defined(INFLIGHT_ISA_AVX512_BF16)
     int64_t floats = 0;
     for (int r = 0; r < num_reqs; r++) floats += pf_widened_floats(seq_len[r], num_kv_heads, head_dim);
     (void)q_len, (void)num_heads;
@@ -67,7 +67,7 @@ int64_t paged_prefill_workspace(const int64_t* seq_len, const int64_t* q_len, in
     return tiles * num_kv_heads * 2 * (int64_t)KT * head_dim * 2;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(INFLIGHT_ISA_AVX512_BF16)
 /* Phase 1: one kv head's tile of KT keys into pair-interleaved K and V; keys past
  * the end are zero (a zero V row keeps 0 * garbage from making NaNs). */
 static void repack_tile(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt, int64_t len,
@@ -301,7 +301,7 @@ int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
                        const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads, int num_kv_heads,
                        int head_dim, int block_size, float scale, void* workspace) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(INFLIGHT_ISA_AVX512_BF16)
     if (!paged_prefill_supported(head_dim)) return -1;
     const int D = head_dim, G = num_heads / num_kv_heads, half = D / 2;
     const int64_t tok_stride = (int64_t)num_kv_heads * D, tile_words = (int64_t)KT * half;

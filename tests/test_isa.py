@@ -1,0 +1,30 @@
+"""ISA level selection: INFLIGHT_CPU_ISA's emulated AVX-512 levels and their build flags."""
+import pytest
+
+from inflight.kernels.cpu import build, isa
+
+
+def test_an_emulated_level_builds_with_avx2_flags_and_its_own_macro():
+    level = isa.emulated(isa.get_level("avx512_bf16", "x86_64"))
+    flags = build.compile_flags(level)
+    assert level.emulated and level.has_bf16_dot and level.lanes == 16
+    assert "-DINFLIGHT_ISA_AVX512_BF16=1" in flags and "-mavx2" in flags
+    assert not any(f.startswith("-mavx512") for f in flags)
+    assert flags[flags.index("-include") + 1] == isa.EMULATION_HEADER
+    assert "-O1" in flags and "-O3" not in flags
+
+
+def test_only_avx512_levels_are_emulated():
+    with pytest.raises(ValueError, match="only the AVX-512 levels"):
+        isa.emulated(isa.get_level("avx2", "x86_64"))
+
+
+def test_forcing_an_emulated_level():
+    available = {lv.name: lv for lv in isa.emulated_levels()}
+    if "avx512_bf16" in available:  # an AVX2 CPU without AVX-512-BF16, with SIMDe
+        assert isa._detect("avx512_bf16-emulated") == available["avx512_bf16"]
+    else:
+        with pytest.raises(ValueError, match="libsimde-dev"):
+            isa._detect("avx512_bf16-emulated")
+    with pytest.raises(ValueError, match="libsimde-dev"):
+        isa._detect("neon-emulated")
