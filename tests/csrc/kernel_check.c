@@ -363,6 +363,59 @@ static void check_paged_decode(void) {
     }
 }
 
+/* Decode steps whose requests share cached prefix blocks (the same block ids at the start
+ * of their tables, as prefix caching hands them out): the kernel then scores the shared
+ * keys once for the whole group (cascade attention) and merges each request's own keys. */
+static void check_paged_decode_shared_prefix(void) {
+    if (!present((const void*)paged_decode_f32, "paged_decode_f32")) return;
+    struct scase {
+        int num_seqs, n_shared, nh, nkv, hd, block_size, shared_blocks, short_member;
+    };
+    const struct scase cases[] = {
+        {34, 30, 9, 3, 64, 16, 10, 0},   /* G = 3: two chunks, four requests outside the group */
+        {34, 30, 9, 3, 64, 16, 10, 1},   /* one member shorter than the shared blocks: the group shares less */
+        {40, 40, 4, 4, 32, 16, 5, 0},    /* G = 1 (MHA): 32 requests at least */
+        {20, 20, 16, 2, 128, 32, 3, 0},  /* G = 8: three chunks of <= 8 requests, (request, kv head) items */
+        {14, 12, 12, 4, 80, 16, 6, 0},   /* head_dim 80 */
+        {10, 10, 9, 3, 64, 16, 8, 0},    /* too few requests for a wide item: no cascade */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const struct scase k = cases[c];
+        const int64_t shared_len = (int64_t)k.shared_blocks * k.block_size;
+        int64_t* lens = malloc(sizeof(int64_t) * (size_t)k.num_seqs);
+        for (int s = 0; s < k.num_seqs; s++) lens[s] = shared_len + rnd_int(1, 3 * k.block_size);
+        lens[1] = shared_len + 1;  /* only the new token past the prefix */
+        if (k.short_member) lens[2] = shared_len - k.block_size - 5;
+        struct pool p = make_pool(k.num_seqs, lens, k.block_size, k.nkv, k.hd);
+        for (int s = 1; s < k.n_shared; s++)  /* the group's first blocks are request 0's */
+            for (int64_t b = 0; b < k.shared_blocks && b * k.block_size < lens[s]; b++)
+                p.bt[s * p.bt_stride + b] = p.bt[b];
+        const int64_t row = (int64_t)k.nh * k.hd, q_stride = row + 2 * (int64_t)k.nkv * k.hd;
+        float* q = frand(k.num_seqs * q_stride, 2.f);
+        float* out = malloc(sizeof(float) * (size_t)(k.num_seqs * row));
+        double* want = malloc(sizeof(double) * (size_t)(k.num_seqs * row));
+        const float scale = 1.f / sqrtf((float)k.hd);
+        for (int s = 0; s < k.num_seqs; s++)
+            for (int h = 0; h < k.nh; h++)
+                ref_attend(&p, s, h / (k.nh / k.nkv), q + s * q_stride + (int64_t)h * k.hd, lens[s], scale,
+                           want + s * row + (int64_t)h * k.hd);
+        paged_decode_f32(q, q_stride, p.k, p.v, p.bt, p.bt_stride, lens, out, k.num_seqs, k.nh, k.nkv, k.hd,
+                         k.block_size, scale, (int)(shared_len + 3 * k.block_size));
+        double wa;
+        const double r = err_ratio(out, want, k.num_seqs * row, 2e-6, 2e-5, &wa);
+        char name[160];
+        snprintf(name, sizeof name, "paged_decode_f32 shared prefix seqs=%d/%d heads=%d/%d d=%d bs=%d blocks=%d%s",
+                 k.n_shared, k.num_seqs, k.nh, k.nkv, k.hd, k.block_size, k.shared_blocks,
+                 k.short_member ? " (a short member)" : "");
+        result(r <= 1, name, "max abs err %.3g (atol 2e-6 + rtol 2e-5)", wa);
+        free(lens);
+        free(q);
+        free(out);
+        free(want);
+        free_pool(&p);
+    }
+}
+
 static void check_paged_prefill(void) {
     if (!present((const void*)paged_prefill_f32, "paged_prefill_f32")) return;
     struct pcase {
@@ -842,6 +895,7 @@ int main(int argc, char** argv) {
     check_vec_reductions();
     check_vec_lanes();
     check_paged_decode();
+    check_paged_decode_shared_prefix();
     check_paged_prefill();
     check_sliding_window();
     check_fused();

@@ -285,15 +285,18 @@ static inline void af_tile(const float* qb, float* ob, float* sb, float* m, floa
 /* One work item: ntok tokens of one request from q / out (the run's first token), the
  * query heads of kv heads [kh0, kh0 + nkh) (nkh * ntok * G <= AF_MAX_ROWS); token i at
  * position ctx + i. bt: the request's block table row; window: the sliding window (0:
- * none); scratch: af_scratch_floats() floats.
+ * none); scratch: af_scratch_floats() floats. With prior (decode, ntok 1, no window),
+ * keys [0, k0) were scored elsewhere (aw_shared_prefix): this item reads keys from k0 on
+ * and merges its rows with prior's (head h's unnormalized output, max and sum at
+ * prior + h * (D + 2)); else k0 is 0.
  * NOTE: several kv heads per item read each key's rows of those heads together, one
  * contiguous run of the pool row: per-head items read a third of every row and the
  * hardware prefetcher fetches the rest anyway, so a decode from DRAM pays for it twice. */
-static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
-                      int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
-                      const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
-                      float* scratch) {
-    if (nkh == 1 && ntok * G >= AW_MIN_ROWS) {
+static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
+                           int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
+                           const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
+                           int64_t k0, const float* prior, float* scratch) {
+    if (nkh == 1 && ntok * G >= AW_MIN_ROWS && !prior) {
         aw_attend(q, q_stride, out, out_stride, ntok, ctx, G, kh0, D, k_cache, v_cache, bt, block_size, tok_stride,
                   scale, window, scratch);
         return;
@@ -326,7 +329,8 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
             l[hr] = 0.f;
         }
     const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
-    const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
+    int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
+    lo = k0 > lo ? k0 : lo;
     const float* kbase = k_cache + (int64_t)kh0 * D;
     const float* vbase = v_cache + (int64_t)kh0 * D;
     if (copy)
@@ -360,9 +364,25 @@ static void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_
             const int hr = h * R + r;
             float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)((kh0 + h) * G + r % G) * D;
             const float* o = ob + (int64_t)hr * Dp;
+            if (prior) {  /* the two parts' softmax sums, rescaled to their common max */
+                const float* pr = prior + (int64_t)((kh0 + h) * G + r % G) * (D + 2);
+                const float mx = fmaxf(pr[D], m[hr]), a1 = expf(pr[D] - mx), a2 = expf(m[hr] - mx);
+                const float inv = 1.f / (pr[D + 1] * a1 + l[hr] * a2);
+                for (int d = 0; d < D; d++) dst[d] = (pr[d] * a1 + o[d] * a2) * inv;
+                continue;
+            }
             const vf inv = vf_set1(1.f / l[hr]);
             for (int d = 0; d < D; d += VL) vf_store_n(dst + d, AF_LD(o + d) * inv, D - d);
         }
+}
+
+/* af_attend_from over every key (no prior) */
+static inline void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
+                             int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
+                             const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
+                             float* scratch) {
+    af_attend_from(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
+                   tok_stride, scale, window, 0, NULL, scratch);
 }
 
 #endif

@@ -11,6 +11,11 @@
  *
  * Scratch (af_scratch_floats): Q^T, O^T [AF_MAX_D][AW_LD], S^T [AF_KT][AW_LD], then the
  * per-lane max, sum and position, the tile pointers and the tile buffers as af_attend has them.
+ *
+ * A decode step whose requests share a cached prefix (the same first blocks) scores it in
+ * wide items too (aw_shared_prefix: the requests' heads as lanes), cascade attention: the
+ * prefix's keys are read once for up to AF_MAX_ROWS rows instead of once per request,
+ * and each request's own keys then merge in through af_attend's `prior`.
  */
 #ifndef INFLIGHT_ATTN_F32_WIDE_H
 #define INFLIGHT_ATTN_F32_WIDE_H
@@ -62,8 +67,8 @@ static void aw_gemm(int rows, int load, const float* a, int64_t as, int64_t ks, 
         const float* ai = a + (int64_t)i * as;
         for (int l = l0; l < l1; l += AW_RB) {
             float* ci = c + (int64_t)i * AW_LD + l;
-#define AW_CASE(r) case r: if (load) aw_micro(r, 1, ai, as, ks, b + l, n, ci); \
-                           else aw_micro(r, 0, ai, as, ks, b + l, n, ci); break;
+#define AW_CASE(r) case r: { if (load) aw_micro(r, 1, ai, as, ks, b + l, n, ci); \
+                             else aw_micro(r, 0, ai, as, ks, b + l, n, ci); } break;
             switch (R) {
                 AW_CASE(1) AW_CASE(2) AW_CASE(3) AW_CASE(4) AW_CASE(5) AW_CASE(6)
 #if AW_MR > 6
@@ -111,16 +116,16 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
     }
 }
 
-/* One wide work item: af_attend's arguments for the G query heads of kv head kh
- * (ntok * G >= AW_MIN_ROWS rows, at most AF_MAX_ROWS). */
-static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx, int G,
-                      int kh, int D, const float* k_cache, const float* v_cache, const int64_t* bt, int block_size,
-                      int64_t tok_stride, float scale, int64_t window, float* scratch) {
-    const int R = ntok * G, lanes = (R + AW_RB - 1) / AW_RB * AW_RB;
-    float* qt = scratch;                         /* [D][AW_LD] scaled queries, zero past R */
-    float* ot = qt + (int64_t)AF_MAX_D * AW_LD;  /* [D][AW_LD] unnormalized outputs */
-    float* st = ot + (int64_t)AF_MAX_D * AW_LD;  /* [AF_KT][AW_LD] scores, then probabilities */
-    float* m = st + (int64_t)AF_KT * AW_LD;      /* running max, sum and position per lane */
+/* The tiles of keys [lo, nkeys) for the item's R rows (its lanes): token i of the item at
+ * position ctx + i, rows r / G = i; qt, ot, st, m, l, pos and the tile buffers from scratch
+ * as aw_attend lays them out, the queries already in qt. */
+static void aw_keys(float* scratch, int R, int G, int D, int ntok, int64_t ctx, int64_t lo, int64_t nkeys,
+                    int64_t window, const float* kbase, const float* vbase, const int64_t* bt, int block_size,
+                    int64_t tok_stride) {
+    float* qt = scratch;
+    float* ot = qt + (int64_t)AF_MAX_D * AW_LD;
+    float* st = ot + (int64_t)AF_MAX_D * AW_LD;
+    float* m = st + (int64_t)AF_KT * AW_LD;
     float* l = m + AW_LD;
     float* pos = l + AW_LD;
     const float** kp = (const float**)(pos + AW_LD);  /* set by af_tile_copy, unused here */
@@ -130,23 +135,6 @@ static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
     kb[1] = vb[0] + AF_KT * AF_COPY_SPAN;
     vb[1] = kb[1] + AF_KT * AF_COPY_SPAN;
-    for (int r = 0; r < lanes; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.f;
-        pos[r] = (float)(ctx + r / G);
-    }
-    for (int d = 0; d < D; d++) {
-        memset(ot + (int64_t)d * AW_LD, 0, sizeof(float) * (size_t)lanes);
-        for (int r = R; r < lanes; r++) qt[(int64_t)d * AW_LD + r] = 0.f;
-    }
-    for (int r = 0; r < R; r++) {
-        const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
-        for (int d = 0; d < D; d++) qt[(int64_t)d * AW_LD + r] = qr[d] * scale;
-    }
-    const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
-    const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
-    const float* kbase = k_cache + (int64_t)kh * D;
-    const float* vbase = v_cache + (int64_t)kh * D;
     af_tile_copy(kbase, vbase, bt, block_size, tok_stride, D, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
                  kb[0], vb[0], kp, vp);
     for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
@@ -165,10 +153,71 @@ static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_
         aw_softmax(st, nk, m, l, pos, ot, D, l0, l1, t0, window, mask);
         aw_gemm(D, 1, vb[cur], 1, D, st, nk, ot, l0, l1);
     }
+}
+
+/* Lanes [0, lanes) of a fresh item: running max -inf, sum 0, O^T 0, positions ctx + r / G;
+ * the R rows' queries (token r / G at q + (r / G) * q_stride, head kh * G + r % G) scaled
+ * and transposed into Q^T, zeros past R. */
+static void aw_start(float* scratch, const float* q, int64_t q_stride, int R, int G, int kh, int D, int64_t ctx,
+                     float scale) {
+    const int lanes = (R + AW_RB - 1) / AW_RB * AW_RB;
+    float* qt = scratch;
+    float* ot = qt + (int64_t)AF_MAX_D * AW_LD;
+    float* m = ot + (int64_t)AF_MAX_D * AW_LD + (int64_t)AF_KT * AW_LD;
+    for (int r = 0; r < lanes; r++) {
+        m[r] = -INFINITY;
+        m[AW_LD + r] = 0.f;
+        m[2 * AW_LD + r] = (float)(ctx + r / G);
+    }
+    for (int d = 0; d < D; d++) {
+        memset(ot + (int64_t)d * AW_LD, 0, sizeof(float) * (size_t)lanes);
+        for (int r = R; r < lanes; r++) qt[(int64_t)d * AW_LD + r] = 0.f;
+    }
+    for (int r = 0; r < R; r++) {
+        const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
+        for (int d = 0; d < D; d++) qt[(int64_t)d * AW_LD + r] = qr[d] * scale;
+    }
+}
+
+/* One wide work item: af_attend's arguments for the G query heads of kv head kh
+ * (ntok * G >= AW_MIN_ROWS rows, at most AF_MAX_ROWS). */
+static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx, int G,
+                      int kh, int D, const float* k_cache, const float* v_cache, const int64_t* bt, int block_size,
+                      int64_t tok_stride, float scale, int64_t window, float* scratch) {
+    const int R = ntok * G;
+    aw_start(scratch, q, q_stride, R, G, kh, D, ctx, scale);
+    const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
+    aw_keys(scratch, R, G, D, ntok, ctx, lo, ctx + ntok, window, k_cache + (int64_t)kh * D,
+            v_cache + (int64_t)kh * D, bt, block_size, tok_stride);
+    const float* ot = scratch + (int64_t)AF_MAX_D * AW_LD;
+    const float* l = ot + (int64_t)AF_MAX_D * AW_LD + (int64_t)AF_KT * AW_LD + AW_LD;
     for (int r = 0; r < R; r++) {
         float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)(kh * G + r % G) * D;
         const float inv = 1.f / l[r];
         for (int d = 0; d < D; d++) dst[d] = ot[(int64_t)d * AW_LD + r] * inv;
+    }
+}
+
+/* A shared-prefix item of a decode step: the n requests whose queries are rows of q
+ * (q_stride apart) all read the same first `prefix` keys (one block table, bt), so their
+ * G heads of kv head kh are the lanes of one wide item over those keys (n * G <= AF_MAX_ROWS).
+ * Its unnormalized output, max and sum per row go to state (request i, head h at
+ * state + (i * state_stride) + h * (D + 2)), for af_attend to merge into the rest. */
+static __attribute__((unused)) void aw_shared_prefix(const float* q, int64_t q_stride, int n, int64_t prefix, int G, int kh, int D,
+                             const float* k_cache, const float* v_cache, const int64_t* bt, int block_size,
+                             int64_t tok_stride, float scale, float* state, int64_t state_stride, float* scratch) {
+    const int R = n * G;
+    /* position prefix - 1 for every row: each sees every key, so no mask */
+    aw_start(scratch, q, q_stride, R, G, kh, D, prefix - 1, scale);
+    aw_keys(scratch, R, G, D, n, prefix - 1, 0, prefix, 0, k_cache + (int64_t)kh * D, v_cache + (int64_t)kh * D,
+            bt, block_size, tok_stride);
+    const float* ot = scratch + (int64_t)AF_MAX_D * AW_LD;
+    const float* m = ot + (int64_t)AF_MAX_D * AW_LD + (int64_t)AF_KT * AW_LD;
+    for (int r = 0; r < R; r++) {
+        float* dst = state + (int64_t)(r / G) * state_stride + (int64_t)(kh * G + r % G) * (D + 2);
+        for (int d = 0; d < D; d++) dst[d] = ot[(int64_t)d * AW_LD + r];
+        dst[D] = m[r];
+        dst[D + 1] = m[AW_LD + r];
     }
 }
 
