@@ -207,7 +207,7 @@ static __attribute__((unused)) void aw_shared_prefix(const float* q, int64_t q_s
                              const float* k_cache, const float* v_cache, const int64_t* bt, int block_size,
                              int64_t tok_stride, float scale, float* state, int64_t state_stride, float* scratch) {
     const int R = n * G;
-    /* position prefix - 1 for every row: each sees every key, so no mask */
+    /* ctx prefix - 1: the last key is at or before every row's position, so no tile is masked */
     aw_start(scratch, q, q_stride, R, G, kh, D, prefix - 1, scale);
     aw_keys(scratch, R, G, D, n, prefix - 1, 0, prefix, 0, k_cache + (int64_t)kh * D, v_cache + (int64_t)kh * D,
             bt, block_size, tok_stride);

@@ -116,13 +116,15 @@ static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, c
     _Pragma("omp parallel")
     {
         float* scratch = (float*)malloc(sizeof(float) * (size_t)af_scratch_floats());
-        _Pragma("omp for schedule(dynamic, 1)")
-        for (int item = 0; item < n_shared; item++) {
-            const struct sp_chunk c = plan.chunks[item / num_kv_heads];
-            aw_shared_prefix(qg + c.start * row, row, c.n, c.prefix, G, item % num_kv_heads, D, k_cache, v_cache,
-                             block_tables + (int64_t)plan.order[c.start] * bt_stride, block_size, tok_stride, scale,
-                             state + c.start * srow, srow, scratch);
-        }  /* NOTE: the implicit barrier here: every prior is written before an item merges it */
+        if (n_shared > 0) {  /* the same on every thread; without groups, no second barrier */
+            _Pragma("omp for schedule(dynamic, 1)")
+            for (int item = 0; item < n_shared; item++) {
+                const struct sp_chunk c = plan.chunks[item / num_kv_heads];
+                aw_shared_prefix(qg + c.start * row, row, c.n, c.prefix, G, item % num_kv_heads, D, k_cache,
+                                 v_cache, block_tables + (int64_t)plan.order[c.start] * bt_stride, block_size,
+                                 tok_stride, scale, state + c.start * srow, srow, scratch);
+            }  /* NOTE: the implicit barrier here: every prior is written before an item merges it */
+        }
         _Pragma("omp for schedule(dynamic, 1)")
         for (int item = 0; item < n_items; item++) {
             const int s = item / (num_kv_heads / per), kh0 = item % (num_kv_heads / per) * per;
