@@ -116,19 +116,33 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
     }
 }
 
+/* A wide item's scratch: Q^T and O^T [AF_MAX_D][AW_LD], S^T [AF_KT][AW_LD], the running max,
+ * sum and position per lane, then the tile pointers and buffers (from `tiles` on). */
+struct aw_bufs {
+    float* qt, * ot, * st, * m, * l, * pos;
+    void* tiles;
+};
+
+static inline struct aw_bufs aw_layout(float* scratch) {
+    struct aw_bufs b;
+    b.qt = scratch;
+    b.ot = b.qt + (int64_t)AF_MAX_D * AW_LD;
+    b.st = b.ot + (int64_t)AF_MAX_D * AW_LD;
+    b.m = b.st + (int64_t)AF_KT * AW_LD;
+    b.l = b.m + AW_LD;
+    b.pos = b.l + AW_LD;
+    b.tiles = b.pos + AW_LD;
+    return b;
+}
+
 /* The tiles of keys [lo, nkeys) for the item's R rows (its lanes): token i of the item at
- * position ctx + i, rows r / G = i; qt, ot, st, m, l, pos and the tile buffers from scratch
- * as aw_attend lays them out, the queries already in qt. */
+ * position ctx + i, rows r / G = i; scratch as aw_layout lays it out, started by aw_start. */
 static void aw_keys(float* scratch, int R, int G, int D, int ntok, int64_t ctx, int64_t lo, int64_t nkeys,
                     int64_t window, const float* kbase, const float* vbase, const int64_t* bt, int block_size,
                     int64_t tok_stride) {
-    float* qt = scratch;
-    float* ot = qt + (int64_t)AF_MAX_D * AW_LD;
-    float* st = ot + (int64_t)AF_MAX_D * AW_LD;
-    float* m = st + (int64_t)AF_KT * AW_LD;
-    float* l = m + AW_LD;
-    float* pos = l + AW_LD;
-    const float** kp = (const float**)(pos + AW_LD);  /* set by af_tile_copy, unused here */
+    const struct aw_bufs b = aw_layout(scratch);
+    float* qt = b.qt, * ot = b.ot, * st = b.st, * m = b.m, * l = b.l, * pos = b.pos;
+    const float** kp = (const float**)b.tiles;  /* set by af_tile_copy, unused here */
     const float** vp = kp + AF_KT;
     float* kb[2], * vb[2];  /* the tile buffers, 64-byte aligned: keys D floats apart */
     kb[0] = (float*)(((uintptr_t)(vp + AF_KT) + 63) & ~(uintptr_t)63);
@@ -161,13 +175,12 @@ static void aw_keys(float* scratch, int R, int G, int D, int ntok, int64_t ctx, 
 static void aw_start(float* scratch, const float* q, int64_t q_stride, int R, int G, int kh, int D, int64_t ctx,
                      float scale) {
     const int lanes = (R + AW_RB - 1) / AW_RB * AW_RB;
-    float* qt = scratch;
-    float* ot = qt + (int64_t)AF_MAX_D * AW_LD;
-    float* m = ot + (int64_t)AF_MAX_D * AW_LD + (int64_t)AF_KT * AW_LD;
+    const struct aw_bufs b = aw_layout(scratch);
+    float* qt = b.qt, * ot = b.ot;
     for (int r = 0; r < lanes; r++) {
-        m[r] = -INFINITY;
-        m[AW_LD + r] = 0.f;
-        m[2 * AW_LD + r] = (float)(ctx + r / G);
+        b.m[r] = -INFINITY;
+        b.l[r] = 0.f;
+        b.pos[r] = (float)(ctx + r / G);
     }
     for (int d = 0; d < D; d++) {
         memset(ot + (int64_t)d * AW_LD, 0, sizeof(float) * (size_t)lanes);
@@ -189,12 +202,11 @@ static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
     aw_keys(scratch, R, G, D, ntok, ctx, lo, ctx + ntok, window, k_cache + (int64_t)kh * D,
             v_cache + (int64_t)kh * D, bt, block_size, tok_stride);
-    const float* ot = scratch + (int64_t)AF_MAX_D * AW_LD;
-    const float* l = ot + (int64_t)AF_MAX_D * AW_LD + (int64_t)AF_KT * AW_LD + AW_LD;
+    const struct aw_bufs b = aw_layout(scratch);
     for (int r = 0; r < R; r++) {
         float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)(kh * G + r % G) * D;
-        const float inv = 1.f / l[r];
-        for (int d = 0; d < D; d++) dst[d] = ot[(int64_t)d * AW_LD + r] * inv;
+        const float inv = 1.f / b.l[r];
+        for (int d = 0; d < D; d++) dst[d] = b.ot[(int64_t)d * AW_LD + r] * inv;
     }
 }
 
@@ -211,13 +223,12 @@ static __attribute__((unused)) void aw_shared_prefix(const float* q, int64_t q_s
     aw_start(scratch, q, q_stride, R, G, kh, D, prefix - 1, scale);
     aw_keys(scratch, R, G, D, n, prefix - 1, 0, prefix, 0, k_cache + (int64_t)kh * D, v_cache + (int64_t)kh * D,
             bt, block_size, tok_stride);
-    const float* ot = scratch + (int64_t)AF_MAX_D * AW_LD;
-    const float* m = ot + (int64_t)AF_MAX_D * AW_LD + (int64_t)AF_KT * AW_LD;
+    const struct aw_bufs b = aw_layout(scratch);
     for (int r = 0; r < R; r++) {
         float* dst = state + (int64_t)(r / G) * state_stride + (int64_t)(kh * G + r % G) * (D + 2);
-        for (int d = 0; d < D; d++) dst[d] = ot[(int64_t)d * AW_LD + r];
-        dst[D] = m[r];
-        dst[D + 1] = m[AW_LD + r];
+        for (int d = 0; d < D; d++) dst[d] = b.ot[(int64_t)d * AW_LD + r];
+        dst[D] = b.m[r];
+        dst[D + 1] = b.l[r];
     }
 }
 
