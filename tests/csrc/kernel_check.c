@@ -372,12 +372,12 @@ static void check_paged_decode_shared_prefix(void) {
         int num_seqs, n_shared, nh, nkv, hd, block_size, shared_blocks, short_member;
     };
     const struct scase cases[] = {
-        {34, 30, 9, 3, 64, 16, 10, 0},   /* G = 3: two chunks, four requests outside the group */
-        {34, 30, 9, 3, 64, 16, 10, 1},   /* one member shorter than the shared blocks: the group shares less */
-        {40, 40, 4, 4, 32, 16, 5, 0},    /* G = 1 (MHA): 32 requests at least */
-        {20, 20, 16, 2, 128, 32, 3, 0},  /* G = 8: three chunks of <= 8 requests, (request, kv head) items */
-        {14, 12, 12, 4, 80, 16, 6, 0},   /* head_dim 80 */
-        {10, 10, 9, 3, 64, 16, 8, 0},    /* too few requests for a wide item: no cascade */
+        {26, 24, 9, 3, 64, 16, 6, 1},    /* G = 3: two chunks, two requests outside the group, one member
+                                            shorter than the shared blocks (the group shares less) */
+        {34, 34, 4, 4, 32, 16, 5, 0},    /* G = 1 (MHA): 32 requests at least */
+        {20, 20, 16, 2, 80, 32, 3, 0},   /* G = 8: three chunks of <= 8 requests, (request, kv head) items;
+                                            head_dim 80 */
+        {10, 10, 9, 3, 64, 16, 5, 0},    /* too few requests for a wide item: no cascade */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const struct scase k = cases[c];

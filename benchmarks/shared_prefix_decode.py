@@ -1,0 +1,83 @@
+"""Float32 paged decode on batches whose requests share cached prefix blocks (prefix
+caching): this checkout's kernel against another checkout's, interleaved in one process.
+
+    python benchmarks/shared_prefix_decode.py --baseline /path/to/other/checkout
+
+SmolLM2's heads (9 query heads over 3 kv heads, head_dim 64, 16-token blocks at random
+places). Each case is a decode step of N requests: the first P keys in the same blocks
+for all of them, then 1..S keys of their own. Prints the median of each kernel's calls
+and the largest difference between their outputs; a case with P = 0 shares nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+
+from inflight.kernels.cpu import build
+from inflight.kernels.cpu.isa import current_level
+
+H, KVH, D, BS = 9, 3, 64, 16
+CASES = [(96, 512, 150), (64, 512, 100), (32, 256, 64), (24, 1024, 64), (96, 0, 600), (64, 0, 300)]
+
+
+def compile_decode(csrc: str, out: str) -> ctypes.CDLL:
+    """csrc/paged_decode.c of a checkout, built with this checkout's flags for the CPU's level."""
+    cmd = ["gcc", *build.compile_flags(current_level()), os.path.join(csrc, "paged_decode.c"), "-o", out, "-lm"]
+    subprocess.run(cmd, check=True, cwd=csrc)
+    return ctypes.CDLL(out)
+
+
+def step(n: int, prefix: int, own: int, g: torch.Generator) -> tuple:
+    lens = prefix + torch.randint(1, own, (n,), generator=g)
+    per = -(-int(lens.max()) // BS)
+    shared = prefix // BS
+    nb = shared + n * per + 1
+    tables = torch.randperm(nb, generator=g)[shared:shared + n * per].view(n, per).clone()
+    tables[:, :shared] = torch.randperm(nb, generator=g)[:shared]  # NOTE: may reuse an own block id: reads only
+    kc, vc = torch.randn(nb, BS, KVH, D, generator=g), torch.randn(nb, BS, KVH, D, generator=g)
+    q = torch.randn(n, H * D + 2 * KVH * D, generator=g)  # rows of a fused qkv output
+    return q, kc, vc, tables, lens
+
+
+def call(lib: ctypes.CDLL, q, kc, vc, tables, lens, out) -> None:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.paged_decode_f32(p(q.data_ptr()), i64(q.stride(0)), p(kc.data_ptr()), p(vc.data_ptr()), p(tables.data_ptr()),
+                         i64(tables.stride(0)), p(lens.data_ptr()), p(out.data_ptr()), q.shape[0], H, KVH, D, BS,
+                         ctypes.c_float(D ** -0.5), int(lens.max()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", required=True, help="another checkout of inflight")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    here = os.path.join(os.path.dirname(build.__file__), "csrc")
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"baseline": compile_decode(os.path.join(args.baseline, "inflight/kernels/cpu/csrc"), f"{tmp}/a.so"),
+                "this": compile_decode(here, f"{tmp}/b.so")}
+        g = torch.Generator().manual_seed(0)
+        print(f"level {current_level().name}, {torch.get_num_threads()} threads")
+        for n, prefix, own in CASES:
+            inputs = step(n, prefix, own, g)
+            outs = {k: torch.zeros(n, H * D) for k in libs}
+            times = {k: [] for k in libs}
+            for _ in range(args.repeats):
+                for k, lib in libs.items():
+                    t0 = time.perf_counter()
+                    call(lib, *inputs, outs[k])
+                    times[k].append(time.perf_counter() - t0)
+            a, b = (statistics.median(times[k]) * 1e3 for k in libs)
+            diff = (outs["baseline"] - outs["this"]).abs().max().item()
+            print(f"{n:3d} requests, {prefix:4d} shared keys, 1-{own} own: baseline {a:.3f} ms, this {b:.3f} ms "
+                  f"({b / a:.2f}x), max difference {diff:.1e}")
+
+
+if __name__ == "__main__":
+    main()
