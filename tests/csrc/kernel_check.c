@@ -319,6 +319,30 @@ struct attn_case {
     float q_amp;  /* larger: peakier softmax */
 };
 
+/* paged_decode_f32 on pool p (one query row per sequence, lens[s] keys each) against
+ * ref_attend in double; reports under `name` */
+static void decode_against_reference(const struct pool* p, const int64_t* lens, int num_seqs, int nh, float q_amp,
+                                     int max_len, const char* name) {
+    const int nkv = p->nkv, hd = p->hd;
+    const int64_t row = (int64_t)nh * hd, q_stride = row + 2 * (int64_t)nkv * hd;  /* a qkv view */
+    float* q = frand(num_seqs * q_stride, q_amp);
+    float* out = malloc(sizeof(float) * (size_t)(num_seqs * row));
+    double* want = malloc(sizeof(double) * (size_t)(num_seqs * row));
+    const float scale = 1.f / sqrtf((float)hd);
+    for (int s = 0; s < num_seqs; s++)
+        for (int h = 0; h < nh; h++)
+            ref_attend(p, s, h / (nh / nkv), q + s * q_stride + (int64_t)h * hd, lens[s], scale,
+                       want + s * row + (int64_t)h * hd);
+    paged_decode_f32(q, q_stride, p->k, p->v, p->bt, p->bt_stride, lens, out, num_seqs, nh, nkv, hd, p->block_size,
+                     scale, max_len);
+    double wa;
+    const double r = err_ratio(out, want, num_seqs * row, 2e-6, 2e-5, &wa);
+    result(r <= 1, name, "max abs err %.3g (atol 2e-6 + rtol 2e-5)", wa);
+    free(q);
+    free(out);
+    free(want);
+}
+
 static void check_paged_decode(void) {
     if (!present((const void*)paged_decode_f32, "paged_decode_f32")) return;
     const struct attn_case cases[] = {
@@ -338,27 +362,11 @@ static void check_paged_decode(void) {
         if (k.num_seqs > 1) lens[1] = 1;
         if (k.num_seqs > 2) lens[2] = k.block_size;  /* exactly one full block */
         struct pool p = make_pool(k.num_seqs, lens, k.block_size, k.nkv, k.hd);
-        const int64_t row = (int64_t)k.nh * k.hd, q_stride = row + 2 * (int64_t)k.nkv * k.hd;  /* a qkv view */
-        float* q = frand(k.num_seqs * q_stride, k.q_amp);
-        float* out = malloc(sizeof(float) * (size_t)(k.num_seqs * row));
-        double* want = malloc(sizeof(double) * (size_t)(k.num_seqs * row));
-        const float scale = 1.f / sqrtf((float)k.hd);
-        for (int s = 0; s < k.num_seqs; s++)
-            for (int h = 0; h < k.nh; h++)
-                ref_attend(&p, s, h / (k.nh / k.nkv), q + s * q_stride + (int64_t)h * k.hd, lens[s], scale,
-                           want + s * row + (int64_t)h * k.hd);
-        paged_decode_f32(q, q_stride, p.k, p.v, p.bt, p.bt_stride, lens, out, k.num_seqs, k.nh, k.nkv, k.hd,
-                         k.block_size, scale, k.max_len);
-        double wa;
-        const double r = err_ratio(out, want, k.num_seqs * row, 2e-6, 2e-5, &wa);
         char name[128];
         snprintf(name, sizeof name, "paged_decode_f32 seqs=%d heads=%d/%d d=%d bs=%d max_len=%d", k.num_seqs, k.nh,
                  k.nkv, k.hd, k.block_size, k.max_len);
-        result(r <= 1, name, "max abs err %.3g (atol 2e-6 + rtol 2e-5)", wa);
+        decode_against_reference(&p, lens, k.num_seqs, k.nh, k.q_amp, k.max_len, name);
         free(lens);
-        free(q);
-        free(out);
-        free(want);
         free_pool(&p);
     }
 }
@@ -390,28 +398,12 @@ static void check_paged_decode_shared_prefix(void) {
         for (int s = 1; s < k.n_shared; s++)  /* the group's first blocks are request 0's */
             for (int64_t b = 0; b < k.shared_blocks && b * k.block_size < lens[s]; b++)
                 p.bt[s * p.bt_stride + b] = p.bt[b];
-        const int64_t row = (int64_t)k.nh * k.hd, q_stride = row + 2 * (int64_t)k.nkv * k.hd;
-        float* q = frand(k.num_seqs * q_stride, 2.f);
-        float* out = malloc(sizeof(float) * (size_t)(k.num_seqs * row));
-        double* want = malloc(sizeof(double) * (size_t)(k.num_seqs * row));
-        const float scale = 1.f / sqrtf((float)k.hd);
-        for (int s = 0; s < k.num_seqs; s++)
-            for (int h = 0; h < k.nh; h++)
-                ref_attend(&p, s, h / (k.nh / k.nkv), q + s * q_stride + (int64_t)h * k.hd, lens[s], scale,
-                           want + s * row + (int64_t)h * k.hd);
-        paged_decode_f32(q, q_stride, p.k, p.v, p.bt, p.bt_stride, lens, out, k.num_seqs, k.nh, k.nkv, k.hd,
-                         k.block_size, scale, (int)(shared_len + 3 * k.block_size));
-        double wa;
-        const double r = err_ratio(out, want, k.num_seqs * row, 2e-6, 2e-5, &wa);
         char name[160];
         snprintf(name, sizeof name, "paged_decode_f32 shared prefix seqs=%d/%d heads=%d/%d d=%d bs=%d blocks=%d%s",
                  k.n_shared, k.num_seqs, k.nh, k.nkv, k.hd, k.block_size, k.shared_blocks,
                  k.short_member ? " (a short member)" : "");
-        result(r <= 1, name, "max abs err %.3g (atol 2e-6 + rtol 2e-5)", wa);
+        decode_against_reference(&p, lens, k.num_seqs, k.nh, 2.f, (int)(shared_len + 3 * k.block_size), name);
         free(lens);
-        free(q);
-        free(out);
-        free(want);
         free_pool(&p);
     }
 }
