@@ -231,12 +231,16 @@ static inline void af_tile_copy(const float* kbase, const float* vbase, const in
 /* Floats of per-thread scratch af_attend needs (aw_attend's layout takes no more) */
 static inline int64_t af_scratch_floats(void) {
     return (int64_t)AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (int64_t)(sizeof(void*) / sizeof(float) + 1)
-        + 4 * AF_KT * AF_COPY_SPAN + 16;
+        + 2 * AW_MAX_HEADS * AW_LD + 4 * AF_KT * AF_COPY_SPAN + 16;
 }
 
-/* aw_attend's scratch, less the tile buffers both have, fits in af_attend's */
-_Static_assert(2 * AF_MAX_D * AW_LD + AF_KT * AW_LD + 3 * AW_LD + 2 * AF_KT * (sizeof(void*) / sizeof(float))
-               <= AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (sizeof(void*) / sizeof(float) + 1),
+/* aw_attend's scratch (AF_COPY_SPAN >= nkh * D floats of heads), less the tile buffers both
+ * have, fits in af_attend's */
+_Static_assert(AF_COPY_SPAN <= AF_MAX_D, "a wide item's heads must fit AF_MAX_D floats");
+_Static_assert(2 * AF_MAX_D * AW_LD + AF_KT * AW_LD + (2 * AW_MAX_HEADS + 1) * AW_LD
+               + 2 * AF_KT * (sizeof(void*) / sizeof(float))
+               <= AF_MAX_ROWS * (2 * AF_PAD(AF_MAX_D) + AF_KT + 2) + 4 * AF_KT * (sizeof(void*) / sizeof(float) + 1)
+               + 2 * AW_MAX_HEADS * AW_LD,
                "aw_attend's scratch layout does not fit af_scratch_floats");
 
 /* Rows [r0, r1) of one kv head against one tile of nk keys starting at t0: scores, the
@@ -283,7 +287,8 @@ static inline void af_tile(const float* qb, float* ob, float* sb, float* m, floa
 }
 
 /* One work item: ntok tokens of one request from q / out (the run's first token), the
- * query heads of kv heads [kh0, kh0 + nkh) (nkh * ntok * G <= AF_MAX_ROWS); token i at
+ * query heads of kv heads [kh0, kh0 + nkh) (nkh * ntok * G <= AF_MAX_ROWS; or a wide item:
+ * ntok * G in [AW_MIN_ROWS, AF_MAX_ROWS] and aw_heads_fit(nkh, D)); token i at
  * position ctx + i. bt: the request's block table row; window: the sliding window (0:
  * none); scratch: af_scratch_floats() floats. With prior (decode, ntok 1, no window),
  * keys [0, k0) were scored elsewhere (aw_shared_prefix): this item reads keys from k0 on
@@ -296,9 +301,9 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
                            int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
                            const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
                            int64_t k0, const float* prior, float* scratch) {
-    if (nkh == 1 && ntok * G >= AW_MIN_ROWS && !prior) {
-        aw_attend(q, q_stride, out, out_stride, ntok, ctx, G, kh0, D, k_cache, v_cache, bt, block_size, tok_stride,
-                  scale, window, scratch);
+    if (ntok * G >= AW_MIN_ROWS && !prior && aw_heads_fit(nkh, D)) {
+        aw_attend(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
+                  tok_stride, scale, window, scratch);
         return;
     }
     const int R = ntok * G, Dp = AF_PAD(D);           /* rows per kv head */

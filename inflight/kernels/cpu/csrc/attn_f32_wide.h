@@ -9,8 +9,14 @@
  * Every sum stays inside one row, so a row's result does not depend on the other rows of
  * its item; it differs from af_tile's in the order of the d sum (last bits only).
  *
- * Scratch (af_scratch_floats): Q^T, O^T [AF_MAX_D][AW_LD], S^T [AF_KT][AW_LD], then the
- * per-lane max, sum and position, the tile pointers and the tile buffers as af_attend has them.
+ * An item may take several kv heads (nkh, their rows together at most AF_COPY_SPAN floats):
+ * each tile then copies whole runs of the pool's rows, one contiguous memcpy a block, and
+ * every head's products read its part of the copy. Copying one head's third of each row
+ * (a short strided copy a key) cost about as much as the products themselves.
+ *
+ * Scratch (af_scratch_floats): Q^T, O^T [nkh][D][AW_LD], S^T [AF_KT][AW_LD], then the
+ * per-lane max and sum of each head, the per-lane position, the tile pointers and the tile
+ * buffers as af_attend has them.
  *
  * A decode step whose requests share a cached prefix (the same first blocks) scores it in
  * wide items too (aw_shared_prefix: the requests' heads as lanes), cascade attention: the
@@ -33,6 +39,7 @@
 #define AW_RB (AW_NV * VL)  /* lanes per register block; divides AF_MAX_ROWS */
 #define AW_LD AF_MAX_ROWS   /* lanes per row of Q^T, O^T and S^T */
 #define AW_MIN_ROWS 32      /* items with fewer rows go through af_tile */
+#define AW_MAX_HEADS 8      /* kv heads per wide item, at most */
 #define AW_UNROLL _Pragma("GCC unroll 16")
 
 _Static_assert(AW_MR * AW_NV + AW_NV + 1 <= VEC_REGS, "the register block does not fit the vector registers");
@@ -116,45 +123,52 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
     }
 }
 
-/* A wide item's scratch: Q^T and O^T [AF_MAX_D][AW_LD], S^T [AF_KT][AW_LD], the running max,
- * sum and position per lane, then the tile pointers and buffers (from `tiles` on). */
+/* Whether a wide item can take nkh kv heads of D together */
+static inline int aw_heads_fit(int nkh, int D) { return nkh >= 1 && nkh <= AW_MAX_HEADS && nkh * D <= AF_COPY_SPAN; }
+
+/* A wide item's scratch: Q^T and O^T [nkh][D][AW_LD], S^T [AF_KT][AW_LD], the running max
+ * and sum [nkh][AW_LD], the position per lane, then the tile pointers and buffers (from
+ * `tiles` on). Head h's Q^T is qt + h * D * AW_LD, its max m + h * AW_LD (O^T, l alike). */
 struct aw_bufs {
     float* qt, * ot, * st, * m, * l, * pos;
     void* tiles;
 };
 
-static inline struct aw_bufs aw_layout(float* scratch) {
+static inline struct aw_bufs aw_layout(float* scratch, int nkh, int D) {
+    const int64_t span = (int64_t)nkh * D;
     struct aw_bufs b;
     b.qt = scratch;
-    b.ot = b.qt + (int64_t)AF_MAX_D * AW_LD;
-    b.st = b.ot + (int64_t)AF_MAX_D * AW_LD;
+    b.ot = b.qt + span * AW_LD;
+    b.st = b.ot + span * AW_LD;
     b.m = b.st + (int64_t)AF_KT * AW_LD;
-    b.l = b.m + AW_LD;
-    b.pos = b.l + AW_LD;
+    b.l = b.m + (int64_t)nkh * AW_LD;
+    b.pos = b.l + (int64_t)nkh * AW_LD;
     b.tiles = b.pos + AW_LD;
     return b;
 }
 
-/* The tiles of keys [lo, nkeys) for the item's R rows (its lanes): token i of the item at
- * position ctx + i, rows r / G = i; scratch as aw_layout lays it out, started by aw_start. */
-static void aw_keys(float* scratch, int R, int G, int D, int ntok, int64_t ctx, int64_t lo, int64_t nkeys,
+/* The tiles of keys [lo, nkeys) for the item's R rows (its lanes) of nkh kv heads (the first
+ * one's rows at kbase / vbase): token i of the item at position ctx + i, rows r / G = i;
+ * scratch as aw_layout lays it out, started by aw_start. */
+static void aw_keys(float* scratch, int nkh, int R, int G, int D, int ntok, int64_t ctx, int64_t lo, int64_t nkeys,
                     int64_t window, const float* kbase, const float* vbase, const int64_t* bt, int block_size,
                     int64_t tok_stride) {
-    const struct aw_bufs b = aw_layout(scratch);
-    float* qt = b.qt, * ot = b.ot, * st = b.st, * m = b.m, * l = b.l, * pos = b.pos;
+    const struct aw_bufs b = aw_layout(scratch, nkh, D);
+    float* st = b.st, * pos = b.pos;
+    const int span = nkh * D;
     const float** kp = (const float**)b.tiles;  /* set by af_tile_copy, unused here */
     const float** vp = kp + AF_KT;
-    float* kb[2], * vb[2];  /* the tile buffers, 64-byte aligned: keys D floats apart */
+    float* kb[2], * vb[2];  /* the tile buffers, 64-byte aligned: keys span floats apart */
     kb[0] = (float*)(((uintptr_t)(vp + AF_KT) + 63) & ~(uintptr_t)63);
     vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
     kb[1] = vb[0] + AF_KT * AF_COPY_SPAN;
     vb[1] = kb[1] + AF_KT * AF_COPY_SPAN;
-    af_tile_copy(kbase, vbase, bt, block_size, tok_stride, D, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
+    af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
                  kb[0], vb[0], kp, vp);
     for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
         if (t0 + AF_KT < nkeys)  /* the next tile, copied before this one is computed */
-            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, D, t0 + AF_KT,
+            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kb[cur ^ 1], vb[cur ^ 1],
                          kp, vp);
         /* rows before r0 see none of this tile, nor (with a window) rows from r1 on */
@@ -163,50 +177,58 @@ static void aw_keys(float* scratch, int R, int G, int D, int ntok, int64_t ctx, 
         const int r1 = ntok_seen < ntok ? (int)ntok_seen * G : R;
         const int l0 = r0 / AW_RB * AW_RB, l1 = (r1 + AW_RB - 1) / AW_RB * AW_RB;
         const int mask = t0 + nk - 1 > ctx || window > 0;  /* some lane must not see some key */
-        aw_gemm(nk, 0, kb[cur], D, 1, qt, D, st, l0, l1);
-        aw_softmax(st, nk, m, l, pos, ot, D, l0, l1, t0, window, mask);
-        aw_gemm(D, 1, vb[cur], 1, D, st, nk, ot, l0, l1);
+        for (int h = 0; h < nkh; h++) {
+            float* ot = b.ot + (int64_t)h * D * AW_LD;
+            aw_gemm(nk, 0, kb[cur] + h * D, span, 1, b.qt + (int64_t)h * D * AW_LD, D, st, l0, l1);
+            aw_softmax(st, nk, b.m + h * AW_LD, b.l + h * AW_LD, pos, ot, D, l0, l1, t0, window, mask);
+            aw_gemm(D, 1, vb[cur] + h * D, 1, span, st, nk, ot, l0, l1);
+        }
     }
 }
 
-/* Lanes [0, lanes) of a fresh item: running max -inf, sum 0, O^T 0, positions ctx + r / G;
- * the R rows' queries (token r / G at q + (r / G) * q_stride, head kh * G + r % G) scaled
- * and transposed into Q^T, zeros past R. */
-static void aw_start(float* scratch, const float* q, int64_t q_stride, int R, int G, int kh, int D, int64_t ctx,
-                     float scale) {
+/* Lanes [0, lanes) of a fresh item of kv heads [kh0, kh0 + nkh): running max -inf, sum 0,
+ * O^T 0, positions ctx + r / G; head h's R rows' queries (token r / G at q + (r / G) *
+ * q_stride, head (kh0 + h) * G + r % G) scaled and transposed into its Q^T, zeros past R. */
+static void aw_start(float* scratch, const float* q, int64_t q_stride, int R, int G, int kh0, int nkh, int D,
+                     int64_t ctx, float scale) {
     const int lanes = (R + AW_RB - 1) / AW_RB * AW_RB;
-    const struct aw_bufs b = aw_layout(scratch);
-    float* qt = b.qt, * ot = b.ot;
-    for (int r = 0; r < lanes; r++) {
-        b.m[r] = -INFINITY;
-        b.l[r] = 0.f;
-        b.pos[r] = (float)(ctx + r / G);
-    }
-    for (int d = 0; d < D; d++) {
-        memset(ot + (int64_t)d * AW_LD, 0, sizeof(float) * (size_t)lanes);
-        for (int r = R; r < lanes; r++) qt[(int64_t)d * AW_LD + r] = 0.f;
-    }
-    for (int r = 0; r < R; r++) {
-        const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
-        for (int d = 0; d < D; d++) qt[(int64_t)d * AW_LD + r] = qr[d] * scale;
+    const struct aw_bufs b = aw_layout(scratch, nkh, D);
+    for (int r = 0; r < lanes; r++) b.pos[r] = (float)(ctx + r / G);
+    for (int h = 0; h < nkh; h++) {
+        float* qt = b.qt + (int64_t)h * D * AW_LD, * ot = b.ot + (int64_t)h * D * AW_LD;
+        for (int r = 0; r < lanes; r++) {
+            b.m[h * AW_LD + r] = -INFINITY;
+            b.l[h * AW_LD + r] = 0.f;
+        }
+        for (int d = 0; d < D; d++) {
+            memset(ot + (int64_t)d * AW_LD, 0, sizeof(float) * (size_t)lanes);
+            for (int r = R; r < lanes; r++) qt[(int64_t)d * AW_LD + r] = 0.f;
+        }
+        for (int r = 0; r < R; r++) {
+            const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)((kh0 + h) * G + r % G) * D;
+            for (int d = 0; d < D; d++) qt[(int64_t)d * AW_LD + r] = qr[d] * scale;
+        }
     }
 }
 
-/* One wide work item: af_attend's arguments for the G query heads of kv head kh
- * (ntok * G >= AW_MIN_ROWS rows, at most AF_MAX_ROWS). */
+/* One wide work item: af_attend's arguments for the G query heads of each of kv heads
+ * [kh0, kh0 + nkh) (ntok * G >= AW_MIN_ROWS rows a head, at most AF_MAX_ROWS; aw_heads_fit). */
 static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx, int G,
-                      int kh, int D, const float* k_cache, const float* v_cache, const int64_t* bt, int block_size,
-                      int64_t tok_stride, float scale, int64_t window, float* scratch) {
+                      int kh0, int nkh, int D, const float* k_cache, const float* v_cache, const int64_t* bt,
+                      int block_size, int64_t tok_stride, float scale, int64_t window, float* scratch) {
     const int R = ntok * G;
-    aw_start(scratch, q, q_stride, R, G, kh, D, ctx, scale);
+    aw_start(scratch, q, q_stride, R, G, kh0, nkh, D, ctx, scale);
     const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
-    aw_keys(scratch, R, G, D, ntok, ctx, lo, ctx + ntok, window, k_cache + (int64_t)kh * D,
-            v_cache + (int64_t)kh * D, bt, block_size, tok_stride);
-    const struct aw_bufs b = aw_layout(scratch);
-    for (int r = 0; r < R; r++) {
-        float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)(kh * G + r % G) * D;
-        const float inv = 1.f / b.l[r];
-        for (int d = 0; d < D; d++) dst[d] = b.ot[(int64_t)d * AW_LD + r] * inv;
+    aw_keys(scratch, nkh, R, G, D, ntok, ctx, lo, ctx + ntok, window, k_cache + (int64_t)kh0 * D,
+            v_cache + (int64_t)kh0 * D, bt, block_size, tok_stride);
+    const struct aw_bufs b = aw_layout(scratch, nkh, D);
+    for (int h = 0; h < nkh; h++) {
+        const float* ot = b.ot + (int64_t)h * D * AW_LD;
+        for (int r = 0; r < R; r++) {
+            float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)((kh0 + h) * G + r % G) * D;
+            const float inv = 1.f / b.l[h * AW_LD + r];
+            for (int d = 0; d < D; d++) dst[d] = ot[(int64_t)d * AW_LD + r] * inv;
+        }
     }
 }
 
@@ -220,10 +242,10 @@ static __attribute__((unused)) void aw_shared_prefix(const float* q, int64_t q_s
                              int64_t tok_stride, float scale, float* state, int64_t state_stride, float* scratch) {
     const int R = n * G;
     /* ctx prefix - 1: the last key is at or before every row's position, so no tile is masked */
-    aw_start(scratch, q, q_stride, R, G, kh, D, prefix - 1, scale);
-    aw_keys(scratch, R, G, D, n, prefix - 1, 0, prefix, 0, k_cache + (int64_t)kh * D, v_cache + (int64_t)kh * D,
+    aw_start(scratch, q, q_stride, R, G, kh, 1, D, prefix - 1, scale);
+    aw_keys(scratch, 1, R, G, D, n, prefix - 1, 0, prefix, 0, k_cache + (int64_t)kh * D, v_cache + (int64_t)kh * D,
             bt, block_size, tok_stride);
-    const struct aw_bufs b = aw_layout(scratch);
+    const struct aw_bufs b = aw_layout(scratch, 1, D);
     for (int r = 0; r < R; r++) {
         float* dst = state + (int64_t)(r / G) * state_stride + (int64_t)(kh * G + r % G) * (D + 2);
         for (int d = 0; d < D; d++) dst[d] = b.ot[(int64_t)d * AW_LD + r];

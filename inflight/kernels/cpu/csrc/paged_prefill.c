@@ -19,6 +19,7 @@
  * q_start[r] + q_len[r] of q, and seq_len[r] tokens of context after this step.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -404,24 +405,36 @@ static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, c
     const int tq = AF_MAX_ROWS / G;  /* query tokens per work item */
     int64_t n = 0;
     for (int r = 0; r < num_reqs; r++) n += (q_len[r] + tq - 1) / tq;
-    int64_t* items = (int64_t*)malloc(sizeof(int64_t) * 2 * (size_t)(n + 1));
+    /* every kv head in one item (wide items then copy whole pool rows) when there are enough
+     * runs to keep the threads busy; runs too short to be wide take a head each */
+    const int all_heads = n >= 2 * omp_get_max_threads() && aw_heads_fit(num_kv_heads, D);
+    int64_t* items = (int64_t*)malloc(sizeof(int64_t) * 4 * (size_t)(n * num_kv_heads + 1));
+    int64_t k = 0;
     /* latest runs first: they see the most keys, so the ragged end balances */
-    for (int r = 0, k = 0; r < num_reqs; r++)
-        for (int64_t t = (q_len[r] + tq - 1) / tq - 1; t >= 0; t--, k++) { items[2 * k] = r; items[2 * k + 1] = t; }
+    for (int r = 0; r < num_reqs; r++)
+        for (int64_t t = (q_len[r] + tq - 1) / tq - 1; t >= 0; t--) {
+            const int64_t ntok = q_len[r] - t * tq < tq ? q_len[r] - t * tq : tq;
+            const int per = all_heads && ntok * G >= AW_MIN_ROWS ? num_kv_heads : 1;
+            for (int kh = 0; kh < num_kv_heads; kh += per, k++) {
+                items[4 * k] = r;
+                items[4 * k + 1] = t;
+                items[4 * k + 2] = kh;
+                items[4 * k + 3] = per;
+            }
+        }
     #pragma omp parallel
     {
         float* scratch = (float*)malloc(sizeof(float) * (size_t)af_scratch_floats());
-        #pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int64_t w = 0; w < n; w++)
-            for (int kh = 0; kh < num_kv_heads; kh++) {
-                const int r = (int)items[2 * w];
-                const int64_t i0 = items[2 * w + 1] * tq;
-                const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
-                const int64_t row = q_start[r] + i0;
-                af_attend(q + row * q_stride, q_stride, out + row * num_heads * D, (int64_t)num_heads * D,
-                          (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh, 1, D, k_cache, v_cache,
-                          block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch);
-            }
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t w = 0; w < k; w++) {
+            const int r = (int)items[4 * w], kh0 = (int)items[4 * w + 2], nkh = (int)items[4 * w + 3];
+            const int64_t i0 = items[4 * w + 1] * tq;
+            const int64_t i1 = i0 + tq < q_len[r] ? i0 + tq : q_len[r];
+            const int64_t row = q_start[r] + i0;
+            af_attend(q + row * q_stride, q_stride, out + row * num_heads * D, (int64_t)num_heads * D,
+                      (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh0, nkh, D, k_cache, v_cache,
+                      block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch);
+        }
         free(scratch);
     }
     free(items);

@@ -1,0 +1,85 @@
+"""Float32 paged prefill attention: this checkout's kernel against another checkout's,
+interleaved in one process (the host's load drifts; alternating calls see the same).
+
+    python benchmarks/prefill_attention_ab.py --baseline /path/to/other/checkout
+
+SmolLM2's heads (9 query heads over 3 kv heads, head_dim 64, 16-token blocks at random
+places). Each case is one step's prefill chunks: N requests with C cached tokens and Q
+new ones each. Prints each kernel's median call time, the GFLOP/s it reaches (causal
+query-key pairs only, 4 x heads x head_dim each) and the largest difference between outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+
+from inflight.kernels.cpu import build
+from inflight.kernels.cpu.isa import current_level
+
+H, KVH, D, BS = 9, 3, 64, 16
+CASES = [(1, 0, 1024), (1, 2048, 1024), (1, 3072, 512), (2, 512, 512), (8, 0, 128), (4, 1024, 40)]
+
+
+def compile_prefill(csrc: str, out: str) -> ctypes.CDLL:
+    """csrc/paged_prefill.c of a checkout, built with this checkout's flags for the CPU's level."""
+    cmd = ["gcc", *build.compile_flags(current_level()), os.path.join(csrc, "paged_prefill.c"), "-o", out, "-lm"]
+    subprocess.run(cmd, check=True, cwd=csrc)
+    return ctypes.CDLL(out)
+
+
+def chunk(n: int, ctx: int, new: int, g: torch.Generator) -> tuple:
+    per = -(-(ctx + new) // BS)
+    nb = n * per + 1
+    tables = torch.randperm(nb, generator=g)[:n * per].view(n, per).clone()
+    kc, vc = torch.randn(nb, BS, KVH, D, generator=g), torch.randn(nb, BS, KVH, D, generator=g)
+    q = torch.randn(n * new, H * D + 2 * KVH * D, generator=g)  # rows of a fused qkv output
+    q_start = torch.arange(n, dtype=torch.int64) * new
+    q_len = torch.full((n,), new, dtype=torch.int64)
+    return q, kc, vc, tables, q_start, q_len, q_len + ctx
+
+
+def call(lib: ctypes.CDLL, q, kc, vc, tables, q_start, q_len, seq_len, out) -> None:
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    rc = lib.paged_prefill_f32(p(q.data_ptr()), i64(q.stride(0)), p(kc.data_ptr()), p(vc.data_ptr()),
+                               p(tables.data_ptr()), i64(tables.stride(0)), p(q_start.data_ptr()), p(q_len.data_ptr()),
+                               p(seq_len.data_ptr()), p(out.data_ptr()), len(q_len), H, KVH, D, BS,
+                               ctypes.c_float(D ** -0.5), None)
+    assert rc == 0, "paged_prefill_f32 refused the shape"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", required=True, help="another checkout of inflight")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    here = os.path.join(os.path.dirname(build.__file__), "csrc")
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"baseline": compile_prefill(os.path.join(args.baseline, "inflight/kernels/cpu/csrc"), f"{tmp}/a.so"),
+                "this": compile_prefill(here, f"{tmp}/b.so")}
+        g = torch.Generator().manual_seed(0)
+        print(f"level {current_level().name}, {torch.get_num_threads()} threads, median of {args.repeats}")
+        for n, ctx, new in CASES:
+            inputs = chunk(n, ctx, new, g)
+            flops = n * 4 * H * D * new * (ctx + (new + 1) / 2)
+            outs = {k: torch.zeros(n * new, H * D) for k in libs}
+            times = {k: [] for k in libs}
+            for _ in range(args.repeats):
+                for k, lib in libs.items():
+                    t0 = time.perf_counter()
+                    call(lib, *inputs, outs[k])
+                    times[k].append(time.perf_counter() - t0)
+            a, b = (statistics.median(times[k]) for k in libs)
+            diff = (outs["baseline"] - outs["this"]).abs().max().item()
+            print(f"{n} x (ctx {ctx:4d} + {new:4d} new): baseline {a * 1e3:6.2f} ms ({flops / a / 1e9:3.0f} GFLOP/s), "
+                  f"this {b * 1e3:6.2f} ms ({flops / b / 1e9:3.0f} GFLOP/s) = {b / a:.2f}x, max difference {diff:.1e}")
+
+
+if __name__ == "__main__":
+    main()
