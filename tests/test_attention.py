@@ -34,6 +34,17 @@ def causal_reference(q, keys, vals, scale, cached):
     return torch.einsum("thl,lhd->thd", torch.softmax(s, -1), v)
 
 
+def assert_bf16_close(got, want):
+    """A bf16 attention output against the float64 reference: each element within 3e-2
+    (bf16 inputs, products and the output's rounding), and the whole output's relative
+    RMS error under 0.6%. Rounding the exact result to bf16 alone gives about 0.17% (the C
+    kernels 0.17-0.23%, torch's bf16 attention 0.43%), so a kernel that puts every output
+    1% off fails, where the element check alone passes."""
+    torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=3e-2)
+    rel = ((got.double() - want).norm() / want.norm()).item()
+    assert rel < 6e-3, f"relative RMS error {rel:.2e} over {want.numel()} outputs (bf16 rounding alone: ~1.7e-3)"
+
+
 def make_case(seed, num_seqs, heads, kv_heads, dim, block_size, dtype, max_len=300):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(1, max_len, (num_seqs,), generator=g)
@@ -77,15 +88,18 @@ BACKENDS = [pytest.param(None, id="torch"), *(pytest.param(lv, id=f"cpu-{lv.name
 @pytest.mark.parametrize("level", BACKENDS)
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 8), (8, 1), (4, 2)])
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_paged_decode_matches_dense(level, heads, kv_heads, block_size, dtype, tol):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_matches_dense(level, heads, kv_heads, block_size, dtype):
     q, kc, vc, md = make_case(heads * 31 + block_size, 7, heads, kv_heads, 64, block_size, dtype)
     scale = 64 ** -0.5
     backend = TorchAttentionBackend() if level is None else cpu_backend(level)
     got = backend._decode(q, kc, vc, md, scale)
     want = expected_decode(q, kc, vc, md, scale)
     assert got.shape == q.shape and got.dtype == dtype
-    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+    if dtype == torch.bfloat16:
+        assert_bf16_close(got, want)
+    else:
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
 @needs_c
@@ -96,7 +110,7 @@ def test_cpu_decode_bf16_head_dims_and_long_contexts(level, dim, num_seqs):
     """Contexts up to 1,200 tokens cross many 16-token chunks of the online softmax."""
     q, kc, vc, md = make_case(dim * 7 + num_seqs, num_seqs, 8, 2, dim, 16, torch.bfloat16, max_len=1200)
     got = cpu_backend(level)._decode(q, kc, vc, md, dim ** -0.5)
-    torch.testing.assert_close(got.double(), expected_decode(q, kc, vc, md, dim ** -0.5), atol=3e-2, rtol=3e-2)
+    assert_bf16_close(got, expected_decode(q, kc, vc, md, dim ** -0.5))
 
 
 @needs_c
@@ -207,9 +221,9 @@ def test_cpu_mixed_step_prefill_chunks_match_dense(level, heads, kv_heads, dim, 
     assert backend.prefill_lib.paged_prefill_supported(dim)  # the C prefill kernel, not the torch fallback
     out = backend.forward(q, k, v, kc, vc, md, scale)
     qsl = md.query_start_loc_list
-    for r, (cached, new) in enumerate(chunks):
-        want = causal_reference(q[qsl[r]:qsl[r] + new], full_k[r], full_v[r], scale, cached)
-        torch.testing.assert_close(out[qsl[r]:qsl[r] + new].double(), want, atol=3e-2, rtol=3e-2)
+    want = [causal_reference(q[qsl[r]:qsl[r] + new], full_k[r], full_v[r], scale, cached)
+            for r, (cached, new) in enumerate(chunks)]
+    assert_bf16_close(out, torch.cat(want))
 
 
 @needs_c
