@@ -4,21 +4,27 @@ layer, so a step's pools (1.5 GB by default) are far larger than the caches, and
 K/V bytes read per second.
 
     python benchmarks/decode_from_dram.py [--seqs 64] [--context 512] [--layers 30] [--repeats 3]
-    BASE=../before; for tree in $BASE .; do PYTHONPATH=$tree python benchmarks/decode_from_dram.py; done
+    python benchmarks/decode_from_dram.py --baseline ../before --repeats 9
 
-SmolLM2's shape (9 query heads over 3 kv heads of 64). Compare two checkouts by running
-the script with each on PYTHONPATH, alternating, nothing else running.
+SmolLM2's shape (9 query heads over 3 kv heads of 64). With --baseline, that checkout's
+paged_decode.c is built too (this checkout's flags) and the two kernels' passes alternate
+in one process, so both see the host's load as it drifts; nothing else should run.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import statistics
+import subprocess
+import tempfile
 import time
 
 import torch
 
+from inflight.kernels.cpu import build
 from inflight.kernels.cpu.build import load_library, ptr
+from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D = 9, 3, 64
 
@@ -30,10 +36,18 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline", help="another checkout of inflight: its kernel against this one's")
     args = ap.parse_args()
     lib = load_library("paged_decode")
     if lib is None:
         raise SystemExit("no C kernels on this machine")
+    libs = {"this": lib}
+    if args.baseline:
+        out_so = os.path.join(tempfile.mkdtemp(), "baseline.so")
+        csrc = os.path.join(args.baseline, "inflight/kernels/cpu/csrc")
+        subprocess.run(["gcc", *build.compile_flags(current_level()), os.path.join(csrc, "paged_decode.c"), "-o",
+                        out_so, "-lm"], check=True, cwd=csrc)
+        libs = {"baseline": ctypes.CDLL(out_so), "this": lib}
     s, ctx, bs = args.seqs, args.context, args.block_size
     per = -(-ctx // bs)
     nb = s * per + 1
@@ -41,22 +55,29 @@ def main() -> None:
     tables = torch.randperm(nb)[:s * per].view(s, per).contiguous()
     lens = torch.full((s,), ctx, dtype=torch.int64)
     q, out = torch.randn(s, H, D), torch.empty(s, H, D)
-    fn = lib.paged_decode_f32
     i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    fn.argtypes = [vp, i64, vp, vp, vp, i64, vp, vp, i32, i32, i32, i32, i32, ctypes.c_float, i32]
+    for one in libs.values():
+        one.paged_decode_f32.argtypes = [vp, i64, vp, vp, vp, i64, vp, vp, i32, i32, i32, i32, i32, ctypes.c_float, i32]
 
-    def one_pass() -> float:
+    def one_pass(fn) -> float:
         t = time.perf_counter()
         for kc, vc in pools:
             fn(ptr(q), H * D, ptr(kc), ptr(vc), ptr(tables), per, ptr(lens), ptr(out), s, H, KVH, D, bs,
                D ** -0.5, ctx)
         return time.perf_counter() - t
 
-    one_pass()
-    times = [one_pass() for _ in range(args.repeats)]
+    times: dict[str, list[float]] = {k: [] for k in libs}
+    for k, one in libs.items():
+        one_pass(one.paged_decode_f32)
+    for _ in range(args.repeats):
+        for k, one in libs.items():
+            times[k].append(one_pass(one.paged_decode_f32))
     nbytes = args.layers * s * ctx * KVH * D * 4 * 2
-    print(f"{args.layers} layers x {s} seqs x {ctx} tokens, blocks of {bs}: min {min(times) * 1e3:.1f} ms, "
-          f"median {statistics.median(times) * 1e3:.1f} ms, {nbytes / min(times) / 1e9:.2f} GB/s of K/V")
+    for k, ts in times.items():
+        print(f"{k}: {args.layers} layers x {s} seqs x {ctx} tokens, blocks of {bs}: min {min(ts) * 1e3:.1f} ms, "
+              f"median {statistics.median(ts) * 1e3:.1f} ms, {nbytes / statistics.median(ts) / 1e9:.2f} GB/s of K/V")
+    if args.baseline:
+        print(f"this / baseline, medians: {statistics.median(times['this']) / statistics.median(times['baseline']):.2f}x")
 
 
 if __name__ == "__main__":
