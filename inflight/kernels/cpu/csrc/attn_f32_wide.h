@@ -11,8 +11,9 @@
  *
  * An item may take several kv heads (nkh, their rows together at most AF_COPY_SPAN floats):
  * each tile then copies whole runs of the pool's rows, one contiguous memcpy a block, and
- * every head's products read its part of the copy. Copying one head's third of each row
- * (a short strided copy a key) cost about as much as the products themselves.
+ * every head's products read its part of the copy. Copying one head's part of each row
+ * instead (a short strided copy a key, waiting on L3) took nearly half as long as the
+ * products themselves.
  *
  * Scratch (af_scratch_floats): Q^T, O^T [nkh][D][AW_LD], S^T [AF_KT][AW_LD], then the
  * per-lane max and sum of each head, the per-lane position, the tile pointers and the tile
