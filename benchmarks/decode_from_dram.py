@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
-import subprocess
-import tempfile
 import time
 
 import torch
 
-from inflight.kernels.cpu import build
+from checkout_kernels import load_from_checkout
 from inflight.kernels.cpu.build import load_library, ptr
-from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D = 9, 3, 64
 
@@ -41,13 +37,7 @@ def main() -> None:
     lib = load_library("paged_decode")
     if lib is None:
         raise SystemExit("no C kernels on this machine")
-    libs = {"this": lib}
-    if args.baseline:
-        out_so = os.path.join(tempfile.mkdtemp(), "baseline.so")
-        csrc = os.path.join(args.baseline, "inflight/kernels/cpu/csrc")
-        subprocess.run(["gcc", *build.compile_flags(current_level()), os.path.join(csrc, "paged_decode.c"), "-o",
-                        out_so, "-lm"], check=True, cwd=csrc)
-        libs = {"baseline": ctypes.CDLL(out_so), "this": lib}
+    libs = {"baseline": load_from_checkout(args.baseline, "paged_decode"), "this": lib} if args.baseline else {"this": lib}
     s, ctx, bs = args.seqs, args.context, args.block_size
     per = -(-ctx // bs)
     nb = s * per + 1

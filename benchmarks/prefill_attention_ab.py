@@ -12,26 +12,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
-import subprocess
-import tempfile
 import time
 
 import torch
 
-from inflight.kernels.cpu import build
+from checkout_kernels import load_from_checkout, this_checkout
 from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D, BS = 9, 3, 64, 16
 CASES = [(1, 0, 1024), (1, 2048, 1024), (1, 3072, 512), (2, 512, 512), (8, 0, 128), (4, 1024, 40)]
-
-
-def compile_prefill(csrc: str, out: str) -> ctypes.CDLL:
-    """csrc/paged_prefill.c of a checkout, built with this checkout's flags for the CPU's level."""
-    cmd = ["gcc", *build.compile_flags(current_level()), os.path.join(csrc, "paged_prefill.c"), "-o", out, "-lm"]
-    subprocess.run(cmd, check=True, cwd=csrc)
-    return ctypes.CDLL(out)
 
 
 def chunk(n: int, ctx: int, new: int, g: torch.Generator) -> tuple:
@@ -59,26 +49,24 @@ def main() -> None:
     ap.add_argument("--baseline", required=True, help="another checkout of inflight")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
-    here = os.path.join(os.path.dirname(build.__file__), "csrc")
-    with tempfile.TemporaryDirectory() as tmp:
-        libs = {"baseline": compile_prefill(os.path.join(args.baseline, "inflight/kernels/cpu/csrc"), f"{tmp}/a.so"),
-                "this": compile_prefill(here, f"{tmp}/b.so")}
-        g = torch.Generator().manual_seed(0)
-        print(f"level {current_level().name}, {torch.get_num_threads()} threads, median of {args.repeats}")
-        for n, ctx, new in CASES:
-            inputs = chunk(n, ctx, new, g)
-            flops = n * 4 * H * D * new * (ctx + (new + 1) / 2)
-            outs = {k: torch.zeros(n * new, H * D) for k in libs}
-            times = {k: [] for k in libs}
-            for _ in range(args.repeats):
-                for k, lib in libs.items():
-                    t0 = time.perf_counter()
-                    call(lib, *inputs, outs[k])
-                    times[k].append(time.perf_counter() - t0)
-            a, b = (statistics.median(times[k]) for k in libs)
-            diff = (outs["baseline"] - outs["this"]).abs().max().item()
-            print(f"{n} x (ctx {ctx:4d} + {new:4d} new): baseline {a * 1e3:6.2f} ms ({flops / a / 1e9:3.0f} GFLOP/s), "
-                  f"this {b * 1e3:6.2f} ms ({flops / b / 1e9:3.0f} GFLOP/s) = {b / a:.2f}x, max difference {diff:.1e}")
+    libs = {"baseline": load_from_checkout(args.baseline, "paged_prefill"),
+            "this": load_from_checkout(this_checkout(), "paged_prefill")}
+    g = torch.Generator().manual_seed(0)
+    print(f"level {current_level().name}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    for n, ctx, new in CASES:
+        inputs = chunk(n, ctx, new, g)
+        flops = n * 4 * H * D * new * (ctx + (new + 1) / 2)
+        outs = {k: torch.zeros(n * new, H * D) for k in libs}
+        times = {k: [] for k in libs}
+        for _ in range(args.repeats):
+            for k, lib in libs.items():
+                t0 = time.perf_counter()
+                call(lib, *inputs, outs[k])
+                times[k].append(time.perf_counter() - t0)
+        a, b = (statistics.median(times[k]) for k in libs)
+        diff = (outs["baseline"] - outs["this"]).abs().max().item()
+        print(f"{n} x (ctx {ctx:4d} + {new:4d} new): baseline {a * 1e3:6.2f} ms ({flops / a / 1e9:3.0f} GFLOP/s), "
+              f"this {b * 1e3:6.2f} ms ({flops / b / 1e9:3.0f} GFLOP/s) = {b / a:.2f}x, max difference {diff:.1e}")
 
 
 if __name__ == "__main__":

@@ -12,26 +12,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
-import subprocess
-import tempfile
 import time
 
 import torch
 
-from inflight.kernels.cpu import build
+from checkout_kernels import load_from_checkout, this_checkout
 from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D, BS = 9, 3, 64, 16
 CASES = [(96, 512, 150), (64, 512, 100), (32, 256, 64), (24, 1024, 64), (96, 0, 600), (64, 0, 300)]
-
-
-def compile_decode(csrc: str, out: str) -> ctypes.CDLL:
-    """csrc/paged_decode.c of a checkout, built with this checkout's flags for the CPU's level."""
-    cmd = ["gcc", *build.compile_flags(current_level()), os.path.join(csrc, "paged_decode.c"), "-o", out, "-lm"]
-    subprocess.run(cmd, check=True, cwd=csrc)
-    return ctypes.CDLL(out)
 
 
 def step(n: int, prefix: int, own: int, g: torch.Generator) -> tuple:
@@ -58,25 +48,23 @@ def main() -> None:
     ap.add_argument("--baseline", required=True, help="another checkout of inflight")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
-    here = os.path.join(os.path.dirname(build.__file__), "csrc")
-    with tempfile.TemporaryDirectory() as tmp:
-        libs = {"baseline": compile_decode(os.path.join(args.baseline, "inflight/kernels/cpu/csrc"), f"{tmp}/a.so"),
-                "this": compile_decode(here, f"{tmp}/b.so")}
-        g = torch.Generator().manual_seed(0)
-        print(f"level {current_level().name}, {torch.get_num_threads()} threads")
-        for n, prefix, own in CASES:
-            inputs = step(n, prefix, own, g)
-            outs = {k: torch.zeros(n, H * D) for k in libs}
-            times = {k: [] for k in libs}
-            for _ in range(args.repeats):
-                for k, lib in libs.items():
-                    t0 = time.perf_counter()
-                    call(lib, *inputs, outs[k])
-                    times[k].append(time.perf_counter() - t0)
-            a, b = (statistics.median(times[k]) * 1e3 for k in libs)
-            diff = (outs["baseline"] - outs["this"]).abs().max().item()
-            print(f"{n:3d} requests, {prefix:4d} shared keys, 1-{own} own: baseline {a:.3f} ms, this {b:.3f} ms "
-                  f"({b / a:.2f}x), max difference {diff:.1e}")
+    libs = {"baseline": load_from_checkout(args.baseline, "paged_decode"),
+            "this": load_from_checkout(this_checkout(), "paged_decode")}
+    g = torch.Generator().manual_seed(0)
+    print(f"level {current_level().name}, {torch.get_num_threads()} threads")
+    for n, prefix, own in CASES:
+        inputs = step(n, prefix, own, g)
+        outs = {k: torch.zeros(n, H * D) for k in libs}
+        times = {k: [] for k in libs}
+        for _ in range(args.repeats):
+            for k, lib in libs.items():
+                t0 = time.perf_counter()
+                call(lib, *inputs, outs[k])
+                times[k].append(time.perf_counter() - t0)
+        a, b = (statistics.median(times[k]) * 1e3 for k in libs)
+        diff = (outs["baseline"] - outs["this"]).abs().max().item()
+        print(f"{n:3d} requests, {prefix:4d} shared keys, 1-{own} own: baseline {a:.3f} ms, this {b:.3f} ms "
+              f"({b / a:.2f}x), max difference {diff:.1e}")
 
 
 if __name__ == "__main__":
