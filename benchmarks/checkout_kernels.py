@@ -7,6 +7,8 @@ import ctypes
 import os
 import subprocess
 import tempfile
+import time
+from typing import Callable
 
 from inflight.kernels.cpu import build
 from inflight.kernels.cpu.isa import current_level
@@ -20,6 +22,19 @@ def load_from_checkout(checkout: str, name: str) -> ctypes.CDLL:
         subprocess.run(["gcc", *build.compile_flags(current_level()), os.path.join(csrc, f"{name}.c"), "-o", out,
                         "-lm"], check=True, cwd=csrc)
         return ctypes.CDLL(out)
+
+
+def time_interleaved(libs: dict[str, ctypes.CDLL], run: Callable[[str, ctypes.CDLL], None],
+                     repeats: int) -> dict[str, list[float]]:
+    """Seconds of each ``run(name, lib)``, ``repeats`` rounds, the libraries taking turns
+    within a round."""
+    times: dict[str, list[float]] = {k: [] for k in libs}
+    for _ in range(repeats):
+        for k, lib in libs.items():
+            t0 = time.perf_counter()
+            run(k, lib)
+            times[k].append(time.perf_counter() - t0)
+    return times
 
 
 def this_checkout() -> str:

@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
-import time
 
 import torch
 
-from checkout_kernels import load_from_checkout
+from checkout_kernels import load_from_checkout, time_interleaved
 from inflight.kernels.cpu.build import load_library, ptr
 
 H, KVH, D = 9, 3, 64
@@ -49,19 +48,13 @@ def main() -> None:
     for one in libs.values():
         one.paged_decode_f32.argtypes = [vp, i64, vp, vp, vp, i64, vp, vp, i32, i32, i32, i32, i32, ctypes.c_float, i32]
 
-    def one_pass(fn) -> float:
-        t = time.perf_counter()
+    def one_pass(name: str, one: ctypes.CDLL) -> None:
         for kc, vc in pools:
-            fn(ptr(q), H * D, ptr(kc), ptr(vc), ptr(tables), per, ptr(lens), ptr(out), s, H, KVH, D, bs,
-               D ** -0.5, ctx)
-        return time.perf_counter() - t
+            one.paged_decode_f32(ptr(q), H * D, ptr(kc), ptr(vc), ptr(tables), per, ptr(lens), ptr(out), s, H, KVH,
+                                 D, bs, D ** -0.5, ctx)
 
-    times: dict[str, list[float]] = {k: [] for k in libs}
-    for k, one in libs.items():
-        one_pass(one.paged_decode_f32)
-    for _ in range(args.repeats):
-        for k, one in libs.items():
-            times[k].append(one_pass(one.paged_decode_f32))
+    time_interleaved(libs, one_pass, 1)  # warm-up
+    times = time_interleaved(libs, one_pass, args.repeats)
     nbytes = args.layers * s * ctx * KVH * D * 4 * 2
     for k, ts in times.items():
         print(f"{k}: {args.layers} layers x {s} seqs x {ctx} tokens, blocks of {bs}: min {min(ts) * 1e3:.1f} ms, "

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
-import time
 
 import torch
 
-from checkout_kernels import load_from_checkout, this_checkout
+from checkout_kernels import load_from_checkout, this_checkout, time_interleaved
 from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D, BS = 9, 3, 64, 16
@@ -57,12 +56,7 @@ def main() -> None:
         inputs = chunk(n, ctx, new, g)
         flops = n * 4 * H * D * new * (ctx + (new + 1) / 2)
         outs = {k: torch.zeros(n * new, H * D) for k in libs}
-        times = {k: [] for k in libs}
-        for _ in range(args.repeats):
-            for k, lib in libs.items():
-                t0 = time.perf_counter()
-                call(lib, *inputs, outs[k])
-                times[k].append(time.perf_counter() - t0)
+        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), args.repeats)
         a, b = (statistics.median(times[k]) for k in libs)
         diff = (outs["baseline"] - outs["this"]).abs().max().item()
         print(f"{n} x (ctx {ctx:4d} + {new:4d} new): baseline {a * 1e3:6.2f} ms ({flops / a / 1e9:3.0f} GFLOP/s), "

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
-import time
 
 import torch
 
-from checkout_kernels import load_from_checkout, this_checkout
+from checkout_kernels import load_from_checkout, this_checkout, time_interleaved
 from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D, BS = 9, 3, 64, 16
@@ -55,12 +54,7 @@ def main() -> None:
     for n, prefix, own in CASES:
         inputs = step(n, prefix, own, g)
         outs = {k: torch.zeros(n, H * D) for k in libs}
-        times = {k: [] for k in libs}
-        for _ in range(args.repeats):
-            for k, lib in libs.items():
-                t0 = time.perf_counter()
-                call(lib, *inputs, outs[k])
-                times[k].append(time.perf_counter() - t0)
+        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), args.repeats)
         a, b = (statistics.median(times[k]) * 1e3 for k in libs)
         diff = (outs["baseline"] - outs["this"]).abs().max().item()
         print(f"{n:3d} requests, {prefix:4d} shared keys, 1-{own} own: baseline {a:.3f} ms, this {b:.3f} ms "
