@@ -31,7 +31,8 @@
  * Entry points: gemm_f32 (plain, optional bias); gemm_f32_silu (the gate_up
  * projection, silu(gate) * up in its epilogue); gemm_f32_argmax (the logits
  * projection reduced to each row's argmax, for greedy sampling; _masked: over the
- * tokens a grammar allows).
+ * tokens a grammar allows); gemm_f32_q4 and gemm_f32_q4_silu (the first two over
+ * 4-bit panels, panel_q4.h: for the few rows of a decode step).
  */
 #include <math.h>
 #include <omp.h>
@@ -66,6 +67,8 @@
 #endif
 
 _Static_assert(MR * NV + NV + 1 <= VEC_REGS, "the register tile does not fit the vector registers");
+
+#include "panel_q4.h"
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
 #define ISA_NAME "avx512_bf16"
@@ -255,13 +258,24 @@ static void panel_block(const float* x, int64_t m0, int64_t m1, int64_t K, int64
     }
 }
 
-/* One thread's share: rows [m0, m1), panels [q0, q1).
+/* panel q of the weight: in place, or (q4 != NULL) a 4-bit panel expanded into buf */
+static const float* panel_at(const float* packed, const uint8_t* q4, int64_t q, int64_t K, float* buf) {
+    if (!q4) return packed + q * K * NR;
+    q4_dequant(q4 + q * q4_panel_bytes(K), K, buf);
+    return buf;
+}
+
+/* One thread's share: rows [m0, m1), panels [q0, q1) of packed, or of q4 (4-bit
+ * panels, panel_q4.h) when that is not NULL.
  * silu_half > 0: gate panels [q0, q1), each paired with up panel q + silu_half,
  * written as silu(gate) * up (out has silu_half * NR columns).
- * best != NULL: each row's argmax goes to best[row] instead of out. */
-static void gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t lda, const float* packed,
-                       int64_t N, const float* bias, float* out, int64_t ldc, int64_t q0, int64_t q1,
-                       int64_t silu_half, struct best* best) {
+ * best != NULL: each row's argmax goes to best[row] instead of out.
+ * Returns -3 when the buffer for expanded 4-bit panels cannot be had. */
+static int gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t lda, const float* packed,
+                      const uint8_t* q4, int64_t N, const float* bias, float* out, int64_t ldc, int64_t q0,
+                      int64_t q1, int64_t silu_half, struct best* best) {
+    float* qbuf = NULL;  /* the gate (or only) panel, then the up panel, expanded */
+    if (q4 && !(qbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)(2 * K * NR)))) return -3;
     /* partial sums of a gate tile and of an up / logits tile, for the epilogues */
     float scratch[2 * MC_MAX * NR] __attribute__((aligned(64)));
     float* g = scratch;
@@ -273,13 +287,21 @@ static void gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_
     for (int64_t mc = m0; mc < m1; mc += mc_len) {
         const int64_t mend = mc + mc_len < m1 ? mc + mc_len : m1;
         for (int64_t q = q0; q < q1; q++) {
-            const float* panel = packed + q * K * NR;
             const int64_t col0 = q * NR, ncols = N - col0 < NR ? N - col0 : NR;
-            /* the panel after this one: the next in the range, or the first for the next row block */
-            const float* next = q + 1 < q1 ? panel + K * NR : mend < m1 ? packed + q0 * K * NR : NULL;
+            /* the panel after this one: the next in the range, or the first for the next row block;
+             * 4-bit panels ask for theirs here, fp32 ones while their second row group runs */
+            const int64_t qn = q + 1 < q1 ? q + 1 : mend < m1 ? q0 : -1;
+            /* 4-bit panels two ahead (the first two of a range on its first) */
+            for (int64_t p = q == q0 ? q : q + 2; q4 && p <= q + 2 && p < q1; p++) {
+                q4_prefetch(q4 + p * q4_panel_bytes(K), K);
+                if (silu_half > 0) q4_prefetch(q4 + (p + silu_half) * q4_panel_bytes(K), K);
+            }
+            const float* panel = panel_at(packed, q4, q, K, qbuf);
+            const float* next = q4 || qn < 0 ? NULL : packed + qn * K * NR;
             if (silu_half > 0) {
-                const float* up = panel + silu_half * K * NR;
-                panel_block(x, mc, mend, K, lda, panel, kc_len, NULL, g, NR, NR, STORE, NULL, 0, NULL, NULL, 0, up);
+                const float* up = panel_at(packed, q4, q + silu_half, K, qbuf + K * NR);
+                panel_block(x, mc, mend, K, lda, panel, kc_len, NULL, g, NR, NR, STORE, NULL, 0, NULL, NULL, 0,
+                            q4 ? NULL : up);
                 panel_block(x, mc, mend, K, lda, up, kc_len, NULL, u, NR, NR, SILU, out + mc * ldc + col0, ldc, g,
                             NULL, 0, next);
             } else if (best) {
@@ -291,6 +313,8 @@ static void gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_
             }
         }
     }
+    free(qbuf);
+    return 0;
 }
 
 /* The thread grid: tn groups over the panels times tm over the rows (tm * tn = nt).
@@ -318,20 +342,47 @@ static void share(int t, int tm, int tn, int64_t M, int64_t panels, int64_t* m0,
     *q1 = panels * (tj + 1) / tn;
 }
 
-/* out = x . W^T (+ bias); x rows lda apart, out rows ldc apart. */
-int gemm_f32(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N, const float* bias,
-             float* out, int64_t ldc) {
+/* out = x . W^T (+ bias) over the panels in packed, or in q4 when that is not NULL */
+static int gemm_panels(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, const uint8_t* q4,
+                       int64_t N, const float* bias, float* out, int64_t ldc) {
     if (M <= 0 || N <= 0) return 0;
     const int64_t panels = (N + NR - 1) / NR;
+    int rc = 0;
     #pragma omp parallel
     {
         int tm, tn;  /* from the team's real size: inside another parallel region it is 1 */
         int64_t m0, m1, q0, q1;
         split(M, panels, omp_get_num_threads(), &tm, &tn);
         share(omp_get_thread_num(), tm, tn, M, panels, &m0, &m1, &q0, &q1);
-        if (m0 < m1 && q0 < q1) gemm_range(x, m0, m1, K, lda, packed, N, bias, out, ldc, q0, q1, 0, NULL);
+        if (m0 < m1 && q0 < q1 && gemm_range(x, m0, m1, K, lda, packed, q4, N, bias, out, ldc, q0, q1, 0, NULL))
+            rc = -3;  /* NOTE: a benign race: every thread that fails writes the same value */
     }
-    return 0;
+    return rc;
+}
+
+/* silu(gate) * up over the panels in packed, or in q4 when that is not NULL */
+static int silu_panels(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, const uint8_t* q4,
+                       int64_t N, float* out, int64_t ldc) {
+    if (N % (2 * NR)) return -2;
+    if (M <= 0 || N <= 0) return 0;
+    const int64_t half = N / 2 / NR;
+    int rc = 0;
+    #pragma omp parallel
+    {
+        int tm, tn;
+        int64_t m0, m1, q0, q1;
+        split(M, half, omp_get_num_threads(), &tm, &tn);
+        share(omp_get_thread_num(), tm, tn, M, half, &m0, &m1, &q0, &q1);
+        if (m0 < m1 && q0 < q1 && gemm_range(x, m0, m1, K, lda, packed, q4, N / 2, NULL, out, ldc, q0, q1, half, NULL))
+            rc = -3;
+    }
+    return rc;
+}
+
+/* out = x . W^T (+ bias); x rows lda apart, out rows ldc apart. */
+int gemm_f32(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N, const float* bias,
+             float* out, int64_t ldc) {
+    return gemm_panels(x, M, K, lda, packed, NULL, N, bias, out, ldc);
 }
 
 /* out[M, N/2] = silu(gate) * up for the gate_up projection, [gate | up] = x . W^T
@@ -339,18 +390,19 @@ int gemm_f32(const float* x, int64_t M, int64_t K, int64_t lda, const float* pac
  * -2: the caller runs gemm_f32 and the product itself). */
 int gemm_f32_silu(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N, float* out,
                   int64_t ldc) {
-    if (N % (2 * NR)) return -2;
-    if (M <= 0 || N <= 0) return 0;
-    const int64_t half = N / 2 / NR;
-    #pragma omp parallel
-    {
-        int tm, tn;
-        int64_t m0, m1, q0, q1;
-        split(M, half, omp_get_num_threads(), &tm, &tn);
-        share(omp_get_thread_num(), tm, tn, M, half, &m0, &m1, &q0, &q1);
-        if (m0 < m1 && q0 < q1) gemm_range(x, m0, m1, K, lda, packed, N / 2, NULL, out, ldc, q0, q1, half, NULL);
-    }
-    return 0;
+    return silu_panels(x, M, K, lda, packed, NULL, N, out, ldc);
+}
+
+/* gemm_f32 and gemm_f32_silu over 4-bit panels (panel_q4.h; K a multiple of 32, else
+ * -2): the same outputs, bit for bit, as over the fp32 panels they expand to */
+int gemm_f32_q4(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* q4, int64_t N, const float* bias,
+                float* out, int64_t ldc) {
+    return K % Q4_K ? -2 : gemm_panels(x, M, K, lda, NULL, q4, N, bias, out, ldc);
+}
+
+int gemm_f32_q4_silu(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* q4, int64_t N, float* out,
+                     int64_t ldc) {
+    return K % Q4_K ? -2 : silu_panels(x, M, K, lda, NULL, q4, N, out, ldc);
 }
 
 /* tokens[m] = argmax over the columns of (x . W^T)[m] (no bias), the first column on
@@ -382,7 +434,7 @@ int gemm_f32_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, co
         if (t == 0) tn = tn_t;
         share(t, tm, tn_t, M, panels, &m0, &m1, &q0, &q1);
         if (m0 < m1 && q0 < q1)
-            gemm_range(x, m0, m1, K, lda, packed, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)(t % tn_t) * M);
+            gemm_range(x, m0, m1, K, lda, packed, NULL, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)(t % tn_t) * M);
     }
     /* the panel groups hold increasing column ranges: a later one wins only when strictly greater */
     for (int64_t m = 0; m < M; m++) {

@@ -168,4 +168,22 @@ static inline vf vf_load_bf16(const uint16_t* p) {
     return (vf)(__builtin_convertvector(*(const vh_unaligned*)p, vi) << 16);
 }
 
+/* VL bytes zero-extended to int32 lanes (GCC lowers the generic conversion to a
+ * byte-by-byte insert at -mavx2, hence the intrinsics) */
+static inline vi vi_load_u8(const uint8_t* p) {
+#if VL == 16
+    return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+#elif defined(INFLIGHT_ISA_AVX2)
+    return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+#elif defined(INFLIGHT_ISA_NEON)
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(w)))));
+#else
+    vi r;
+    for (int i = 0; i < VL; i++) r[i] = p[i];
+    return r;
+#endif
+}
+
 #endif

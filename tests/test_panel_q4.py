@@ -1,0 +1,107 @@
+"""4-bit panels for fp32 weights that are 4-bit underneath (panel_q4.py, csrc/panel_q4.h):
+a GGUF Q4_0 / Q4_1 weight, dequantized as the loader does, is recovered exactly, and
+the GEMM over its 4-bit panels gives the fp32 panel GEMM's outputs bit for bit at every
+ISA level the machine can run (the emulated AVX-512 one too: 48-column panels)."""
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from inflight.kernels.cpu import isa
+from inflight.kernels.cpu import gemm_f32 as gemm_module
+from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
+from inflight.kernels.cpu.panel_q4 import Q4_MAX_ROWS, pack_panels_q4, q4_blocks
+from tests.isa_levels import kernel_test_levels, level_id
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+LEVELS = [pytest.param(lv, id=level_id(lv)) for lv in kernel_test_levels()]
+AVX2_X86 = isa.machine_arch() == "x86_64" and "avx2" in isa.cpu_flags()
+
+
+def gguf_weight(n: int, k: int, kind: str = "Q4_1", seed: int = 0) -> torch.Tensor:
+    """A weight through GGUF quantization and back, as the loader dequantizes it."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    t = getattr(gguf.GGMLQuantizationType, kind)
+    return torch.from_numpy(np.ascontiguousarray(dequantize(quantize(w, t), t), dtype=np.float32))
+
+
+def test_every_native_level_is_listed():
+    if AVX2_X86:
+        assert {"scalar", "avx2"} <= {p.values[0].name for p in LEVELS}
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_recovers_gguf_4bit_weights_exactly(kind):
+    w = gguf_weight(40, 96, kind)
+    d, m, q = q4_blocks(w)
+    assert d.shape == m.shape == (40, 3) and q.shape == (40, 96) and int(q.max()) <= 15
+    back = d.repeat_interleave(32, 1) * q.float() + m.repeat_interleave(32, 1)
+    assert torch.equal(back, w)
+
+
+def test_other_weights_have_no_4bit_form():
+    assert q4_blocks(torch.randn(16, 64)) is None  # plain fp32
+    assert q4_blocks(gguf_weight(16, 64)[:, :40].contiguous()) is None  # K not a multiple of 32
+    assert q4_blocks(gguf_weight(16, 64, "Q8_0")) is None  # 8-bit
+    w = gguf_weight(16, 64)
+    w[3, 17] = w[3, 17] + 1e-3  # one value off its block's grid
+    assert q4_blocks(w) is None
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_q4_gemm_is_the_fp32_gemm_bit_for_bit(level, monkeypatch):
+    monkeypatch.setattr(gemm_module, "Q4_MAX_ROWS", 1 << 30)  # every row count through the 4-bit panels
+    torch.manual_seed(0)
+    for n, k in [(100, 64), (96, 96), (50, 1088)]:  # N off and on the panels, K over one L1 chunk
+        w, bias = gguf_weight(n, k, seed=n), torch.randn(n)
+        fast, plain = PanelLinearF32(w, bias, level), PanelLinearF32(w, bias, level, q4=False)
+        assert fast.q4 is not None and plain.q4 is None
+        for rows in [1, 3, 7, 13, 97, 200]:
+            x = torch.randn(rows, k)
+            assert torch.equal(fast(x), plain(x)), (n, k, rows)
+            wide = torch.randn(rows, k + 5)[:, :k]  # rows further apart than K
+            assert torch.equal(fast(wide), plain(wide.contiguous())), (n, k, rows)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_q4_silu_gate_up_is_bit_identical(level, monkeypatch):
+    monkeypatch.setattr(gemm_module, "Q4_MAX_ROWS", 1 << 30)
+    lib = load_gemm_f32(level)
+    inter = 2 * lib.gemm_f32_panel()  # gate and up split on a panel boundary
+    w = gguf_weight(2 * inter, 128, seed=3)
+    fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, q4=False)
+    assert fast.q4 is not None
+    for rows in [1, 6, 50]:
+        x = torch.randn(rows, 128)
+        assert torch.equal(fast.silu_mul(x), plain.silu_mul(x)), rows
+
+
+def test_rows_past_the_limit_use_the_fp32_panels():
+    w = gguf_weight(64, 64)
+    lin = PanelLinearF32(w, None)
+    calls = []
+    real = lin.lib
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(real, name)
+
+    lin.lib = Spy()
+    lin(torch.randn(Q4_MAX_ROWS, 64))
+    lin(torch.randn(Q4_MAX_ROWS + 1, 64))
+    assert calls == ["gemm_f32_q4", "gemm_f32"]
+
+
+def test_a_weight_whose_expansion_differs_is_kept_in_fp32():
+    w = gguf_weight(32, 64)
+    lin = PanelLinearF32(w, None, q4=False)
+    wrong = lin.packed.clone()
+    wrong.view(-1)[5] += 1.0  # stands for a kernel whose expansion would not match
+    assert pack_panels_q4(w, wrong, lin.panel, lin.lib) is None
+    assert pack_panels_q4(w, lin.packed, lin.panel, lin.lib) is not None
+    assert ctypes.sizeof(ctypes.c_float) * lin.packed.numel() > 5 * pack_panels_q4(w, lin.packed, lin.panel,
+                                                                                     lin.lib).numel()
