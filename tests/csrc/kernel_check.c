@@ -732,56 +732,67 @@ static double gemm_err(const float* got, int64_t ldc, const double* want, const 
     return r;
 }
 
-/* a weight that is 4-bit underneath: per row n and block of 32 k, w = d * q + m (d a
- * half float's worth of bits, q in 0..15), packed both as fp32 panels and as the 4-bit
- * panels of panel_q4.h; the GEMMs over the two must agree bit for bit */
-static void check_gemm_q4(int NR) {
-    if (!present((const void*)gemm_f32_q4, "gemm_f32_q4") || !present((const void*)gemm_f32_q4_silu,
-                                                                       "gemm_f32_q4_silu"))
+/* a weight that is 4- or 8-bit underneath: per row n and block of 32 k, w = d * q + m
+ * (d a half float's worth of bits, q in 0..15; 8-bit: w = d * q, q in -128..127), packed
+ * both as fp32 panels and as the low-bit panels of panel_lowbit.h; the GEMMs over the
+ * two must agree bit for bit */
+static void check_gemm_lowbit(int NR, int bits) {
+    typedef int (*lb_gemm)(const float*, int64_t, int64_t, int64_t, const uint8_t*, int64_t, const float*, float*,
+                           int64_t);
+    typedef int (*lb_silu)(const float*, int64_t, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
+    const lb_gemm gemm = bits == 4 ? gemm_f32_q4 : gemm_f32_q8;
+    const lb_silu silu = bits == 4 ? gemm_f32_q4_silu : gemm_f32_q8_silu;
+    if (!present((const void*)gemm, bits == 4 ? "gemm_f32_q4" : "gemm_f32_q8") ||
+        !present((const void*)silu, bits == 4 ? "gemm_f32_q4_silu" : "gemm_f32_q8_silu") ||
+        !present((const void*)gemm_f32_lowbit_dequant, "gemm_f32_lowbit_dequant"))
         return;
-    const int64_t K = 96, N = 4 * NR, panels = N / NR, kb = K / 32, block = 8 * NR + 16 * NR;
+    const int64_t K = 96, N = 4 * NR, panels = N / NR, kb = K / 32;
+    const int64_t block = bits == 4 ? 8 * NR + 16 * NR : 4 * NR + 32 * NR;
     float* w = malloc(sizeof(float) * (size_t)(N * K));
-    uint8_t* q4 = calloc((size_t)(panels * kb * block), 1);
+    uint8_t* qp = calloc((size_t)(panels * kb * block), 1);
     for (int64_t n = 0; n < N; n++)
         for (int64_t b = 0; b < kb; b++) {
-            const float d = (float)rnd_int(1, 2047) / 4096.f, m = (float)rnd_int(-2047, 2047) / 1024.f;
-            uint8_t* blk = q4 + ((n / NR) * kb + b) * block;
+            const float d = (float)rnd_int(1, 2047) / 4096.f, m = bits == 4 ? (float)rnd_int(-2047, 2047) / 1024.f : 0;
+            uint8_t* blk = qp + ((n / NR) * kb + b) * block;
             memcpy(blk + 4 * (n % NR), &d, 4);
-            memcpy(blk + 4 * NR + 4 * (n % NR), &m, 4);
+            if (bits == 4) memcpy(blk + 4 * NR + 4 * (n % NR), &m, 4);
             for (int k = 0; k < 32; k++) {
-                const int q = rnd_int(0, 15);
-                w[n * K + b * 32 + k] = d * (float)q + m;
-                blk[8 * NR + (k / 2) * NR + n % NR] |= (uint8_t)(q << (k % 2 ? 4 : 0));
+                const int q = bits == 4 ? rnd_int(0, 15) : rnd_int(-128, 127);
+                w[n * K + b * 32 + k] = bits == 4 ? d * (float)q + m : d * (float)q;
+                if (bits == 4) blk[8 * NR + (k / 2) * NR + n % NR] |= (uint8_t)(q << (k % 2 ? 4 : 0));
+                else blk[4 * NR + k * NR + n % NR] = (uint8_t)(int8_t)q;
             }
         }
     float* packed = pack_f32(w, N, K, NR);
     float* back = malloc(sizeof(float) * (size_t)(N * K));
-    const int rcd = gemm_f32_q4_dequant ? gemm_f32_q4_dequant(q4, panels, K, back) : -1;
-    result(rcd == 0 && memcmp(back, packed, sizeof(float) * (size_t)(N * K)) == 0, "gemm_f32_q4_dequant",
+    const int rcd = gemm_f32_lowbit_dequant(qp, bits, panels, K, back);
+    char name[96];
+    snprintf(name, sizeof name, "gemm_f32_lowbit_dequant bits=%d", bits);
+    result(rcd == 0 && memcmp(back, packed, sizeof(float) * (size_t)(N * K)) == 0, name,
            "rc %d; the fp32 panels bit for bit", rcd);
     const int64_t rows[] = {1, 7, 33};
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         const int64_t M = rows[r];
         float* x = frand(M * K, 1.f);
         float* bias = frand(N, 1.f);
-        float *a = malloc(sizeof(float) * (size_t)(M * N)), *b = malloc(sizeof(float) * (size_t)(M * N));
-        const int rc = gemm_f32_q4(x, M, K, K, q4, N, bias, a, N);
-        gemm_f32(x, M, K, K, packed, N, bias, b, N);
-        char name[96];
-        snprintf(name, sizeof name, "gemm_f32_q4 M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);
-        result(rc == 0 && memcmp(a, b, sizeof(float) * (size_t)(M * N)) == 0, name, "rc %d; gemm_f32's bits", rc);
-        const int rcs = gemm_f32_q4_silu(x, M, K, K, q4, N, a, N / 2);
-        gemm_f32_silu(x, M, K, K, packed, N, b, N / 2);
-        snprintf(name, sizeof name, "gemm_f32_q4_silu M=%lld", (long long)M);
-        result(rcs == 0 && memcmp(a, b, sizeof(float) * (size_t)(M * N / 2)) == 0, name, "rc %d; gemm_f32_silu's bits",
-               rcs);
+        float *a = malloc(sizeof(float) * (size_t)(M * N)), *c = malloc(sizeof(float) * (size_t)(M * N));
+        const int rc = gemm(x, M, K, K, qp, N, bias, a, N);
+        gemm_f32(x, M, K, K, packed, N, bias, c, N);
+        snprintf(name, sizeof name, "gemm_f32_q%d M=%lld K=%lld N=%lld", bits, (long long)M, (long long)K,
+                 (long long)N);
+        result(rc == 0 && memcmp(a, c, sizeof(float) * (size_t)(M * N)) == 0, name, "rc %d; gemm_f32's bits", rc);
+        const int rcs = silu(x, M, K, K, qp, N, a, N / 2);
+        gemm_f32_silu(x, M, K, K, packed, N, c, N / 2);
+        snprintf(name, sizeof name, "gemm_f32_q%d_silu M=%lld", bits, (long long)M);
+        result(rcs == 0 && memcmp(a, c, sizeof(float) * (size_t)(M * N / 2)) == 0, name,
+               "rc %d; gemm_f32_silu's bits", rcs);
         free(x);
         free(bias);
         free(a);
-        free(b);
+        free(c);
     }
     free(w);
-    free(q4);
+    free(qp);
     free(packed);
     free(back);
 }
@@ -799,7 +810,8 @@ static void check_gemm(void) {
                gemm_f32_isa(), level);
     result(NR > 0 && NR % VL == 0, "gemm_f32_panel", "NR %d, VL %d", NR, VL);
     if (NR <= 0 || NR % VL) return;
-    check_gemm_q4(NR);
+    check_gemm_lowbit(NR, 4);
+    check_gemm_lowbit(NR, 8);
     const int nt = omp_get_max_threads();
     const int have_argmax = present((const void*)gemm_f32_argmax, "gemm_f32_argmax");
     struct gcase {

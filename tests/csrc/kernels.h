@@ -18,11 +18,15 @@ KWEAK int gemm_f32_silu(const float* x, int64_t M, int64_t K, int64_t lda, const
                         float* out, int64_t ldc);
 KWEAK int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N,
                           int64_t* tokens);
-KWEAK int gemm_f32_q4(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* q4, int64_t N,
+KWEAK int gemm_f32_q4(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,
                       const float* bias, float* out, int64_t ldc);
-KWEAK int gemm_f32_q4_silu(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* q4, int64_t N,
+KWEAK int gemm_f32_q4_silu(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,
                            float* out, int64_t ldc);
-KWEAK int gemm_f32_q4_dequant(const uint8_t* q4, int64_t panels, int64_t K, float* out);
+KWEAK int gemm_f32_q8(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,
+                      const float* bias, float* out, int64_t ldc);
+KWEAK int gemm_f32_q8_silu(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,
+                           float* out, int64_t ldc);
+KWEAK int gemm_f32_lowbit_dequant(const uint8_t* qp, int bits, int64_t panels, int64_t K, float* out);
 
 /* fused_ops.c */
 KWEAK void add_rmsnorm_f32(float* x, float* residual, const float* weight, float* out, int64_t rows, int64_t dim,

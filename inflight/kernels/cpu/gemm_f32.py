@@ -7,8 +7,9 @@ NR contiguous floats per k. A decode step streams every weight byte once; a pref
 step keeps a chunk of a panel in L1 while a block of rows passes over it. A row's
 result does not depend on the batch it is in (same sums, same order at any M).
 
-A weight that is 4-bit underneath (a GGUF Q4_0 / Q4_1 tensor) also gets 4-bit panels
-(panel_q4.py): calls of up to ``Q4_MAX_ROWS`` rows read those, with the same results.
+A weight that is 4- or 8-bit underneath (a GGUF Q4_0, Q4_1 or Q8_0 tensor) also gets
+low-bit panels (panel_lowbit.py): calls of up to ``LOWBIT_MAX_ROWS`` rows read those,
+with the same results.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.isa import IsaLevel
 from inflight.kernels.cpu.panel_linear import PanelLinearBase, bind
-from inflight.kernels.cpu.panel_q4 import Q4_MAX_ROWS, pack_panels_q4
+from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS, pack_panels_lowbit
 
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -34,10 +35,13 @@ def load_gemm_f32(level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:
     if lib is None:
         return None
     lib.gemm_f32_isa.restype = ctypes.c_char_p
-    lib.gemm_f32_q4.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_ptr, _c_i64]
-    lib.gemm_f32_q4_silu.argtypes = [_c_ptr, _c_i64, _c_i64, _c_i64, _c_ptr, _c_i64, _c_ptr, _c_i64]
-    lib.gemm_f32_q4_dequant.argtypes = [_c_ptr, _c_i64, _c_i64, _c_ptr]
-    return bind(lib, "gemm_f32")
+    lib.gemm_f32_lowbit_dequant.argtypes = [_c_ptr, ctypes.c_int, _c_i64, _c_i64, _c_ptr]
+    bind(lib, "gemm_f32")
+    for bits in (4, 8):  # the same signatures over low-bit panels
+        for suffix in ("", "_silu", "_argmax", "_argmax_masked"):
+            low, full = getattr(lib, f"gemm_f32_q{bits}{suffix}"), getattr(lib, f"gemm_f32{suffix}")
+            low.argtypes, low.restype = full.argtypes, ctypes.c_int
+    return lib
 
 
 def pack_panels_f32(weight: torch.Tensor, panel: int) -> torch.Tensor:
@@ -56,23 +60,25 @@ def pack_panels_f32(weight: torch.Tensor, panel: int) -> torch.Tensor:
 class PanelLinearF32(PanelLinearBase):
     """Drop-in for an fp32 ``nn.Linear`` on the CPU, holding the weight packed in
     panels: ``forward``, ``silu_mul`` (gate_up projections) and ``argmax`` (logits).
-    ``level`` picks the ISA build (tests run every one the CPU has). ``q4=False`` keeps
-    a 4-bit weight in fp32 panels only."""
+    ``level`` picks the ISA build (tests run every one the CPU has). ``lowbit=False``
+    keeps a 4- or 8-bit weight in fp32 panels only."""
 
     kernel = "gemm_f32"
     packed_dtype = torch.float32
     load = staticmethod(load_gemm_f32)
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], level: Optional[IsaLevel] = None,
-                 q4: bool = True) -> None:
+                 lowbit: bool = True) -> None:
         super().__init__(weight, bias, level)
-        q = pack_panels_q4(weight.detach(), self.packed, self.panel, self.lib) if q4 else None
-        self.register_buffer("q4", q, persistent=False)
+        found = pack_panels_lowbit(weight.detach(), self.packed, self.panel, self.lib) if lowbit else None
+        self.lowbit_bits = 0 if found is None else found[1]  # 4 or 8; 0: fp32 panels only
+        self.register_buffer("lowbit", None if found is None else found[0], persistent=False)
 
     def _call(self, suffix: str, *args) -> int:
-        # args: x, M, K, lda, packed, ...: a few rows read the 4-bit panels instead
-        if self.q4 is not None and suffix in ("", "_silu") and args[1] <= Q4_MAX_ROWS:
-            return getattr(self.lib, f"gemm_f32_q4{suffix}")(*args[:4], self.q4.data_ptr(), *args[5:])
+        # args: x, M, K, lda, packed, ...: a few rows read the low-bit panels instead
+        if self.lowbit is not None and args[1] <= LOWBIT_MAX_ROWS:
+            fn = getattr(self.lib, f"gemm_f32_q{self.lowbit_bits}{suffix}")
+            return fn(*args[:4], self.lowbit.data_ptr(), *args[5:])
         return super()._call(suffix, *args)
 
     @staticmethod

@@ -22,7 +22,7 @@ from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend
 from inflight.attention.kv_quant import is_quantized
 from inflight.kernels.cpu.build import load_library
-from inflight.kernels.cpu.panel_q4 import Q4_MAX_ROWS
+from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS
 from inflight.models.layer_plan import LayerPlan
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -33,19 +33,20 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 class _Kernels(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("gemm", "add_rmsnorm", "rope", "silu_mul", "write_kv", "decode", "prefill",
                                   "gemm_silu", "decode_sw", "prefill_sw", "rmsnorm_heads", "gemm_q4",
-                                  "gemm_q4_silu")]
+                                  "gemm_q8", "gemm_q4_silu", "gemm_q8_silu")]
 
 
 class _Dims(ctypes.Structure):
     _fields_ = [(n, _I64) for n in ("hidden", "inter", "num_heads", "num_kv_heads", "head_dim", "block_size",
-                                    "elem_size", "q4_max_rows")] \
+                                    "elem_size", "lowbit_max_rows")] \
         + [("eps", _F32), ("scale", _F32)]
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "post_norm", "gate_up",
                                   "down", "k_cache", "v_cache")] + [("window", _I64)] \
-        + [(n, _P) for n in ("qkv_q4", "o_q4", "gate_up_q4", "down_q4")]
+        + [(n, _P) for n in ("qkv_lb", "o_lb", "gate_up_lb", "down_lb")] \
+        + [(n, _I64) for n in ("qkv_bits", "o_bits", "gate_up_bits", "down_bits")]
 
 
 class _Step(ctypes.Structure):
@@ -73,10 +74,12 @@ def _window(layer) -> int:
     return getattr(layer.attention, "sliding_window", None) or 0
 
 
-def _q4(linear) -> Optional[int]:
-    """The address of a projection's 4-bit panels, None where it has none."""
-    q4 = getattr(linear, "q4", None)
-    return None if q4 is None else q4.data_ptr()
+def _lowbit_kernels(gemm: ctypes.CDLL, silu_ok: bool) -> tuple:
+    """gemm_q4, gemm_q8, gemm_q4_silu, gemm_q8_silu of the fp32 GEMM library (None: none)."""
+    if not hasattr(gemm, "gemm_f32_q4"):  # the bf16 library
+        return None, None, None, None
+    plain = tuple(_addr(gemm, f"gemm_f32_q{b}") for b in (4, 8))
+    return (*plain, *(_addr(gemm, f"gemm_f32_q{b}_silu") if silu_ok else None for b in (4, 8)))
 
 
 def _head_norms_ok(layer, plan: LayerPlan, dtype: torch.dtype) -> bool:
@@ -111,10 +114,9 @@ class CpuLayerLoop:
                                 _addr(gemm, f"gemm_{sfx}_silu") if silu_ok else None,
                                 *(_sw_kernels(attn) if any(_window(ly) for ly in plan.layers) else (None, None)),
                                 _addr(fused, f"rmsnorm_heads_{sfx}") if first.q_norm is not None else None,
-                                *((_addr(gemm, "gemm_f32_q4"), _addr(gemm, "gemm_f32_q4_silu") if silu_ok else None)
-                                  if hasattr(gemm, "gemm_f32_q4") else (None, None)))
+                                *_lowbit_kernels(gemm, silu_ok))
         self.dims = _Dims(plan.hidden_size, plan.intermediate_size, plan.num_heads, plan.num_kv_heads,
-                          plan.head_dim, 0, dtype.itemsize, Q4_MAX_ROWS, plan.rms_norm_eps, plan.scale)
+                          plan.head_dim, 0, dtype.itemsize, LOWBIT_MAX_ROWS, plan.rms_norm_eps, plan.scale)
         self.inter = plan.intermediate_size
         self._layers = None  # (kv_caches list id, ctypes array): the pools do not move
         if lib.llama_layers_ticks() != len(KERNELS):
@@ -172,8 +174,11 @@ class CpuLayerLoop:
                 a.gate_up, a.down = layer.gate_up_proj.packed.data_ptr(), layer.down_proj.packed.data_ptr()
                 a.k_cache, a.v_cache = kc.data_ptr(), vc.data_ptr()
                 a.window = _window(layer)
-                a.qkv_q4, a.o_q4, a.gate_up_q4, a.down_q4 = (_q4(lin) for lin in (
-                    layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+                for name in ("qkv", "o", "gate_up", "down"):
+                    lin = getattr(layer, f"{name}_proj")
+                    lowbit = getattr(lin, "lowbit", None)
+                    setattr(a, f"{name}_lb", None if lowbit is None else lowbit.data_ptr())
+                    setattr(a, f"{name}_bits", getattr(lin, "lowbit_bits", 0))
             self._layers = (kv_caches, arr)
             self.dims.block_size = kv_caches[0][0].shape[1]
         return self._layers[1]

@@ -63,6 +63,16 @@ static inline simde__m512i emu_mm512_cvtepu8_epi32(simde__m128i a) {
     return r;
 }
 
+static inline simde__m512i emu_mm512_cvtepi8_epi32(simde__m128i a) {
+    int8_t v[16];
+    int32_t w[16];
+    memcpy(v, &a, 16);
+    for (int i = 0; i < 16; i++) w[i] = v[i];
+    simde__m512i r;
+    memcpy(&r, w, 64);
+    return r;
+}
+
 /* VCVTNEPS2BF16: round to nearest even; denormals flushed to signed zero; NaN quieted */
 static inline uint16_t emu_bf16_rne(float f) {
     uint32_t u;
@@ -113,6 +123,7 @@ static inline float emu_mm512_reduce_max_ps(simde__m512 a) {
 #define _mm256_mask_storeu_epi16 emu_mm256_mask_storeu_epi16
 #define _mm512_cvtepu16_epi32 emu_mm512_cvtepu16_epi32
 #define _mm512_cvtepu8_epi32 emu_mm512_cvtepu8_epi32
+#define _mm512_cvtepi8_epi32 emu_mm512_cvtepi8_epi32
 #define _mm512_cvtneps_pbh emu_mm512_cvtneps_pbh
 #define _mm512_reduce_add_ps emu_mm512_reduce_add_ps
 #define _mm512_reduce_max_ps emu_mm512_reduce_max_ps

@@ -31,8 +31,8 @@
  * Entry points: gemm_f32 (plain, optional bias); gemm_f32_silu (the gate_up
  * projection, silu(gate) * up in its epilogue); gemm_f32_argmax (the logits
  * projection reduced to each row's argmax, for greedy sampling; _masked: over the
- * tokens a grammar allows); gemm_f32_q4 and gemm_f32_q4_silu (the first two over
- * 4-bit panels, panel_q4.h: for the few rows of a decode step).
+ * tokens a grammar allows); gemm_f32_q4* and gemm_f32_q8* (the same over 4- and 8-bit
+ * panels, panel_lowbit.h: for the few rows of a decode step).
  */
 #include <math.h>
 #include <omp.h>
@@ -68,7 +68,7 @@
 
 _Static_assert(MR * NV + NV + 1 <= VEC_REGS, "the register tile does not fit the vector registers");
 
-#include "panel_q4.h"
+#include "panel_lowbit.h"
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
 #define ISA_NAME "avx512_bf16"
@@ -258,23 +258,30 @@ static void panel_block(const float* x, int64_t m0, int64_t m1, int64_t K, int64
     }
 }
 
-/* panel q of the weight: in place, or (q4 != NULL) a 4-bit panel expanded into buf */
-static const float* panel_at(const float* packed, const uint8_t* q4, int64_t q, int64_t K, float* buf) {
-    if (!q4) return packed + q * K * NR;
-    q4_dequant(q4 + q * q4_panel_bytes(K), K, buf);
+/* a low-bit weight (panel_lowbit.h): its panels and their width in bits */
+struct lowbit {
+    const uint8_t* data;
+    int bits;
+};
+
+/* panel q of the weight: in place, or (lb.data != NULL) a low-bit panel expanded into buf */
+static const float* panel_at(const float* packed, struct lowbit lb, int64_t q, int64_t K, float* buf) {
+    if (!lb.data) return packed + q * K * NR;
+    lowbit_dequant(lb.data + q * lowbit_panel_bytes(lb.bits, K), lb.bits, K, buf);
     return buf;
 }
 
-/* One thread's share: rows [m0, m1), panels [q0, q1) of packed, or of q4 (4-bit
- * panels, panel_q4.h) when that is not NULL.
+/* One thread's share: rows [m0, m1), panels [q0, q1) of packed, or of lb (low-bit
+ * panels, panel_lowbit.h) when lb.data is not NULL.
  * silu_half > 0: gate panels [q0, q1), each paired with up panel q + silu_half,
  * written as silu(gate) * up (out has silu_half * NR columns).
  * best != NULL: each row's argmax goes to best[row] instead of out.
- * Returns -3 when the buffer for expanded 4-bit panels cannot be had. */
+ * Returns -3 when the buffer for expanded low-bit panels cannot be had. */
 static int gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t lda, const float* packed,
-                      const uint8_t* q4, int64_t N, const float* bias, float* out, int64_t ldc, int64_t q0,
+                      struct lowbit lb, int64_t N, const float* bias, float* out, int64_t ldc, int64_t q0,
                       int64_t q1, int64_t silu_half, struct best* best) {
     float* qbuf = NULL;  /* the gate (or only) panel, then the up panel, expanded */
+    const uint8_t* q4 = lb.data;
     if (q4 && !(qbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)(2 * K * NR)))) return -3;
     /* partial sums of a gate tile and of an up / logits tile, for the epilogues */
     float scratch[2 * MC_MAX * NR] __attribute__((aligned(64)));
@@ -291,15 +298,15 @@ static int gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t
             /* the panel after this one: the next in the range, or the first for the next row block;
              * 4-bit panels ask for theirs here, fp32 ones while their second row group runs */
             const int64_t qn = q + 1 < q1 ? q + 1 : mend < m1 ? q0 : -1;
-            /* 4-bit panels two ahead (the first two of a range on its first) */
+            /* low-bit panels two ahead (the first two of a range on its first) */
             for (int64_t p = q == q0 ? q : q + 2; q4 && p <= q + 2 && p < q1; p++) {
-                q4_prefetch(q4 + p * q4_panel_bytes(K), K);
-                if (silu_half > 0) q4_prefetch(q4 + (p + silu_half) * q4_panel_bytes(K), K);
+                lowbit_prefetch(q4 + p * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
+                if (silu_half > 0) lowbit_prefetch(q4 + (p + silu_half) * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
             }
-            const float* panel = panel_at(packed, q4, q, K, qbuf);
+            const float* panel = panel_at(packed, lb, q, K, qbuf);
             const float* next = q4 || qn < 0 ? NULL : packed + qn * K * NR;
             if (silu_half > 0) {
-                const float* up = panel_at(packed, q4, q + silu_half, K, qbuf + K * NR);
+                const float* up = panel_at(packed, lb, q + silu_half, K, qbuf + K * NR);
                 panel_block(x, mc, mend, K, lda, panel, kc_len, NULL, g, NR, NR, STORE, NULL, 0, NULL, NULL, 0,
                             q4 ? NULL : up);
                 panel_block(x, mc, mend, K, lda, up, kc_len, NULL, u, NR, NR, SILU, out + mc * ldc + col0, ldc, g,
@@ -342,8 +349,8 @@ static void share(int t, int tm, int tn, int64_t M, int64_t panels, int64_t* m0,
     *q1 = panels * (tj + 1) / tn;
 }
 
-/* out = x . W^T (+ bias) over the panels in packed, or in q4 when that is not NULL */
-static int gemm_panels(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, const uint8_t* q4,
+/* out = x . W^T (+ bias) over the panels in packed, or in lb when lb.data is not NULL */
+static int gemm_panels(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, struct lowbit lb,
                        int64_t N, const float* bias, float* out, int64_t ldc) {
     if (M <= 0 || N <= 0) return 0;
     const int64_t panels = (N + NR - 1) / NR;
@@ -354,14 +361,14 @@ static int gemm_panels(const float* x, int64_t M, int64_t K, int64_t lda, const 
         int64_t m0, m1, q0, q1;
         split(M, panels, omp_get_num_threads(), &tm, &tn);
         share(omp_get_thread_num(), tm, tn, M, panels, &m0, &m1, &q0, &q1);
-        if (m0 < m1 && q0 < q1 && gemm_range(x, m0, m1, K, lda, packed, q4, N, bias, out, ldc, q0, q1, 0, NULL))
+        if (m0 < m1 && q0 < q1 && gemm_range(x, m0, m1, K, lda, packed, lb, N, bias, out, ldc, q0, q1, 0, NULL))
             rc = -3;  /* NOTE: a benign race: every thread that fails writes the same value */
     }
     return rc;
 }
 
-/* silu(gate) * up over the panels in packed, or in q4 when that is not NULL */
-static int silu_panels(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, const uint8_t* q4,
+/* silu(gate) * up over the panels in packed, or in lb when lb.data is not NULL */
+static int silu_panels(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, struct lowbit lb,
                        int64_t N, float* out, int64_t ldc) {
     if (N % (2 * NR)) return -2;
     if (M <= 0 || N <= 0) return 0;
@@ -373,36 +380,10 @@ static int silu_panels(const float* x, int64_t M, int64_t K, int64_t lda, const 
         int64_t m0, m1, q0, q1;
         split(M, half, omp_get_num_threads(), &tm, &tn);
         share(omp_get_thread_num(), tm, tn, M, half, &m0, &m1, &q0, &q1);
-        if (m0 < m1 && q0 < q1 && gemm_range(x, m0, m1, K, lda, packed, q4, N / 2, NULL, out, ldc, q0, q1, half, NULL))
+        if (m0 < m1 && q0 < q1 && gemm_range(x, m0, m1, K, lda, packed, lb, N / 2, NULL, out, ldc, q0, q1, half, NULL))
             rc = -3;
     }
     return rc;
-}
-
-/* out = x . W^T (+ bias); x rows lda apart, out rows ldc apart. */
-int gemm_f32(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N, const float* bias,
-             float* out, int64_t ldc) {
-    return gemm_panels(x, M, K, lda, packed, NULL, N, bias, out, ldc);
-}
-
-/* out[M, N/2] = silu(gate) * up for the gate_up projection, [gate | up] = x . W^T
- * (no bias), without writing gate_up out. N/2 must be a multiple of the panel (else
- * -2: the caller runs gemm_f32 and the product itself). */
-int gemm_f32_silu(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N, float* out,
-                  int64_t ldc) {
-    return silu_panels(x, M, K, lda, packed, NULL, N, out, ldc);
-}
-
-/* gemm_f32 and gemm_f32_silu over 4-bit panels (panel_q4.h; K a multiple of 32, else
- * -2): the same outputs, bit for bit, as over the fp32 panels they expand to */
-int gemm_f32_q4(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* q4, int64_t N, const float* bias,
-                float* out, int64_t ldc) {
-    return K % Q4_K ? -2 : gemm_panels(x, M, K, lda, NULL, q4, N, bias, out, ldc);
-}
-
-int gemm_f32_q4_silu(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* q4, int64_t N, float* out,
-                     int64_t ldc) {
-    return K % Q4_K ? -2 : silu_panels(x, M, K, lda, NULL, q4, N, out, ldc);
 }
 
 /* tokens[m] = argmax over the columns of (x . W^T)[m] (no bias), the first column on
@@ -411,8 +392,8 @@ int gemm_f32_q4_silu(const float* x, int64_t M, int64_t K, int64_t lda, const ui
  * the columns set in mask row mask_rows[m] (every column where that is negative), as
  * argmax of the logits with the disallowed ones at -inf gives it; a row whose allowed
  * outputs are all -inf (or that allows none) gets 0, as that argmax does. */
-int gemm_f32_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N,
-                           const int32_t* bitmask, int64_t words, const int64_t* mask_rows, int64_t* tokens) {
+static int argmax_panels(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, struct lowbit lb,
+                         int64_t N, const int32_t* bitmask, int64_t words, const int64_t* mask_rows, int64_t* tokens) {
     if (M <= 0) return 0;
     if (N <= 0) return -2;
     if (bitmask && words * 32 < N) return -4;
@@ -424,7 +405,7 @@ int gemm_f32_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, co
         const int64_t r = bitmask ? mask_rows[i % M] : -1;
         all[i] = (struct best){-INFINITY, -1, r >= 0 ? bitmask + r * words : NULL};
     }
-    int tn = 1;
+    int tn = 1, rc = 0;
     #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num();
@@ -433,8 +414,9 @@ int gemm_f32_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, co
         split(M, panels, omp_get_num_threads(), &tm, &tn_t);
         if (t == 0) tn = tn_t;
         share(t, tm, tn_t, M, panels, &m0, &m1, &q0, &q1);
-        if (m0 < m1 && q0 < q1)
-            gemm_range(x, m0, m1, K, lda, packed, NULL, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)(t % tn_t) * M);
+        if (m0 < m1 && q0 < q1 &&
+            gemm_range(x, m0, m1, K, lda, packed, lb, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)(t % tn_t) * M))
+            rc = -3;
     }
     /* the panel groups hold increasing column ranges: a later one wins only when strictly greater */
     for (int64_t m = 0; m < M; m++) {
@@ -444,10 +426,58 @@ int gemm_f32_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, co
         tokens[m] = b.idx < 0 ? 0 : b.idx;
     }
     free(all);
-    return 0;
+    return rc;
+}
+
+static const struct lowbit FP32 = {NULL, 0};
+
+/* out = x . W^T (+ bias); x rows lda apart, out rows ldc apart. */
+int gemm_f32(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N, const float* bias,
+             float* out, int64_t ldc) {
+    return gemm_panels(x, M, K, lda, packed, FP32, N, bias, out, ldc);
+}
+
+/* out[M, N/2] = silu(gate) * up for the gate_up projection, [gate | up] = x . W^T
+ * (no bias), without writing gate_up out. N/2 must be a multiple of the panel (else
+ * -2: the caller runs gemm_f32 and the product itself). */
+int gemm_f32_silu(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N, float* out,
+                  int64_t ldc) {
+    return silu_panels(x, M, K, lda, packed, FP32, N, out, ldc);
+}
+
+int gemm_f32_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N,
+                           const int32_t* bitmask, int64_t words, const int64_t* mask_rows, int64_t* tokens) {
+    return argmax_panels(x, M, K, lda, packed, FP32, N, bitmask, words, mask_rows, tokens);
 }
 
 int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const float* packed, int64_t N,
                     int64_t* tokens) {
-    return gemm_f32_argmax_masked(x, M, K, lda, packed, N, NULL, 0, NULL, tokens);
+    return argmax_panels(x, M, K, lda, packed, FP32, N, NULL, 0, NULL, tokens);
 }
+
+/* The four entry points over low-bit panels (panel_lowbit.h; K a multiple of 32, else
+ * -2): gemm_f32_q4*, gemm_f32_q8*, the same outputs, bit for bit, as over the fp32
+ * panels they expand to. */
+#define LOWBIT_ENTRY_POINTS(B)                                                                                       \
+    int gemm_f32_q##B(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,            \
+                      const float* bias, float* out, int64_t ldc) {                                                  \
+        return K % LB_K ? -2 : gemm_panels(x, M, K, lda, NULL, (struct lowbit){qp, B}, N, bias, out, ldc);           \
+    }                                                                                                                \
+    int gemm_f32_q##B##_silu(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,     \
+                             float* out, int64_t ldc) {                                                              \
+        return K % LB_K ? -2 : silu_panels(x, M, K, lda, NULL, (struct lowbit){qp, B}, N, out, ldc);                 \
+    }                                                                                                                \
+    int gemm_f32_q##B##_argmax_masked(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp,        \
+                                      int64_t N, const int32_t* bitmask, int64_t words, const int64_t* mask_rows,    \
+                                      int64_t* tokens) {                                                             \
+        return K % LB_K ? -2                                                                                         \
+                        : argmax_panels(x, M, K, lda, NULL, (struct lowbit){qp, B}, N, bitmask, words, mask_rows,    \
+                                        tokens);                                                                     \
+    }                                                                                                                \
+    int gemm_f32_q##B##_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,   \
+                               int64_t* tokens) {                                                                    \
+        return gemm_f32_q##B##_argmax_masked(x, M, K, lda, qp, N, NULL, 0, NULL, tokens);                            \
+    }
+
+LOWBIT_ENTRY_POINTS(4)
+LOWBIT_ENTRY_POINTS(8)

@@ -60,24 +60,26 @@ struct kernels {
     decode_sw_fn decode_sw;    /* for layers with a sliding window; NULL when none has one */
     prefill_sw_fn prefill_sw;
     heads_norm_fn rmsnorm_heads;  /* per-head q/k RMSNorm (rmsnorm_heads_*); NULL when no layer has one */
-    gemm_fn gemm_q4;              /* gemm and gemm_silu over 4-bit panels (gemm_f32_q4*); NULL: none */
-    gemm_silu_fn gemm_q4_silu;
+    gemm_fn gemm_q4, gemm_q8;     /* gemm and gemm_silu over 4- and 8-bit panels (gemm_f32_q4*, _q8*); */
+    gemm_silu_fn gemm_q4_silu, gemm_q8_silu;  /* NULL: none */
 };
 
 struct dims {
     int64_t hidden, inter, num_heads, num_kv_heads, head_dim, block_size, elem_size;
-    int64_t q4_max_rows;  /* steps of at most this many tokens use a layer's 4-bit panels */
+    int64_t lowbit_max_rows;  /* steps of at most this many tokens use a layer's low-bit panels */
     float eps, scale;
 };
 
 /* one layer: packed projection panels (gemm_*.py), norm weights (q_norm, k_norm [head_dim]:
  * Qwen3's per-head norms before RoPE, NULL: none), its KV pool, its sliding window
- * (0: global attention), and the projections' 4-bit panels (panel_q4.py; NULL: none) */
+ * (0: global attention), and the projections' low-bit panels (panel_lowbit.py; NULL: none)
+ * with their widths in bits (4 or 8) */
 struct layer {
     const void *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o, *post_norm, *gate_up, *down;
     void *k_cache, *v_cache;
     int64_t window;
-    const void *qkv_q4, *o_q4, *gate_up_q4, *down_q4;
+    const void *qkv_lb, *o_lb, *gate_up_lb, *down_lb;
+    int64_t qkv_bits, o_bits, gate_up_bits, down_bits;
 };
 
 /* one step: decodes are rows [0, num_decodes), one token each; prefill request i
@@ -103,11 +105,18 @@ static inline void tick(uint64_t* ticks, int kind, uint64_t* last) {
 
 int llama_layers_ticks(void) { return T_COUNT; }
 
-/* out[T, N] = x[T, K] . W^T (+ bias): over W's 4-bit panels (q4) in a short enough step */
+/* the kernel over a projection's low-bit panels (bits wide) for a step of T tokens, NULL:
+ * its fp32 panels (none, or too many rows) */
+static gemm_fn lowbit_gemm(const struct kernels* k, const struct dims* d, const void* lb, int64_t bits, int64_t T) {
+    if (!lb || T > d->lowbit_max_rows) return NULL;
+    return bits == 4 ? k->gemm_q4 : bits == 8 ? k->gemm_q8 : NULL;
+}
+
+/* out[T, N] = x[T, K] . W^T (+ bias) */
 static int proj(const struct kernels* k, const struct dims* d, const void* x, int64_t T, int64_t K,
-                const void* packed, const void* q4, int64_t N, const void* bias, void* out) {
-    if (q4 && k->gemm_q4 && T <= d->q4_max_rows) return k->gemm_q4(x, T, K, K, q4, N, bias, out, N);
-    return k->gemm(x, T, K, K, packed, N, bias, out, N);
+                const void* packed, const void* lb, int64_t bits, int64_t N, const void* bias, void* out) {
+    const gemm_fn low = lowbit_gemm(k, d, lb, bits, T);
+    return low ? low(x, T, K, K, lb, N, bias, out, N) : k->gemm(x, T, K, K, packed, N, bias, out, N);
 }
 
 int llama_layers(const struct kernels* k, const struct dims* d, const struct layer* layers, int num_layers,
@@ -122,7 +131,7 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         /* add=0: the norm of res itself (the embeddings) */
         k->add_rmsnorm(add ? s->y : s->res, s->res, w->input_norm, s->h, T, d->hidden, d->eps, add);
         tick(tk, T_NORM, &last);
-        int rc = proj(k, d, s->h, T, d->hidden, w->qkv, w->qkv_q4, qkv_dim, w->qkv_bias, s->qkv);
+        int rc = proj(k, d, s->h, T, d->hidden, w->qkv, w->qkv_lb, w->qkv_bits, qkv_dim, w->qkv_bias, s->qkv);
         if (rc) return rc;
         tick(tk, T_QKV, &last);
         if (w->q_norm) {  /* after the bias, before RoPE, as the Python loop's _norm_qk */
@@ -158,25 +167,26 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
             if (rc) return rc;
         }
         tick(tk, T_PREFILL, &last);
-        rc = proj(k, d, s->attn, T, attn_dim, w->o, w->o_q4, d->hidden, NULL, s->y);
+        rc = proj(k, d, s->attn, T, attn_dim, w->o, w->o_lb, w->o_bits, d->hidden, NULL, s->y);
         if (rc) return rc;
         tick(tk, T_O, &last);
         k->add_rmsnorm(s->y, s->res, w->post_norm, s->h, T, d->hidden, d->eps, 1);
         tick(tk, T_NORM, &last);
         if (k->gemm_silu) {  /* the SiLU counts as gate_up's */
-            const int q4 = w->gate_up_q4 && k->gemm_q4_silu && T <= d->q4_max_rows;
-            rc = q4 ? k->gemm_q4_silu(s->h, T, d->hidden, d->hidden, w->gate_up_q4, 2 * d->inter, s->act, d->inter)
-                    : k->gemm_silu(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, s->act, d->inter);
+            const gemm_silu_fn low = !lowbit_gemm(k, d, w->gate_up_lb, w->gate_up_bits, T) ? NULL
+                                     : w->gate_up_bits == 4 ? k->gemm_q4_silu : k->gemm_q8_silu;
+            rc = low ? low(s->h, T, d->hidden, d->hidden, w->gate_up_lb, 2 * d->inter, s->act, d->inter)
+                     : k->gemm_silu(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, s->act, d->inter);
             if (rc) return rc;
             tick(tk, T_GATE_UP, &last);
         } else {
-            rc = proj(k, d, s->h, T, d->hidden, w->gate_up, w->gate_up_q4, 2 * d->inter, NULL, s->gate_up);
+            rc = proj(k, d, s->h, T, d->hidden, w->gate_up, w->gate_up_lb, w->gate_up_bits, 2 * d->inter, NULL, s->gate_up);
             if (rc) return rc;
             tick(tk, T_GATE_UP, &last);
             k->silu_mul(s->gate_up, s->act, T, d->inter);
             tick(tk, T_SILU, &last);
         }
-        rc = proj(k, d, s->act, T, d->inter, w->down, w->down_q4, d->hidden, NULL, s->y);
+        rc = proj(k, d, s->act, T, d->inter, w->down, w->down_lb, w->down_bits, d->hidden, NULL, s->y);
         if (rc) return rc;
         tick(tk, T_DOWN, &last);
     }

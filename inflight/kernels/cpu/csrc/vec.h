@@ -186,4 +186,21 @@ static inline vi vi_load_u8(const uint8_t* p) {
 #endif
 }
 
+/* VL bytes sign-extended to int32 lanes */
+static inline vi vi_load_s8(const int8_t* p) {
+#if VL == 16
+    return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+#elif defined(INFLIGHT_ISA_AVX2)
+    return (vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p));
+#elif defined(INFLIGHT_ISA_NEON)
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vcreate_u32(w)))));
+#else
+    vi r;
+    for (int i = 0; i < VL; i++) r[i] = p[i];
+    return r;
+#endif
+}
+
 #endif

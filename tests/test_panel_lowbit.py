@@ -1,7 +1,8 @@
-"""4-bit panels for fp32 weights that are 4-bit underneath (panel_q4.py, csrc/panel_q4.h):
-a GGUF Q4_0 / Q4_1 weight, dequantized as the loader does, is recovered exactly, and
-the GEMM over its 4-bit panels gives the fp32 panel GEMM's outputs bit for bit at every
-ISA level the machine can run (the emulated AVX-512 one too: 48-column panels)."""
+"""Low-bit panels for fp32 weights that are 4- or 8-bit underneath (panel_lowbit.py,
+csrc/panel_lowbit.h): a GGUF Q4_0 / Q4_1 / Q8_0 weight, dequantized as the loader does, is
+recovered exactly, and the GEMMs over its low-bit panels (plain, SiLU epilogue, argmax)
+give the fp32 panel GEMM's outputs bit for bit at every ISA level the machine can run
+(the emulated AVX-512 one too: 48-column panels)."""
 import ctypes
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from inflight.kernels.cpu import isa
 from inflight.kernels.cpu import gemm_f32 as gemm_module
 from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
-from inflight.kernels.cpu.panel_q4 import Q4_MAX_ROWS, pack_panels_q4, q4_blocks
+from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS, pack_panels_lowbit, q4_blocks, q8_blocks
 from tests.isa_levels import kernel_test_levels, level_id
 
 gguf = pytest.importorskip("gguf")
@@ -42,6 +43,14 @@ def test_recovers_gguf_4bit_weights_exactly(kind):
     assert torch.equal(back, w)
 
 
+def test_recovers_gguf_8bit_weights_exactly():
+    w = gguf_weight(40, 96, "Q8_0")
+    d, q = q8_blocks(w)
+    assert d.shape == (40, 3) and q.dtype == torch.int8
+    assert torch.equal(d.repeat_interleave(32, 1) * q.float(), w)
+    assert q8_blocks(torch.randn(8, 64)) is None
+
+
 def test_other_weights_have_no_4bit_form():
     assert q4_blocks(torch.randn(16, 64)) is None  # plain fp32
     assert q4_blocks(gguf_weight(16, 64)[:, :40].contiguous()) is None  # K not a multiple of 32
@@ -52,13 +61,14 @@ def test_other_weights_have_no_4bit_form():
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_q4_gemm_is_the_fp32_gemm_bit_for_bit(level, monkeypatch):
-    monkeypatch.setattr(gemm_module, "Q4_MAX_ROWS", 1 << 30)  # every row count through the 4-bit panels
+@pytest.mark.parametrize("kind,bits", [("Q4_1", 4), ("Q4_0", 4), ("Q8_0", 8)])
+def test_lowbit_gemm_is_the_fp32_gemm_bit_for_bit(level, kind, bits, monkeypatch):
+    monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", 1 << 30)  # every row count through the low-bit panels
     torch.manual_seed(0)
     for n, k in [(100, 64), (96, 96), (50, 1088)]:  # N off and on the panels, K over one L1 chunk
-        w, bias = gguf_weight(n, k, seed=n), torch.randn(n)
-        fast, plain = PanelLinearF32(w, bias, level), PanelLinearF32(w, bias, level, q4=False)
-        assert fast.q4 is not None and plain.q4 is None
+        w, bias = gguf_weight(n, k, kind, seed=n), torch.randn(n)
+        fast, plain = PanelLinearF32(w, bias, level), PanelLinearF32(w, bias, level, lowbit=False)
+        assert fast.lowbit_bits == bits and plain.lowbit is None
         for rows in [1, 3, 7, 13, 97, 200]:
             x = torch.randn(rows, k)
             assert torch.equal(fast(x), plain(x)), (n, k, rows)
@@ -67,13 +77,30 @@ def test_q4_gemm_is_the_fp32_gemm_bit_for_bit(level, monkeypatch):
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_lowbit_argmax_is_bit_identical(level, kind, monkeypatch):
+    """The logits projection's greedy argmax (and with a grammar's mask) over low-bit panels."""
+    from inflight.structured_output.masks import GrammarBitmask
+
+    monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", 1 << 30)
+    w = gguf_weight(300, 64, kind, seed=7)
+    fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
+    assert fast.lowbit is not None
+    x = torch.randn(9, 64)
+    assert torch.equal(fast.argmax(x), plain.argmax(x))
+    bitmask = torch.randint(-2**31, 2**31 - 1, (9, 10), dtype=torch.int32)
+    grammar = GrammarBitmask(bitmask=bitmask, rows=list(range(0, 9, 2)))
+    assert torch.equal(fast.argmax(x, grammar), plain.argmax(x, grammar))
+
+
+@pytest.mark.parametrize("level", LEVELS)
 def test_q4_silu_gate_up_is_bit_identical(level, monkeypatch):
-    monkeypatch.setattr(gemm_module, "Q4_MAX_ROWS", 1 << 30)
+    monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", 1 << 30)
     lib = load_gemm_f32(level)
     inter = 2 * lib.gemm_f32_panel()  # gate and up split on a panel boundary
     w = gguf_weight(2 * inter, 128, seed=3)
-    fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, q4=False)
-    assert fast.q4 is not None
+    fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
+    assert fast.lowbit is not None
     for rows in [1, 6, 50]:
         x = torch.randn(rows, 128)
         assert torch.equal(fast.silu_mul(x), plain.silu_mul(x)), rows
@@ -91,17 +118,17 @@ def test_rows_past_the_limit_use_the_fp32_panels():
             return getattr(real, name)
 
     lin.lib = Spy()
-    lin(torch.randn(Q4_MAX_ROWS, 64))
-    lin(torch.randn(Q4_MAX_ROWS + 1, 64))
+    lin(torch.randn(LOWBIT_MAX_ROWS, 64))
+    lin(torch.randn(LOWBIT_MAX_ROWS + 1, 64))
     assert calls == ["gemm_f32_q4", "gemm_f32"]
+    assert lin.lowbit_bits == 4
 
 
 def test_a_weight_whose_expansion_differs_is_kept_in_fp32():
     w = gguf_weight(32, 64)
-    lin = PanelLinearF32(w, None, q4=False)
+    lin = PanelLinearF32(w, None, lowbit=False)
     wrong = lin.packed.clone()
     wrong.view(-1)[5] += 1.0  # stands for a kernel whose expansion would not match
-    assert pack_panels_q4(w, wrong, lin.panel, lin.lib) is None
-    assert pack_panels_q4(w, lin.packed, lin.panel, lin.lib) is not None
-    assert ctypes.sizeof(ctypes.c_float) * lin.packed.numel() > 5 * pack_panels_q4(w, lin.packed, lin.panel,
-                                                                                     lin.lib).numel()
+    assert pack_panels_lowbit(w, wrong, lin.panel, lin.lib) is None
+    qp, bits = pack_panels_lowbit(w, lin.packed, lin.panel, lin.lib)
+    assert bits == 4 and ctypes.sizeof(ctypes.c_float) * lin.packed.numel() > 5 * qp.numel()
