@@ -12,7 +12,7 @@ import torch
 from inflight.kernels.cpu import isa
 from inflight.kernels.cpu import gemm_f32 as gemm_module
 from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
-from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS, pack_panels_lowbit, q4_blocks, q8_blocks
+from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS, pack_panels_lowbit
 from tests.isa_levels import kernel_test_levels, level_id
 
 gguf = pytest.importorskip("gguf")
@@ -34,30 +34,31 @@ def test_every_native_level_is_listed():
         assert {"scalar", "avx2"} <= {p.values[0].name for p in LEVELS}
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
-def test_recovers_gguf_4bit_weights_exactly(kind):
-    w = gguf_weight(40, 96, kind)
-    d, m, q = q4_blocks(w)
-    assert d.shape == m.shape == (40, 3) and q.shape == (40, 96) and int(q.max()) <= 15
-    back = d.repeat_interleave(32, 1) * q.float() + m.repeat_interleave(32, 1)
-    assert torch.equal(back, w)
+@pytest.mark.parametrize("kind,bits", [("Q4_0", 4), ("Q4_1", 4), ("Q8_0", 8)])
+def test_recovers_gguf_weights_exactly(kind, bits):
+    w = gguf_weight(300, 96, kind)  # past the sample of rows looked at first
+    lin = PanelLinearF32(w, None, lowbit=False)
+    qp, found = pack_panels_lowbit(w, lin.packed, lin.panel, lin.lib)
+    assert found == bits and qp.numel() == lin.packed.numel() * (0.75 if bits == 4 else 1.125)  # bytes a weight
+    back = torch.empty_like(lin.packed)
+    assert lin.lib.gemm_f32_lowbit_dequant(qp.data_ptr(), bits, lin.packed.shape[0], 96, back.data_ptr()) == 0
+    assert torch.equal(back, lin.packed)
 
 
-def test_recovers_gguf_8bit_weights_exactly():
-    w = gguf_weight(40, 96, "Q8_0")
-    d, q = q8_blocks(w)
-    assert d.shape == (40, 3) and q.dtype == torch.int8
-    assert torch.equal(d.repeat_interleave(32, 1) * q.float(), w)
-    assert q8_blocks(torch.randn(8, 64)) is None
+def test_other_weights_have_no_lowbit_form():
+    def form(w):
+        lin = PanelLinearF32(w, None, lowbit=False)
+        return pack_panels_lowbit(w, lin.packed, lin.panel, lin.lib)
 
-
-def test_other_weights_have_no_4bit_form():
-    assert q4_blocks(torch.randn(16, 64)) is None  # plain fp32
-    assert q4_blocks(gguf_weight(16, 64)[:, :40].contiguous()) is None  # K not a multiple of 32
-    assert q4_blocks(gguf_weight(16, 64, "Q8_0")) is None  # 8-bit
+    assert form(torch.randn(16, 64)) is None  # plain fp32
+    assert form(torch.randn(300, 64)) is None  # and past the sample
+    assert form(gguf_weight(16, 64)[:, :40].contiguous()) is None  # K not a multiple of 32
     w = gguf_weight(16, 64)
     w[3, 17] = w[3, 17] + 1e-3  # one value off its block's grid
-    assert q4_blocks(w) is None
+    assert form(w) is None
+    w = gguf_weight(400, 64, "Q8_0")
+    w[350, 5] *= 1.0001  # past the sample of rows
+    assert form(w) is None
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -36,6 +36,8 @@ def load_gemm_f32(level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:
         return None
     lib.gemm_f32_isa.restype = ctypes.c_char_p
     lib.gemm_f32_lowbit_dequant.argtypes = [_c_ptr, ctypes.c_int, _c_i64, _c_i64, _c_ptr]
+    lib.gemm_f32_lowbit_pack.argtypes = [_c_ptr, _c_i64, _c_i64, ctypes.c_int, _c_ptr]
+    lib.gemm_f32_lowbit_matches.argtypes = [_c_ptr, ctypes.c_int, _c_i64, _c_i64, _c_ptr]
     bind(lib, "gemm_f32")
     for bits in (4, 8):  # the same signatures over low-bit panels
         for suffix in ("", "_silu", "_argmax", "_argmax_masked"):

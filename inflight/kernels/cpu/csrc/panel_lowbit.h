@@ -22,7 +22,10 @@
  */
 #ifndef INFLIGHT_PANEL_LOWBIT_H
 #define INFLIGHT_PANEL_LOWBIT_H
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define LB_K 32  /* inputs per block */
 
@@ -70,6 +73,107 @@ int gemm_f32_lowbit_dequant(const uint8_t* qp, int bits, int64_t panels, int64_t
     if (K % LB_K || (bits != 4 && bits != 8)) return -2;
     for (int64_t p = 0; p < panels; p++) lowbit_dequant(qp + p * lowbit_panel_bytes(bits, K), bits, K, out + p * K * NR);
     return 0;
+}
+
+/* 1 when every panel of a low-bit weight expands to the value of each float of its fp32
+ * panels (packed: panels x K x NR), 0 where one differs, -2 for a bad K or width, -3
+ * without memory. Values, not bits: see panel_lowbit.py on the sign of zero. */
+int gemm_f32_lowbit_matches(const uint8_t* qp, int bits, int64_t panels, int64_t K, const float* packed) {
+    if (K % LB_K || (bits != 4 && bits != 8)) return -2;
+    int same = 1, oom = 0;
+    #pragma omp parallel reduction(& : same) reduction(| : oom)
+    {
+        float* buf = (float*)malloc(sizeof(float) * (size_t)(K * NR));
+        oom = !buf;
+        #pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            if (!buf) continue;
+            lowbit_dequant(qp + p * lowbit_panel_bytes(bits, K), bits, K, buf);
+            const float* want = packed + p * K * NR;
+            for (int64_t i = 0; i < K * NR; i++) same &= buf[i] == want[i];
+        }
+        free(buf);
+    }
+    return oom ? -3 : same;
+}
+
+/* x rounded to the nearest half float (ties to even; float32's range, so no overflow) */
+static float half_round(float x) {
+    if (fabsf(x) < 0x1p-14f) return nearbyintf(x * 0x1p24f) * 0x1p-24f;  /* a half subnormal */
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0xFFFu + ((u >> 13) & 1u)) & ~0x1FFFu;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* one block of 32 values as d * q + m, q in 0..15 (the 4-bit form): q = 0 at one end of
+ * the block (the smallest value when d > 0, as Q4_1 has it; either end in Q4_0), the
+ * other end's q 15 unless rounding lowered it, d a half float. 0: found (d, m, q set). */
+static int q4_fit(const float* v, float* d, float* m, uint8_t* q) {
+    float lo = v[0], hi = v[0];
+    for (int k = 1; k < LB_K; k++) lo = v[k] < lo ? v[k] : lo, hi = v[k] > hi ? v[k] : hi;
+    for (int top = 15; top > 0; top--)
+        for (int sign = 1; sign >= -1; sign -= 2) {
+            const float dt = half_round((float)sign * (hi - lo) / (float)top), mt = sign > 0 ? lo : hi;
+            int ok = 1;
+            for (int k = 0; k < LB_K && ok; k++) {
+                float qk = dt != 0 ? nearbyintf((v[k] - mt) / dt) : 0;
+                qk = qk < 0 ? 0 : qk > 15 ? 15 : qk;
+                ok = dt * qk + mt == v[k];  /* exact product: fused or not, the same sum */
+                q[k] = (uint8_t)qk;
+            }
+            if (ok) {
+                *d = dt, *m = mt;
+                return 0;
+            }
+        }
+    return 1;
+}
+
+/* one block as d * q, q in -128..127 (the 8-bit form; the largest magnitude at |q| = 127) */
+static int q8_fit(const float* v, float* d, int8_t* q) {
+    float amax = 0;
+    for (int k = 0; k < LB_K; k++) amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+    const float dt = half_round(amax / 127.f);
+    for (int k = 0; k < LB_K; k++) {
+        float qk = dt != 0 ? nearbyintf(v[k] / dt) : 0;
+        qk = qk < -128 ? -128 : qk > 127 ? 127 : qk;
+        if (dt * qk != v[k]) return 1;
+        q[k] = (int8_t)qk;
+    }
+    *d = dt;
+    return 0;
+}
+
+/* w [N, K] (rows K apart) in the low-bit panels of bits (4 or 8) into out (zeroed,
+ * ceil(N / NR) panels): 0 when every block of 32 has that exact form, 1 where one has
+ * not (out is then partly written), -2 for a bad K or width. */
+int gemm_f32_lowbit_pack(const float* w, int64_t N, int64_t K, int bits, uint8_t* out) {
+    if (K % LB_K || (bits != 4 && bits != 8)) return -2;
+    const int64_t bb = lowbit_block_bytes(bits), kb = K / LB_K;
+    int bad = 0;
+    #pragma omp parallel for schedule(static) reduction(| : bad)
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t j = n % NR;
+        for (int64_t b = 0; b < kb && !bad; b++) {
+            uint8_t* blk = out + ((n / NR) * kb + b) * bb;
+            const float* v = w + n * K + b * LB_K;
+            float d, m;
+            if (bits == 4) {
+                uint8_t q[LB_K];
+                bad |= q4_fit(v, &d, &m, q);
+                memcpy(blk + 4 * (NR + j), &m, 4);
+                for (int k = 0; k < LB_K; k++) blk[8 * NR + (k / 2) * NR + j] |= (uint8_t)(q[k] << (k % 2 ? 4 : 0));
+            } else {
+                int8_t q[LB_K];
+                bad |= q8_fit(v, &d, q);
+                for (int k = 0; k < LB_K; k++) blk[4 * NR + k * NR + j] = (uint8_t)q[k];
+            }
+            memcpy(blk + 4 * j, &d, 4);
+        }
+    }
+    return bad;
 }
 
 /* a panel's bytes toward the caches before it is expanded and used */
