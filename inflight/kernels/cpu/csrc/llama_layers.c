@@ -180,7 +180,8 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
             if (rc) return rc;
             tick(tk, T_GATE_UP, &last);
         } else {
-            rc = proj(k, d, s->h, T, d->hidden, w->gate_up, w->gate_up_lb, w->gate_up_bits, 2 * d->inter, NULL, s->gate_up);
+            rc = proj(k, d, s->h, T, d->hidden, w->gate_up, w->gate_up_lb, w->gate_up_bits, 2 * d->inter, NULL,
+                      s->gate_up);
             if (rc) return rc;
             tick(tk, T_GATE_UP, &last);
             k->silu_mul(s->gate_up, s->act, T, d->inter);
