@@ -136,10 +136,10 @@ def test_a_weight_whose_expansion_differs_is_kept_in_fp32():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("logprobs", [None, 3])  # the fused greedy argmax, and logits + sampler
-def test_the_embedded_model_generates_the_same_over_fp32_panels(logprobs, monkeypatch):
+def test_the_embedded_model_generates_the_same_over_fp32_panels(monkeypatch):
     """SmolLM2's Q4_1 layers and Q8_0 logits projection get low-bit panels, and every step
-    through them (prefill chunks and decodes, the C layer loop) gives the tokens and
+    through them (prefill chunks and decodes, the C layer loop; greedy through the fused
+    argmax, and with logprobs through the logits and the sampler) gives the tokens and
     logprobs of the same steps over the fp32 panels."""
     from inflight import LLM, SamplingParams
 
@@ -149,12 +149,15 @@ def test_the_embedded_model_generates_the_same_over_fp32_panels(logprobs, monkey
     assert bits.count(4) == 4 * len(model.layer_plan().layers) and bits.count(8) == 1, bits
     assert model.layer_loop is not None
     prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Lighthouse keepers. " * 20 + "Their names"]
-    params = SamplingParams(temperature=0, max_tokens=12, logprobs=logprobs)
 
     def run():
-        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-        llm.llm_engine.scheduler.kv.reset_prefix_cache()
-        return [(o.token_ids, [{t: lp.logprob for t, lp in s.items()} for s in o.logprobs or []]) for o in outs]
+        got = []
+        for logprobs in (None, 3):
+            params = SamplingParams(temperature=0, max_tokens=12, logprobs=logprobs)
+            outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+            llm.llm_engine.scheduler.kv.reset_prefix_cache()
+            got += [(o.token_ids, [{t: lp.logprob for t, lp in s.items()} for s in o.logprobs or []]) for o in outs]
+        return got
 
     low = run()
     monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", -1)
