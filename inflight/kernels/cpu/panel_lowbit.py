@@ -22,7 +22,7 @@ import torch
 
 LB_K = 32  # inputs per block
 # At most this many rows go through the low-bit panels; more rows reuse each panel
-# enough that expanding it costs more than streaming its fp32 bytes saves.
+# enough that its fp32 bytes stream as fast (benchmarks/lowbit_gemm_rows.py).
 LOWBIT_MAX_ROWS = 128
 
 

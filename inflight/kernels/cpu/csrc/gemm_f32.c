@@ -281,8 +281,8 @@ static int gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t
                       struct lowbit lb, int64_t N, const float* bias, float* out, int64_t ldc, int64_t q0,
                       int64_t q1, int64_t silu_half, struct best* best) {
     float* qbuf = NULL;  /* the gate (or only) panel, then the up panel, expanded */
-    const uint8_t* q4 = lb.data;
-    if (q4 && !(qbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)(2 * K * NR)))) return -3;
+    const uint8_t* low = lb.data;
+    if (low && !(qbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)(2 * K * NR)))) return -3;
     /* partial sums of a gate tile and of an up / logits tile, for the epilogues */
     float scratch[2 * MC_MAX * NR] __attribute__((aligned(64)));
     float* g = scratch;
@@ -295,20 +295,20 @@ static int gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t
         const int64_t mend = mc + mc_len < m1 ? mc + mc_len : m1;
         for (int64_t q = q0; q < q1; q++) {
             const int64_t col0 = q * NR, ncols = N - col0 < NR ? N - col0 : NR;
-            /* the panel after this one: the next in the range, or the first for the next row block;
-             * 4-bit panels ask for theirs here, fp32 ones while their second row group runs */
+            /* fp32 panels: the panel after this one (the next in the range, or the first for
+             * the next row block) is fetched while this one's second row group runs; low-bit
+             * panels are asked for here, two ahead (the first two of a range on its first) */
             const int64_t qn = q + 1 < q1 ? q + 1 : mend < m1 ? q0 : -1;
-            /* low-bit panels two ahead (the first two of a range on its first) */
-            for (int64_t p = q == q0 ? q : q + 2; q4 && p <= q + 2 && p < q1; p++) {
-                lowbit_prefetch(q4 + p * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
-                if (silu_half > 0) lowbit_prefetch(q4 + (p + silu_half) * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
+            for (int64_t p = q == q0 ? q : q + 2; low && p <= q + 2 && p < q1; p++) {
+                lowbit_prefetch(low + p * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
+                if (silu_half > 0) lowbit_prefetch(low + (p + silu_half) * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
             }
             const float* panel = panel_at(packed, lb, q, K, qbuf);
-            const float* next = q4 || qn < 0 ? NULL : packed + qn * K * NR;
+            const float* next = low || qn < 0 ? NULL : packed + qn * K * NR;
             if (silu_half > 0) {
                 const float* up = panel_at(packed, lb, q + silu_half, K, qbuf + K * NR);
                 panel_block(x, mc, mend, K, lda, panel, kc_len, NULL, g, NR, NR, STORE, NULL, 0, NULL, NULL, 0,
-                            q4 ? NULL : up);
+                            low ? NULL : up);
                 panel_block(x, mc, mend, K, lda, up, kc_len, NULL, u, NR, NR, SILU, out + mc * ldc + col0, ldc, g,
                             NULL, 0, next);
             } else if (best) {
