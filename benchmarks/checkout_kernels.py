@@ -3,6 +3,7 @@ a benchmark can time both kernels interleaved in one process (the host's load dr
 alternating calls see the same)."""
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import subprocess
@@ -40,3 +41,14 @@ def time_interleaved(libs: dict[str, ctypes.CDLL], run: Callable[[str, ctypes.CD
 def this_checkout() -> str:
     """The checkout whose inflight package this process imports."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(build.__file__)))))
+
+
+def ab_setup(name: str) -> tuple[dict[str, ctypes.CDLL], int]:
+    """The command line of an A/B script (``--baseline DIR``, ``--repeats``): csrc/<name>.c
+    of the other checkout and of this one, as {"baseline": lib, "this": lib}, and the repeats."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", required=True, help="another checkout of inflight")
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    return {"baseline": load_from_checkout(args.baseline, name), "this": load_from_checkout(this_checkout(), name)}, \
+        args.repeats

@@ -10,13 +10,12 @@ query-key pairs only, 4 x heads x head_dim each) and the largest difference betw
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import statistics
 
 import torch
 
-from checkout_kernels import load_from_checkout, this_checkout, time_interleaved
+from checkout_kernels import ab_setup, time_interleaved
 from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D, BS = 9, 3, 64, 16
@@ -44,19 +43,14 @@ def call(lib: ctypes.CDLL, q, kc, vc, tables, q_start, q_len, seq_len, out) -> N
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--baseline", required=True, help="another checkout of inflight")
-    ap.add_argument("--repeats", type=int, default=15)
-    args = ap.parse_args()
-    libs = {"baseline": load_from_checkout(args.baseline, "paged_prefill"),
-            "this": load_from_checkout(this_checkout(), "paged_prefill")}
+    libs, repeats = ab_setup("paged_prefill")
     g = torch.Generator().manual_seed(0)
-    print(f"level {current_level().name}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    print(f"level {current_level().name}, {torch.get_num_threads()} threads, median of {repeats}")
     for n, ctx, new in CASES:
         inputs = chunk(n, ctx, new, g)
         flops = n * 4 * H * D * new * (ctx + (new + 1) / 2)
         outs = {k: torch.zeros(n * new, H * D) for k in libs}
-        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), args.repeats)
+        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), repeats)
         a, b = (statistics.median(times[k]) for k in libs)
         diff = (outs["baseline"] - outs["this"]).abs().max().item()
         print(f"{n} x (ctx {ctx:4d} + {new:4d} new): baseline {a * 1e3:6.2f} ms ({flops / a / 1e9:3.0f} GFLOP/s), "

@@ -10,13 +10,12 @@ and the largest difference between their outputs; a case with P = 0 shares nothi
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import statistics
 
 import torch
 
-from checkout_kernels import load_from_checkout, this_checkout, time_interleaved
+from checkout_kernels import ab_setup, time_interleaved
 from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D, BS = 9, 3, 64, 16
@@ -43,18 +42,13 @@ def call(lib: ctypes.CDLL, q, kc, vc, tables, lens, out) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--baseline", required=True, help="another checkout of inflight")
-    ap.add_argument("--repeats", type=int, default=15)
-    args = ap.parse_args()
-    libs = {"baseline": load_from_checkout(args.baseline, "paged_decode"),
-            "this": load_from_checkout(this_checkout(), "paged_decode")}
+    libs, repeats = ab_setup("paged_decode")
     g = torch.Generator().manual_seed(0)
     print(f"level {current_level().name}, {torch.get_num_threads()} threads")
     for n, prefix, own in CASES:
         inputs = step(n, prefix, own, g)
         outs = {k: torch.zeros(n, H * D) for k in libs}
-        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), args.repeats)
+        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), repeats)
         a, b = (statistics.median(times[k]) * 1e3 for k in libs)
         diff = (outs["baseline"] - outs["this"]).abs().max().item()
         print(f"{n:3d} requests, {prefix:4d} shared keys, 1-{own} own: baseline {a:.3f} ms, this {b:.3f} ms "
