@@ -79,8 +79,8 @@ def vllm_preload(venv: str) -> list[str]:
 
 
 def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
-    """vLLM's OpenAI server on the HF folder, float32 (the numbers inflight computes with
-    on a CPU whose "auto" dtype is float32), every core of this process's affinity for
+    """vLLM's OpenAI server on the HF folder, in the dtype inflight's "auto" computes in on
+    this CPU (float32, or bfloat16 where the CPU has bf16 dot-product units), every core of this process's affinity for
     its OpenMP threads and none held back (by default vLLM keeps one core for its
     scheduler process, which would halve the compute of a 2-core machine)."""
     python = os.path.join(args.vllm_venv, "bin", "python")
@@ -93,7 +93,7 @@ def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
         env["LD_PRELOAD"] = ":".join(preload + [p for p in [os.environ.get("LD_PRELOAD")] if p])
     env.update({k: v for k, v in os.environ.items() if k.startswith("VLLM_CPU_")})  # the user's choice wins
     # --max-model-len 4096: the longest workload request is 3,110 tokens (longprompt).
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.hf_folder, "--dtype", "float32",
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.hf_folder, "--dtype", args.vllm_dtype,
            "--served-model-name", SERVED_NAME, "--max-model-len", "4096", "--host", "127.0.0.1",
            "--port", str(port), *shlex.split(args.vllm_args)]
     return cmd, env
@@ -112,8 +112,9 @@ def baseline_server(args: argparse.Namespace, port: int) -> tuple[list[str], dic
     if not args.baseline:
         raise SystemExit("system 'baseline' needs --baseline DIR")
     # -P: the working directory (this checkout) does not go first on sys.path
-    return [sys.executable, "-P", "-m", "inflight.entrypoints.cli", "serve", "--port", str(port),
-            "--served-model-name", SERVED_NAME, *shlex.split(args.inflight_args)], {"PYTHONPATH": args.baseline}
+    cmd = [sys.executable, "-P", "-m", "inflight.entrypoints.cli", "serve", "--port", str(port),
+           "--served-model-name", SERVED_NAME, *shlex.split(args.inflight_args), *shlex.split(args.baseline_args)]
+    return cmd, {"PYTHONPATH": args.baseline}
 
 
 SERVERS = {"vllm": vllm_server, "inflight": inflight_server, "baseline": baseline_server}
@@ -158,8 +159,8 @@ def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: 
         for name, reqs in workloads.items():
             cfg = ClientConfig(base_url=url, model=SERVED_NAME, ignore_eos=True, temperature=0.0,
                                warmup_requests=1, show_progress=False)
-            # the peak in the dtype the server computes in: vLLM runs float32, inflight "auto"
-            peak_dtype = torch.float32 if system == "vllm" else None
+            # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto"
+            peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
             peaks = [matmul_peak_gflops(dtype=peak_dtype)] if args.mfu else []
             s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
             if args.mfu:
@@ -216,11 +217,17 @@ def main() -> int:
     ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server, one string")
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`, one string")
     ap.add_argument("--baseline", default=None, help="checkout for the 'baseline' system (e.g. a git worktree)")
+    ap.add_argument("--baseline-args", default="", help="more flags for the baseline's server only, one string")
+    ap.add_argument("--vllm-dtype", default=None, choices=["float32", "bfloat16"],
+                    help="vLLM's --dtype (default: what inflight's \"auto\" resolves to on this CPU)")
     ap.add_argument("--mfu", action=argparse.BooleanOptionalAction, default=True,
                     help="measure the fp32 matmul peak around each workload and report MFU")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
     args = ap.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
+    if args.vllm_dtype is None:
+        from inflight.platforms import current_platform
+        args.vllm_dtype = str(current_platform("cpu").resolve_dtype("auto")).removeprefix("torch.")
     systems = [s for s in args.systems.split(",") if s]
     if args.mfu:  # the model's FLOPs per token, read once (loading the model config reads the weights' cache)
         from inflight.loader import load_model
