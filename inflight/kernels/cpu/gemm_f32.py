@@ -35,6 +35,7 @@ def load_gemm_f32(level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:
     if lib is None:
         return None
     lib.gemm_f32_isa.restype = ctypes.c_char_p
+    lib.gemm_f32_lowbit_panel_bytes.argtypes, lib.gemm_f32_lowbit_panel_bytes.restype = [ctypes.c_int, _c_i64], _c_i64
     lib.gemm_f32_lowbit_dequant.argtypes = [_c_ptr, ctypes.c_int, _c_i64, _c_i64, _c_ptr]
     lib.gemm_f32_lowbit_pack.argtypes = [_c_ptr, _c_i64, _c_i64, ctypes.c_int, _c_ptr]
     lib.gemm_f32_lowbit_matches.argtypes = [_c_ptr, ctypes.c_int, _c_i64, _c_i64, _c_ptr]

@@ -30,15 +30,10 @@ LOWBIT_MAX_ROWS = 128
 _SAMPLE_ROWS = 256
 
 
-def _panel_bytes(bits: int, k: int, panel: int) -> int:
-    block = 8 * panel + LB_K * panel // 2 if bits == 4 else 4 * panel + LB_K * panel
-    return k // LB_K * block
-
-
 def _pack(lib: ctypes.CDLL, weight: torch.Tensor, bits: int, panel: int) -> Optional[torch.Tensor]:
     """``weight`` in ``bits``-wide panels (uint8), None where a block has no such exact form."""
     n, k = weight.shape
-    out = torch.zeros(-(-n // panel) * _panel_bytes(bits, k, panel), dtype=torch.uint8)
+    out = torch.zeros(-(-n // panel) * lib.gemm_f32_lowbit_panel_bytes(bits, k), dtype=torch.uint8)
     rc = lib.gemm_f32_lowbit_pack(ctypes.c_void_p(weight.data_ptr()), n, k, bits, ctypes.c_void_p(out.data_ptr()))
     return out if rc == 0 else None
 

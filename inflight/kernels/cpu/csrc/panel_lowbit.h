@@ -31,6 +31,7 @@
 
 static inline int64_t lowbit_block_bytes(int bits) { return bits == 4 ? 8 * NR + LB_K * NR / 2 : 4 * NR + LB_K * NR; }
 static inline int64_t lowbit_panel_bytes(int bits, int64_t K) { return K / LB_K * lowbit_block_bytes(bits); }
+int64_t gemm_f32_lowbit_panel_bytes(int bits, int64_t K) { return lowbit_panel_bytes(bits, K); }
 
 /* NOTE: d * q is exact in float32 (a half float times a 4- or 8-bit integer), so the
  * compiler may fuse d * q + m into one FMA without changing a bit. */
