@@ -6,11 +6,6 @@ touches misses the TLB, and the page walks, not DRAM, bound the kernel. With 2 M
 pages the pool needs a few hundred TLB entries instead of a few hundred thousand.
 Most distributions set transparent huge pages to ``madvise``: a mapping gets them
 only when asked, before its pages are first touched.
-
-A pool is populated when it is made (every page faulted in and zeroed by the kernel,
-as ``torch.zeros`` would write it): left to fault in as it fills, a serving engine pays
-for the faults inside its first steps' KV writes, and a block allocator that cycles
-through the whole pool (for prefix-cache eviction order) ends up touching all of it.
 """
 from __future__ import annotations
 
@@ -48,13 +43,14 @@ def _madvise(libc: ctypes.CDLL, addr: int, length: int) -> bool:
     return libc.madvise(addr, length, _MADV_HUGEPAGE) == 0
 
 
-def zeros_huge(shape: tuple, dtype: torch.dtype, populate: bool = True) -> torch.Tensor:
+def zeros_huge(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """``torch.zeros(shape, dtype)`` on the CPU, backed by huge pages where the kernel allows.
 
     The tensor is a 2 MiB-aligned view into a fresh anonymous mapping, advised before its
-    first touch, then populated (``populate=False``: its pages fault in as they are first
-    written). Where huge pages are not possible (not Linux, THP ``never``, a small tensor)
-    it is a plain ``torch.zeros``."""
+    first touch. NOTE: such a mapping reads as zeros (the kernel hands out zeroed pages), so
+    nothing is written here: pages fault in as the pool fills, not all at start-up. Where
+    huge pages are not possible (not Linux, THP ``never``, a small tensor) it is a plain
+    ``torch.zeros``."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
     if (nbytes < HUGE_PAGE or platform.system() != "Linux" or thp_mode() not in ("always", "madvise")
@@ -69,6 +65,4 @@ def zeros_huge(shape: tuple, dtype: torch.dtype, populate: bool = True) -> torch
             logger.debug("madvise(MADV_HUGEPAGE) refused; %d bytes on normal pages", nbytes)
     except (OSError, AttributeError):
         pass
-    if populate:  # a zero written to each page faults it in: torch's strided write uses every core
-        buf[offset:offset + nbytes:mmap.PAGESIZE].zero_()
     return buf[offset:offset + nbytes].view(dtype).view(shape)
