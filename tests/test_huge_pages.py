@@ -1,13 +1,16 @@
-"""The CPU KV pool on transparent huge pages: zeroed, shaped, and actually backed by 2 MiB pages."""
+"""The CPU KV pool on transparent huge pages: zeroed, shaped, backed by 2 MiB pages, and faulted in
+off the hot path."""
+import weakref
+
 import pytest
 import torch
 
 from inflight.platforms import current_platform
-from inflight.worker.huge_pages import HUGE_PAGE, thp_mode, zeros_huge
+from inflight.worker.huge_pages import HUGE_PAGE, prefault_when_idle, thp_mode, zeros_huge
 
 
-def _anon_huge_kib(addr: int) -> int:
-    """AnonHugePages of the mapping that holds ``addr`` (from /proc/self/smaps)."""
+def _smaps_kib(addr: int, field: str = "AnonHugePages:") -> int:
+    """A field (kB) of the mapping that holds ``addr``, from /proc/self/smaps."""
     inside = False
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -15,7 +18,7 @@ def _anon_huge_kib(addr: int) -> int:
             if "-" in head and not head.endswith(":"):
                 lo, hi = (int(x, 16) for x in head.split("-"))
                 inside = lo <= addr < hi
-            elif inside and head == "AnonHugePages:":
+            elif inside and head == field:
                 return int(line.split()[1])
     return 0
 
@@ -35,7 +38,34 @@ def test_zeros_huge_is_backed_by_huge_pages():
     t = zeros_huge((64 << 20) // 4, torch.float32)
     assert t.data_ptr() % HUGE_PAGE == 0
     t.fill_(1.0)  # pages fault in as they are first written
-    assert _anon_huge_kib(t.data_ptr()) >= HUGE_PAGE >> 10
+    assert _smaps_kib(t.data_ptr()) >= HUGE_PAGE >> 10
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off in this kernel")
+def test_prefault_brings_the_pools_in_and_keeps_what_was_written():
+    """The pools' pages fault in off the step thread; KV written before and meanwhile survives."""
+    nbytes = 32 << 20
+    pools = [zeros_huge(nbytes // 4, torch.float32) for _ in range(2)]
+    assert all(_smaps_kib(p.data_ptr(), "Rss:") < nbytes >> 11 for p in pools)  # nothing touched yet
+    pools[0][:1024].fill_(3.0)  # the first 4 KiB page
+    thread = prefault_when_idle(pools)
+    assert thread is not None, "MADV_POPULATE_WRITE needs Linux 5.14+"
+    pools[1][-1024:].fill_(5.0)  # the last one, meanwhile
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert all(_smaps_kib(p.data_ptr(), "Rss:") >= nbytes >> 10 for p in pools)
+    assert float(pools[0].sum()) == 3.0 * 1024 and float(pools[1].sum()) == 5.0 * 1024
+
+
+def test_prefault_does_not_keep_a_freed_pool_alive():
+    pool = zeros_huge((32 << 20) // 4, torch.float32)
+    ref = weakref.ref(pool)
+    thread = prefault_when_idle([pool])
+    del pool
+    assert ref() is None
+    if thread is not None:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
 
 
 def test_cpu_platform_allocates_the_pool_with_it():

@@ -13,7 +13,7 @@ from inflight.kernels.cpu.isa import current_level
 from inflight.layers.custom_op import dispatch_custom_ops
 from inflight.platforms.interface import Platform, parse_dtype
 from inflight.worker.cpu_malloc import keep_freed_memory
-from inflight.worker.huge_pages import zeros_huge
+from inflight.worker.huge_pages import prefault_when_idle, zeros_huge
 
 if TYPE_CHECKING:
     from inflight.config import EngineConfig
@@ -76,6 +76,11 @@ class CpuPlatform(Platform):
         """Huge pages for the pools: decode attention's scattered block reads are bound by
         TLB misses on 4 KiB pages."""
         return zeros_huge(shape, dtype)
+
+    def prefault(self, pools: list) -> None:
+        """The huge-page pools fault in as they fill (1-6 s for 2 GiB on a VM's fresh memory),
+        inside the first steps' KV writes; a thread at idle priority brings them in first."""
+        prefault_when_idle([t for pair in pools for t in pair if isinstance(t, torch.Tensor)])
 
     def describe(self) -> str:
         return f"cpu ({self.isa.name if self.isa else 'no kernels'})"

@@ -80,6 +80,10 @@ class Platform(abc.ABC):
         """A zero-filled tensor on this device, for long-lived pools (the KV cache)."""
         return torch.zeros(shape, dtype=dtype, device=self.device())
 
+    def prefault(self, pools: list) -> None:
+        """Called once the KV pools are made (``zeros``): bring their pages in off the hot
+        path where this device maps them lazily. Nothing by default."""
+
     def describe(self) -> str:
         return self.device_type
 

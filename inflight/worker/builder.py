@@ -89,6 +89,7 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
                                     profiled_peak_bytes=peak, num_layers=layout and layout.group_size)
     kv = allocate_kv_cache(kv_arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros,
                            layout and layout.layer_pools)
+    platform.prefault(kv)
     kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
     logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
     if layout is not None:
