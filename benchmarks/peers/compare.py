@@ -156,6 +156,7 @@ def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: 
         print(f"[{system}] healthy after {startup_s:.1f} s (log: {log})", file=sys.stderr, flush=True)
         result = {"command": cmd, "env": extra_env, "version": version_of(args, system), "startup_s": startup_s,
                   "log": log, "workloads": {}}
+        time.sleep(args.idle_after_start)  # a server started before its traffic arrives
         for name, reqs in workloads.items():
             cfg = ClientConfig(base_url=url, model=SERVED_NAME, ignore_eos=True, temperature=0.0,
                                warmup_requests=1, show_progress=False)
@@ -222,6 +223,8 @@ def main() -> int:
                     help="vLLM's --dtype (default: what inflight's \"auto\" resolves to on this CPU)")
     ap.add_argument("--mfu", action=argparse.BooleanOptionalAction, default=True,
                     help="measure the fp32 matmul peak around each workload and report MFU")
+    ap.add_argument("--idle-after-start", type=float, default=0.0,
+                    help="seconds each server sits idle after /health before its first workload")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
     args = ap.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
