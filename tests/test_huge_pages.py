@@ -1,6 +1,5 @@
 """The CPU KV pool on transparent huge pages: zeroed, shaped, backed by 2 MiB pages, and faulted in
 off the hot path."""
-import ctypes
 import mmap
 import weakref
 
@@ -8,7 +7,7 @@ import pytest
 import torch
 
 from inflight.platforms import current_platform
-from inflight.worker.huge_pages import HUGE_PAGE, prefault_when_idle, thp_mode, zeros_huge
+from inflight.worker.huge_pages import _MADV_POPULATE_WRITE, HUGE_PAGE, _libc, prefault_when_idle, thp_mode, zeros_huge
 
 
 def _smaps_kib(addr: int, field: str = "AnonHugePages:") -> int:
@@ -27,10 +26,9 @@ def _smaps_kib(addr: int, field: str = "AnonHugePages:") -> int:
 
 def _can_populate() -> bool:
     """Whether this kernel has MADV_POPULATE_WRITE (Linux 5.14+)."""
-    libc = ctypes.CDLL(None)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc = _libc()
     page = torch.frombuffer(mmap.mmap(-1, mmap.PAGESIZE), dtype=torch.uint8)
-    return libc.madvise(page.data_ptr(), mmap.PAGESIZE, 23) == 0
+    return libc is not None and libc.madvise(page.data_ptr(), mmap.PAGESIZE, _MADV_POPULATE_WRITE) == 0
 
 
 def test_zeros_huge_is_zeroed_and_shaped():

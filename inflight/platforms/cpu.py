@@ -78,8 +78,8 @@ class CpuPlatform(Platform):
         return zeros_huge(shape, dtype)
 
     def prefault(self, pools: list) -> None:
-        """The huge-page pools fault in as they fill (1-6 s for 2 GiB on a VM's fresh memory),
-        inside the first steps' KV writes; a thread at idle priority brings them in first."""
+        """The huge-page pools would fault in as they fill, inside the first steps' KV
+        writes; a thread at idle priority brings them in first where a core is free."""
         prefault_when_idle([t for pair in pools for t in pair if isinstance(t, torch.Tensor)])
 
     def describe(self) -> str:

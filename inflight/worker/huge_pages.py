@@ -48,9 +48,14 @@ def thp_mode(path: str = _THP_SETTING) -> Optional[str]:
     return None
 
 
-def _madvise(libc: ctypes.CDLL, addr: int, length: int) -> bool:
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise(addr, length, _MADV_HUGEPAGE) == 0
+def _libc() -> Optional[ctypes.CDLL]:
+    """The C library with ``madvise`` typed, None where it cannot be loaded."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def prefault_when_idle(tensors: Sequence[torch.Tensor]) -> Optional[threading.Thread]:
@@ -63,13 +68,8 @@ def prefault_when_idle(tensors: Sequence[torch.Tensor]) -> Optional[threading.Th
     engine leaves free, not against its steps; a huge page a call, so it never holds the
     process's mmap lock for long."""
     refs = [weakref.ref(t) for t in tensors if t.numel()]
-    if platform.system() != "Linux" or not refs:
+    if platform.system() != "Linux" or not refs or (libc := _libc()) is None:
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
     def run() -> None:
         try:
@@ -110,10 +110,7 @@ def zeros_huge(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buf = torch.frombuffer(mapping, dtype=torch.uint8)  # the tensor keeps the mapping alive
     offset = -buf.data_ptr() % HUGE_PAGE
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        if not _madvise(libc, buf.data_ptr() + offset, nbytes - nbytes % HUGE_PAGE):
-            logger.debug("madvise(MADV_HUGEPAGE) refused; %d bytes on normal pages", nbytes)
-    except (OSError, AttributeError):
-        pass
+    libc = _libc()
+    if libc is None or libc.madvise(buf.data_ptr() + offset, nbytes - nbytes % HUGE_PAGE, _MADV_HUGEPAGE) != 0:
+        logger.debug("madvise(MADV_HUGEPAGE) refused; %d bytes on normal pages", nbytes)
     return buf[offset:offset + nbytes].view(dtype).view(shape)

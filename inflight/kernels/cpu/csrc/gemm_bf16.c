@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "argmax_best.h"
 #include "bf16_simd.h"
 
 #define PANEL 32  /* output columns per packed panel */
@@ -31,18 +32,6 @@
 #define MC 96     /* rows per L2 block of x */
 
 int gemm_bf16_panel(void) { return PANEL; }
-
-/* a row's running argmax over the (bf16-rounded) outputs seen so far; allow: the row's
- * grammar bitmask (bit c % 32 of word c / 32 set: column c may win), NULL = every column */
-struct best {
-    float val;
-    int64_t idx;
-    const int32_t* allow;
-};
-
-static inline int allowed(const int32_t* allow, int64_t c) {
-    return !allow || (((uint32_t)allow[c >> 5] >> (c & 31)) & 1u);
-}
 
 enum mode { PLAIN, SILU, ARGMAX };
 
@@ -526,26 +515,15 @@ int gemm_bf16_argmax_masked(const uint16_t* x, int64_t M, int64_t K, int64_t lda
     if (bitmask && words * 32 < N) return -4;
     const int64_t panels = (N + PANEL - 1) / PANEL;
     const int nt = omp_get_max_threads();
-    struct best* all = (struct best*)malloc(sizeof(struct best) * (size_t)M * (size_t)nt);
+    struct best* all = best_alloc(M, nt, bitmask, words, mask_rows);
     if (!all) return -3;
-    for (int64_t i = 0; i < M * nt; i++) {
-        const int64_t r = bitmask ? mask_rows[i % M] : -1;
-        all[i] = (struct best){-INFINITY, -1, r >= 0 ? bitmask + r * words : NULL};
-    }
     #pragma omp parallel num_threads(nt)
     {
         const int n = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t q0 = panels * t / n, q1 = panels * (t + 1) / n;
         if (q0 < q1) gemm_range(x, M, K, lda, packed, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)t * M);
     }
-    /* threads hold increasing column ranges: a later one wins only when strictly greater */
-    for (int64_t m = 0; m < M; m++) {
-        struct best b = all[m];
-        for (int t = 1; t < nt; t++)
-            if (all[(int64_t)t * M + m].val > b.val) b = all[(int64_t)t * M + m];
-        tokens[m] = b.idx < 0 ? 0 : b.idx;
-    }
-    free(all);
+    best_reduce(all, M, nt, tokens);  /* threads hold increasing column ranges */
     return 0;
 }
 

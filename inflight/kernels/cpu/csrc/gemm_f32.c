@@ -191,12 +191,8 @@ static int argmax_panels(const float* x, int64_t M, int64_t K, int64_t lda, cons
     if (bitmask && words * 32 < N) return -4;
     const int64_t panels = (N + NR - 1) / NR;
     const int nt = omp_get_max_threads();  /* at least the team's size */
-    struct best* all = (struct best*)malloc(sizeof(struct best) * (size_t)M * (size_t)nt);
+    struct best* all = best_alloc(M, nt, bitmask, words, mask_rows);
     if (!all) return -3;
-    for (int64_t i = 0; i < M * nt; i++) {
-        const int64_t r = bitmask ? mask_rows[i % M] : -1;
-        all[i] = (struct best){-INFINITY, -1, r >= 0 ? bitmask + r * words : NULL};
-    }
     int tn = 1, rc = 0;
     #pragma omp parallel num_threads(nt)
     {
@@ -210,14 +206,7 @@ static int argmax_panels(const float* x, int64_t M, int64_t K, int64_t lda, cons
             gemm_range(x, m0, m1, K, lda, packed, lb, N, NULL, NULL, 0, q0, q1, 0, all + (int64_t)(t % tn_t) * M))
             rc = -3;
     }
-    /* the panel groups hold increasing column ranges: a later one wins only when strictly greater */
-    for (int64_t m = 0; m < M; m++) {
-        struct best b = all[m];
-        for (int j = 1; j < tn; j++)
-            if (all[(int64_t)j * M + m].val > b.val) b = all[(int64_t)j * M + m];
-        tokens[m] = b.idx < 0 ? 0 : b.idx;
-    }
-    free(all);
+    best_reduce(all, M, tn, tokens);  /* the panel groups hold increasing column ranges */
     return rc;
 }
 

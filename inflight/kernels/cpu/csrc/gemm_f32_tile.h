@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "argmax_best.h"
 #include "vec.h"
 
 #if VL == 16
@@ -73,18 +74,6 @@ static inline vf bcast(const float* p) {
 #else
     return vf_set1(*p);
 #endif
-}
-
-/* a row's running argmax over the outputs seen so far; allow: the row's grammar
- * bitmask (bit c % 32 of word c / 32 set: column c may win), NULL = every column */
-struct best {
-    float val;
-    int64_t idx;
-    const int32_t* allow;
-};
-
-static inline int allowed(const int32_t* allow, int64_t c) {
-    return !allow || (((uint32_t)allow[c >> 5] >> (c & 31)) & 1u);
 }
 
 enum init { ZERO, BIAS, LOAD };
