@@ -43,12 +43,12 @@ def this_checkout() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(build.__file__)))))
 
 
-def ab_setup(name: str) -> tuple[dict[str, ctypes.CDLL], int]:
-    """The command line of an A/B script (``--baseline DIR``, ``--repeats``): csrc/<name>.c
-    of the other checkout and of this one, as {"baseline": lib, "this": lib}, and the repeats."""
-    ap = argparse.ArgumentParser()
+def ab_setup(name: str, ap: argparse.ArgumentParser | None = None) -> tuple[dict[str, ctypes.CDLL], argparse.Namespace]:
+    """The command line of an A/B script (``--baseline DIR``, ``--repeats``, and what ``ap``
+    adds): csrc/<name>.c of the other checkout and of this one, as {"baseline": lib, "this": lib},
+    and the parsed arguments."""
+    ap = ap or argparse.ArgumentParser()
     ap.add_argument("--baseline", required=True, help="another checkout of inflight")
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
-    return {"baseline": load_from_checkout(args.baseline, name), "this": load_from_checkout(this_checkout(), name)}, \
-        args.repeats
+    return {"baseline": load_from_checkout(args.baseline, name), "this": load_from_checkout(this_checkout(), name)}, args

@@ -1,7 +1,8 @@
-"""Float32 paged prefill attention: this checkout's kernel against another checkout's,
-interleaved in one process (the host's load drifts; alternating calls see the same).
+"""Paged prefill attention (float32, or bfloat16 with ``--dtype bfloat16``): this checkout's
+kernel against another checkout's, interleaved in one process (the host's load drifts;
+alternating calls see the same).
 
-    python benchmarks/prefill_attention_ab.py --baseline /path/to/other/checkout
+    python benchmarks/prefill_attention_ab.py --baseline /path/to/other/checkout [--dtype bfloat16]
 
 SmolLM2's heads (9 query heads over 3 kv heads, head_dim 64, 16-token blocks at random
 places). Each case is one step's prefill chunks: N requests with C cached tokens and Q
@@ -10,6 +11,7 @@ query-key pairs only, 4 x heads x head_dim each) and the largest difference betw
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import statistics
 
@@ -22,12 +24,12 @@ H, KVH, D, BS = 9, 3, 64, 16
 CASES = [(1, 0, 1024), (1, 2048, 1024), (1, 3072, 512), (2, 512, 512), (8, 0, 128), (4, 1024, 40)]
 
 
-def chunk(n: int, ctx: int, new: int, g: torch.Generator) -> tuple:
+def chunk(n: int, ctx: int, new: int, g: torch.Generator, dtype: torch.dtype) -> tuple:
     per = -(-(ctx + new) // BS)
     nb = n * per + 1
     tables = torch.randperm(nb, generator=g)[:n * per].view(n, per).clone()
-    kc, vc = torch.randn(nb, BS, KVH, D, generator=g), torch.randn(nb, BS, KVH, D, generator=g)
-    q = torch.randn(n * new, H * D + 2 * KVH * D, generator=g)  # rows of a fused qkv output
+    kc, vc = (torch.randn(nb, BS, KVH, D, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(n * new, H * D + 2 * KVH * D, generator=g).to(dtype)  # rows of a fused qkv output
     q_start = torch.arange(n, dtype=torch.int64) * new
     q_len = torch.full((n,), new, dtype=torch.int64)
     return q, kc, vc, tables, q_start, q_len, q_len + ctx
@@ -35,24 +37,32 @@ def chunk(n: int, ctx: int, new: int, g: torch.Generator) -> tuple:
 
 def call(lib: ctypes.CDLL, q, kc, vc, tables, q_start, q_len, seq_len, out) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    rc = lib.paged_prefill_f32(p(q.data_ptr()), i64(q.stride(0)), p(kc.data_ptr()), p(vc.data_ptr()),
-                               p(tables.data_ptr()), i64(tables.stride(0)), p(q_start.data_ptr()), p(q_len.data_ptr()),
-                               p(seq_len.data_ptr()), p(out.data_ptr()), len(q_len), H, KVH, D, BS,
-                               ctypes.c_float(D ** -0.5), None)
-    assert rc == 0, "paged_prefill_f32 refused the shape"
+    ws, fn = None, lib.paged_prefill_f32
+    if q.dtype == torch.bfloat16:  # the bf16 kernel repacks K and V into a workspace first
+        lib.paged_prefill_workspace.restype = ctypes.c_int64
+        nbytes = lib.paged_prefill_workspace(p(seq_len.data_ptr()), p(q_len.data_ptr()), len(q_len), H, KVH, D)
+        ws, fn = torch.empty(max(nbytes, 1), dtype=torch.uint8), lib.paged_prefill_bf16
+    rc = fn(p(q.data_ptr()), i64(q.stride(0)), p(kc.data_ptr()), p(vc.data_ptr()),
+            p(tables.data_ptr()), i64(tables.stride(0)), p(q_start.data_ptr()), p(q_len.data_ptr()),
+            p(seq_len.data_ptr()), p(out.data_ptr()), len(q_len), H, KVH, D, BS,
+            ctypes.c_float(D ** -0.5), None if ws is None else p(ws.data_ptr()))
+    assert rc == 0, "the prefill kernel refused the shape"
 
 
 def main() -> None:
-    libs, repeats = ab_setup("paged_prefill")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    libs, args = ab_setup("paged_prefill", ap)
+    dtype = getattr(torch, args.dtype)
     g = torch.Generator().manual_seed(0)
-    print(f"level {current_level().name}, {torch.get_num_threads()} threads, median of {repeats}")
+    print(f"level {current_level().name}, {args.dtype}, {torch.get_num_threads()} threads, median of {args.repeats}")
     for n, ctx, new in CASES:
-        inputs = chunk(n, ctx, new, g)
+        inputs = chunk(n, ctx, new, g, dtype)
         flops = n * 4 * H * D * new * (ctx + (new + 1) / 2)
-        outs = {k: torch.zeros(n * new, H * D) for k in libs}
-        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), repeats)
+        outs = {k: torch.zeros(n * new, H * D, dtype=dtype) for k in libs}
+        times = time_interleaved(libs, lambda k, lib: call(lib, *inputs, outs[k]), args.repeats)
         a, b = (statistics.median(times[k]) for k in libs)
-        diff = (outs["baseline"] - outs["this"]).abs().max().item()
+        diff = (outs["baseline"].float() - outs["this"].float()).abs().max().item()
         print(f"{n} x (ctx {ctx:4d} + {new:4d} new): baseline {a * 1e3:6.2f} ms ({flops / a / 1e9:3.0f} GFLOP/s), "
               f"this {b * 1e3:6.2f} ms ({flops / b / 1e9:3.0f} GFLOP/s) = {b / a:.2f}x, max difference {diff:.1e}")
 

@@ -42,7 +42,8 @@ def call(lib: ctypes.CDLL, q, kc, vc, tables, lens, out) -> None:
 
 
 def main() -> None:
-    libs, repeats = ab_setup("paged_decode")
+    libs, args = ab_setup("paged_decode")
+    repeats = args.repeats
     g = torch.Generator().manual_seed(0)
     print(f"level {current_level().name}, {torch.get_num_threads()} threads")
     for n, prefix, own in CASES:
