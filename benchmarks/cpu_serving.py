@@ -50,11 +50,13 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 20, warmup_s: float = 1.0,
 
 
 def prefix_cache_hits(url: str) -> float:
-    """Prompt tokens the server served from its prefix cache (they cost no FLOPs)."""
+    """Prompt tokens the server has served from its prefix cache since it started (they cost
+    no FLOPs): inflight's counter, or vLLM's (``vllm:prefix_cache_hits_total``, in tokens)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(("inflight:prefix_cache_hits_total", "prefix_cache_hits_total")))
+               if line.startswith(("inflight:prefix_cache_hits_total", "prefix_cache_hits_total",
+                                   "vllm:prefix_cache_hits_total")))
 
 
 def flops_per_token(hf_config: dict) -> float:

@@ -163,25 +163,25 @@ def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: 
             # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto"
             peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
             peaks = [matmul_peak_gflops(dtype=peak_dtype)] if args.mfu else []
+            hits = prefix_cache_hits(url) if args.mfu else 0.0  # the counter runs from start-up
             s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
             if args.mfu:
                 peaks.append(matmul_peak_gflops(dtype=peak_dtype))
-                add_mfu(s, url, system, max(peaks), peaks, args.flops_per_token)
+                add_mfu(s, prefix_cache_hits(url) - hits, max(peaks), peaks, args.flops_per_token)
             print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
                   f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
             result["workloads"][name] = s
     return result
 
 
-def add_mfu(s: dict, url: str, system: str, peak: float, peaks: list[float], fpt: float) -> None:
+def add_mfu(s: dict, hits: float, peak: float, peaks: list[float], fpt: float) -> None:
     """Model FLOPs utilisation of a run against the torch.mm peak measured around it
-    (the higher of the bursts before and after: a low burst would inflate MFU). Prompt
-    tokens served from inflight's prefix cache cost no FLOPs and are not counted; vLLM's
-    hits are not read, so its MFU counts them (an upper bound)."""
-    hits = prefix_cache_hits(url) if system != "vllm" else 0.0
+    (the higher of the bursts before and after: a low burst would inflate MFU). The ``hits``
+    prompt tokens the run's prefix cache served (both servers count them) cost no FLOPs and
+    are not counted."""
     tokens = s["total_input_tokens"] + s["total_output_tokens"] - hits
-    s.update(matmul_peak_gflops=peak, matmul_peak_gflops_bursts=peaks, tokens_processed=tokens,
-             mfu=tokens * fpt / s["duration_s"] / (peak * 1e9))
+    s.update(matmul_peak_gflops=peak, matmul_peak_gflops_bursts=peaks, prefix_cache_hit_tokens=hits,
+             tokens_processed=tokens, mfu=tokens * fpt / s["duration_s"] / (peak * 1e9))
 
 
 def table(results: dict, systems: list[str]) -> str:
