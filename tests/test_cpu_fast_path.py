@@ -12,7 +12,7 @@ tokens prefilled in 64-token chunks over its cached prefix: 0.06-0.25 where they
 first generated token's logprob is held to the float32 reference, not to torch's bf16 one,
 whose own rounding moves with the CPU's matmul (0.12 from float32 on AVX-512-BF16): the fast
 path stays within 0.05 of float32 at every ISA level measured (AVX2, AVX-512 and
-AVX-512-BF16 builds, one Zen 4 CPU). A wrong kernel moves it past 0.10 (tried: prefill
+AVX-512-BF16 builds, one AMD Zen 5 CPU). A wrong kernel moves it past 0.10 (tried: prefill
 queries scaled 10% too much) or parts at a wide gap.
 """
 

@@ -175,8 +175,9 @@ def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: 
 
 
 def add_mfu(s: dict, hits: float, peak: float, peaks: list[float], fpt: float) -> None:
-    """Model FLOPs utilisation of a run against the torch.mm peak measured around it
-    (the higher of the bursts before and after: a low burst would inflate MFU). The ``hits``
+    """Model FLOPs utilisation of a run against the matmul peak measured around it
+    (``matmul_peak_gflops``; the higher of the bursts before and after: a low burst would
+    inflate MFU). The ``hits``
     prompt tokens the run's prefix cache served (both servers count them) cost no FLOPs and
     are not counted."""
     tokens = s["total_input_tokens"] + s["total_output_tokens"] - hits
