@@ -15,6 +15,40 @@
 #include "attn_f32.h"
 #include "bf16_simd.h"
 
+/* Phase 1: keys [t0, t0 + KT) (those below len) of kv head kh widened into kw and vw,
+ * [lp][D] each. */
+static void widen_tile(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt, int64_t len, int64_t t0,
+                       int kh, int D, int block_size, int64_t tok_stride, float* kw, float* vw) {
+    for (int64_t t = t0; t < t0 + KT && t < len; t++) {
+        const int64_t row = (bt[t / block_size] * block_size + t % block_size) * tok_stride + (int64_t)kh * D;
+        for (int d = 0; d < D; d++) {
+            kw[t * D + d] = bf16_to_f32(k_cache[row + d]);
+            vw[t * D + d] = bf16_to_f32(v_cache[row + d]);
+        }
+    }
+}
+
+/* Phase 2's q rows: ntok tokens (rows stride apart) x the G heads of kv head kh into
+ * buf [ntok][G][D] */
+static void widen_heads(const uint16_t* rows, int64_t stride, int ntok, int G, int kh, int D, float* buf) {
+    for (int i = 0; i < ntok; i++)
+        for (int g = 0; g < G; g++) {
+            const uint16_t* src = rows + i * stride + (int64_t)(kh * G + g) * D;
+            float* dst = buf + ((int64_t)i * G + g) * D;
+            for (int d = 0; d < D; d++) dst[d] = bf16_to_f32(src[d]);
+        }
+}
+
+/* and its output back: buf [ntok][G][D] rounded into those heads of rows stride apart */
+static void round_heads(const float* buf, int ntok, int G, int kh, int D, uint16_t* rows, int64_t stride) {
+    for (int i = 0; i < ntok; i++)
+        for (int g = 0; g < G; g++) {
+            uint16_t* dst = rows + i * stride + (int64_t)(kh * G + g) * D;
+            const float* src = buf + ((int64_t)i * G + g) * D;
+            for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(src[d]);
+        }
+}
+
 /* Every level without the bf16 dot product: attn_f32.h's flash-attention loop in fp32.
  * Phase 1 widens each request's K and V (per kv head, [seq_len rounded to KT][D] each,
  * pf_widened_floats) into the workspace; phase 2 runs af_attend over runs of query
@@ -54,17 +88,10 @@ static int prefill_bf16_widened(const uint16_t* q, int64_t q_stride, const uint1
         for (int64_t w = 0; w < n1; w++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
                 const int r = (int)it1[2 * w];
-                const int64_t lp = (seq_len[r] + KT - 1) / KT * KT, t0 = it1[2 * w + 1] * KT;
-                const int64_t* bt = block_tables + (int64_t)r * bt_stride;
+                const int64_t lp = (seq_len[r] + KT - 1) / KT * KT;
                 float* kw = ws + base[r] + (int64_t)kh * 2 * lp * D;
-                float* vw = kw + lp * D;
-                for (int64_t t = t0; t < t0 + KT && t < seq_len[r]; t++) {
-                    const int64_t row = (bt[t / block_size] * block_size + t % block_size) * tok_stride + (int64_t)kh * D;
-                    for (int d = 0; d < D; d++) {
-                        kw[t * D + d] = bf16_to_f32(k_cache[row + d]);
-                        vw[t * D + d] = bf16_to_f32(v_cache[row + d]);
-                    }
-                }
+                widen_tile(k_cache, v_cache, block_tables + (int64_t)r * bt_stride, seq_len[r], it1[2 * w + 1] * KT,
+                           kh, D, block_size, tok_stride, kw, kw + lp * D);
             }
         float* scratch = (float*)malloc(sizeof(float) * (size_t)af_scratch_floats());
         float* qbuf = (float*)malloc(sizeof(float) * 2 * (size_t)AF_MAX_ROWS * D);  /* [tq][G][D], then out */
@@ -77,21 +104,11 @@ static int prefill_bf16_widened(const uint16_t* q, int64_t q_stride, const uint1
                 const int ntok = (int)(i0 + tq < q_len[r] ? tq : q_len[r] - i0);
                 const int64_t lp = (seq_len[r] + KT - 1) / KT * KT;
                 const float* kw = ws + base[r] + (int64_t)kh * 2 * lp * D;
-                for (int i = 0; i < ntok; i++)
-                    for (int g = 0; g < G; g++) {
-                        const uint16_t* src = q + (q_start[r] + i0 + i) * q_stride + (int64_t)(kh * G + g) * D;
-                        float* dst = qbuf + ((int64_t)i * G + g) * D;
-                        for (int d = 0; d < D; d++) dst[d] = bf16_to_f32(src[d]);
-                    }
+                widen_heads(q + (q_start[r] + i0) * q_stride, q_stride, ntok, G, kh, D, qbuf);
                 /* kv head 0 of a one-head pool: q and out rows are [G][D], the pool [lp][D] */
                 af_attend(qbuf, (int64_t)G * D, obuf, (int64_t)G * D, ntok, seq_len[r] - q_len[r] + i0, G, 0, 1, D,
                           kw, kw + lp * D, zero_table, (int)lp, D, scale, 0, scratch);
-                for (int i = 0; i < ntok; i++)
-                    for (int g = 0; g < G; g++) {
-                        uint16_t* dst = out + (q_start[r] + i0 + i) * num_heads * D + (int64_t)(kh * G + g) * D;
-                        const float* src = obuf + ((int64_t)i * G + g) * D;
-                        for (int d = 0; d < D; d++) dst[d] = f32_to_bf16(src[d]);
-                    }
+                round_heads(obuf, ntok, G, kh, D, out + (q_start[r] + i0) * num_heads * D, (int64_t)num_heads * D);
             }
         free(scratch);
         free(qbuf);
