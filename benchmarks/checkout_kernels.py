@@ -17,7 +17,7 @@ from inflight.kernels.cpu.isa import current_level
 
 def load_from_checkout(checkout: str, name: str) -> ctypes.CDLL:
     """``checkout``'s inflight/kernels/cpu/csrc/<name>.c as a loaded shared library."""
-    csrc = os.path.join(checkout, "inflight/kernels/cpu/csrc")
+    csrc = os.path.join(os.path.abspath(checkout), "inflight/kernels/cpu/csrc")
     with tempfile.TemporaryDirectory() as tmp:  # a loaded library outlives its file
         out = os.path.join(tmp, f"{name}.so")
         subprocess.run(["gcc", *build.compile_flags(current_level()), os.path.join(csrc, f"{name}.c"), "-o", out,
