@@ -61,6 +61,24 @@ def chunk_size(config: SchedulerConfig, req: Request, num_computed: int, budget:
     return n
 
 
+def check_feasible(config: SchedulerConfig, kv: KVCacheManager, max_model_len: int, request: Request) -> None:
+    """Raise ValueError if ``request`` could never run, whatever else is running: its prompt
+    plus ``max_tokens`` (default: up to ``max_model_len``) needs more blocks than the whole
+    pool, or, without chunked prefill, its prompt exceeds one step's token budget."""
+    max_tokens = request.sampling_params.max_tokens or (max_model_len - request.num_prompt_tokens)
+    need = kv.max_blocks_held(request.num_prompt_tokens + max_tokens, config.max_num_batched_tokens)
+    if need > kv.num_blocks:
+        raise ValueError(
+            f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {need} KV "
+            f"blocks but the whole KV cache has {kv.num_blocks} blocks of {kv.block_size} tokens "
+            f"({kv.num_blocks * kv.block_size} tokens): it can never fit; shorten the prompt "
+            f"or lower max_tokens")
+    if not config.enable_chunked_prefill and request.num_prompt_tokens > config.max_num_batched_tokens:
+        raise ValueError(
+            f"prompt of {request.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
+            f"({config.max_num_batched_tokens}) and chunked prefill is disabled")
+
+
 class AdmissionQueue:
     """The requests waiting for a seat (``waiting``: new and recompute-preempted;
     ``swapped``: preempted by swap) and the order admission tries them in.

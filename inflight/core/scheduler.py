@@ -7,7 +7,7 @@ import time
 from typing import Iterable, Optional, Sequence
 
 from inflight.config import CacheConfig, SchedulerConfig, SpeculativeConfig
-from inflight.core.admission import AdmissionQueue, chunk_size
+from inflight.core.admission import AdmissionQueue, check_feasible, chunk_size
 from inflight.core.batching import BatchingPolicy
 from inflight.core.hybrid_kv import make_kv_cache_manager
 from inflight.core.outputs import EngineCoreOutput, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
@@ -15,6 +15,7 @@ from inflight.core.preemption import Preemptor, VictimPolicy
 from inflight.core.request import Request, RequestStatus
 from inflight.core.spec_decode import DraftPlanner
 from inflight.core.static_scheduler import StaticBatching
+from inflight.core.stop import check_stop
 from inflight.core.swap import SwapSpace
 from inflight.core.worker_view import WorkerView
 
@@ -107,18 +108,7 @@ class Scheduler:
 
     def check_feasible(self, request: Request) -> None:
         """Raise ValueError if the request could never run, whatever else is running."""
-        max_tokens = request.sampling_params.max_tokens or (self.max_model_len - request.num_prompt_tokens)
-        need = self.kv.max_blocks_held(request.num_prompt_tokens + max_tokens, self.config.max_num_batched_tokens)
-        if need > self.kv.num_blocks:
-            raise ValueError(
-                f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {need} KV "
-                f"blocks but the whole KV cache has {self.kv.num_blocks} blocks of {self.block_size} tokens "
-                f"({self.kv.num_blocks * self.block_size} tokens): it can never fit; shorten the prompt "
-                f"or lower max_tokens")
-        if not self.config.enable_chunked_prefill and request.num_prompt_tokens > self.config.max_num_batched_tokens:
-            raise ValueError(
-                f"prompt of {request.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
-                f"({self.config.max_num_batched_tokens}) and chunked prefill is disabled")
+        check_feasible(self.config, self.kv, self.max_model_len, request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Finish requests now and return their blocks to the pool."""
@@ -193,22 +183,16 @@ class Scheduler:
             self.grammar_masks.start(out, self.requests)
         return out
 
-    def _room_for(self, num_blocks: int) -> bool:
-        return self.queue.room_for(num_blocks)
-
     def _reserve(self, req: Request, n: int) -> bool:
         """Take the slots of ``n`` more tokens for a running request, keeping the watermark."""
-        return self._room_for(self.kv.num_blocks_to_allocate(req, n)) and self.kv.allocate_slots(req, n)
-
-    def _chunk(self, req: Request, num_computed: int, budget: int) -> int:
-        return chunk_size(self.config, req, num_computed, budget)
+        return self.queue.room_for(self.kv.num_blocks_to_allocate(req, n)) and self.kv.allocate_slots(req, n)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         scheduled: dict[str, int] = {}
         for req in list(self.running):
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = self._chunk(req, req.num_computed_tokens, budget)
+            n = chunk_size(self.config, req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
             while not self.kv.allocate_slots(req, n):
@@ -264,14 +248,14 @@ class Scheduler:
         computed = self.kv.get_computed_blocks(req)
         # prompt tokens whose KV a connector loads before the step (disaggregated prefill)
         ext = self.kv_connector.get_num_new_matched_tokens(req, computed.num_tokens) if self.kv_connector else 0
-        n = self._chunk(req, computed.num_tokens + ext, budget)
+        n = chunk_size(self.config, req, computed.num_tokens + ext, budget)
         # NOTE: without chunked prefill a prompt runs whole or not at all; a request
         # preempted mid-generation may still be recomputed in chunks, else a
         # prompt+output longer than the budget could never resume.
         if (not self.config.enable_chunked_prefill and req.num_output_tokens == 0
                 and n < req.num_tokens - computed.num_tokens - ext):
             return 0
-        if not self._room_for(self.kv.num_blocks_to_allocate(req, ext + n, computed)) \
+        if not self.queue.room_for(self.kv.num_blocks_to_allocate(req, ext + n, computed)) \
                 or not self.kv.allocate_slots(req, ext + n, computed):
             return None
         self.waiting.remove(req)
@@ -286,9 +270,9 @@ class Scheduler:
 
     def _resume_swapped(self, req: Request, out: SchedulerOutput, budget: int) -> Optional[int]:
         """Bring a swapped request back: fresh device blocks, host -> device copies, next chunk."""
-        n = self._chunk(req, req.num_computed_tokens, budget)
+        n = chunk_size(self.config, req, req.num_computed_tokens, budget)
         num_host = self.swap.num_blocks_of(req.request_id)
-        if not self._room_for(self.kv.blocks_to_resume(req, num_host, n)):
+        if not self.queue.room_for(self.kv.blocks_to_resume(req, num_host, n)):
             return None
         device_ids = self.kv.allocate_swapped_in(req, num_host)
         out.blocks_to_swap_in.extend(self.swap.swap_in(req.request_id, device_ids))
@@ -332,7 +316,7 @@ class Scheduler:
             for token in tokens:
                 req.append_output_token(token)
                 new.append(token)
-                status = self._check_stop(req, token)
+                status = check_stop(req, token, self.max_model_len)
                 if status is not None:
                     break
             if req.times.first_token_time is None:
@@ -348,17 +332,3 @@ class Scheduler:
                 req.request_id, new, status.finish_reason if status else None, req.stop_reason,
                 [lp] if lp is not None else None, max(req.num_cached_tokens, 0), plp))
         return self.batching.release(outputs)
-
-    def _check_stop(self, req: Request, token: int) -> Optional[RequestStatus]:
-        params = req.sampling_params
-        # As vLLM: a grammar that has ended allows only stop tokens, so min_tokens yields to it.
-        grammar_ended = req.structured_output is not None and req.structured_output.is_terminated
-        if req.num_output_tokens >= params.min_tokens or grammar_ended:
-            if not params.ignore_eos and token in req.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
-                req.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
