@@ -10,6 +10,12 @@ then runs against it with `inflight bench`'s streaming client: every request at
 once, ignore_eos, temperature 0, one short untimed warm-up request first. Run
 benchmarks/peers/setup_vllm.sh and make_hf_folder.py first (README.md here).
 Server logs go to OUT-logs/ beside --out (else a temporary folder, removed).
+
+`--cap-isa avx2` runs the whole sitting as on an AVX2+FMA CPU, on a CPU with more
+(AVX-512): inflight's kernels at that level, torch's own kernels, oneDNN and MKL capped
+there too (ISA_CAPS), for both servers and for the matmul peak, and vLLM loads its AVX2
+kernel build (cap_avx2/sitecustomize.py). A check of the AVX2
+figures where no AVX2 host is at hand; the caches and memory stay the host's.
 """
 from __future__ import annotations
 
@@ -41,6 +47,10 @@ from inflight.bench.workload import load_jsonl  # noqa: E402
 DEFAULT_VLLM_VENV = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "vllm-venv")
 SERVED_NAME = "SmolLM2-135M-Instruct"
 WORKLOADS = ["chat", "decode", "longprompt", "prefix"]
+# The variables that cap each library's vector ISA: inflight's kernels (kernels/cpu/isa.py),
+# torch's vectorized ops, oneDNN (torch's mkldnn linears, vLLM's GEMM) and MKL (torch's sgemm).
+ISA_CAPS = {"avx2": {"INFLIGHT_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                     "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 
 def cpu_facts() -> dict:
@@ -92,6 +102,8 @@ def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     if args.vllm_preload and (preload := vllm_preload(args.vllm_venv)):
         env["LD_PRELOAD"] = ":".join(preload + [p for p in [os.environ.get("LD_PRELOAD")] if p])
     env.update({k: v for k, v in os.environ.items() if k.startswith("VLLM_CPU_")})  # the user's choice wins
+    if args.cap_isa:  # its kernel library too (cap_avx2/sitecustomize.py)
+        env["PYTHONPATH"] = os.path.join(HERE, f"cap_{args.cap_isa}")
     # --max-model-len 4096: the longest workload request is 3,110 tokens (longprompt).
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.hf_folder, "--dtype", args.vllm_dtype,
            "--served-model-name", SERVED_NAME, "--max-model-len", "4096", "--host", "127.0.0.1",
@@ -227,7 +239,13 @@ def main() -> int:
     ap.add_argument("--idle-after-start", type=float, default=0.0,
                     help="seconds each server sits idle after /health before its first workload")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
+    ap.add_argument("--cap-isa", default=None, choices=sorted(ISA_CAPS),
+                    help="run both servers and the peak as on a CPU with only this ISA (see above)")
     args = ap.parse_args()
+    if args.cap_isa and any(os.environ.get(k) != v for k, v in ISA_CAPS[args.cap_isa].items()):
+        # NOTE: torch, MKL and oneDNN read their caps when loaded: start again with them set
+        # (the servers inherit this environment).
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ISA_CAPS[args.cap_isa]})
     args.workloads = [w for w in args.workloads.split(",") if w]
     if args.vllm_dtype is None:
         from inflight.platforms import current_platform
@@ -243,7 +261,8 @@ def main() -> int:
     results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
                "machine": machine_info(), "client": {"request_rate": "inf", "ignore_eos": True, "stream": True,
                                                      "temperature": 0.0, "warmup_requests": 1},
-               "num_requests": args.num_requests, "max_tokens_cap": args.max_tokens_cap, "systems": {},
+               "isa_cap": ISA_CAPS.get(args.cap_isa), "num_requests": args.num_requests,
+               "max_tokens_cap": args.max_tokens_cap, "systems": {},
                "workloads": {name: {} for name in args.workloads}}
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
