@@ -20,6 +20,7 @@ import torch
 
 from checkout_kernels import load_from_checkout, time_interleaved
 from inflight.kernels.cpu.build import load_library, ptr
+from inflight.worker.huge_pages import zeros_huge
 
 H, KVH, D = 9, 3, 64
 
@@ -40,7 +41,9 @@ def main() -> None:
     s, ctx, bs = args.seqs, args.context, args.block_size
     per = -(-ctx // bs)
     nb = s * per + 1
-    pools = [(torch.randn(nb, bs, KVH, D), torch.randn(nb, bs, KVH, D)) for _ in range(args.layers)]
+    # on huge pages where the kernel allows, as the engine's pools (platforms/cpu.py)
+    pools = [(zeros_huge((nb, bs, KVH, D), torch.float32).normal_(), zeros_huge((nb, bs, KVH, D), torch.float32).normal_())
+             for _ in range(args.layers)]
     tables = torch.randperm(nb)[:s * per].view(s, per).contiguous()
     lens = torch.full((s,), ctx, dtype=torch.int64)
     q, out = torch.randn(s, H, D), torch.empty(s, H, D)
