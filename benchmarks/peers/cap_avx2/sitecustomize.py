@@ -4,7 +4,7 @@ probes, which read the hardware, not ATEN_CPU_CAPABILITY. Answering them as an A
 CPU would makes vLLM load and run what it runs on one."""
 import torch.cpu
 
-for _probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+for _probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
                "_is_amx_tile_supported", "_is_amx_fp16_supported"):
     if hasattr(torch.cpu, _probe):
         setattr(torch.cpu, _probe, lambda: False)

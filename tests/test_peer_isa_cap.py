@@ -1,0 +1,53 @@
+"""compare.py --cap-isa avx2: on any x86-64 CPU with AVX2, both servers and the peak run as on
+an AVX2+FMA CPU (the AVX2 comparison where no AVX2-only host is at hand)."""
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from inflight.kernels.cpu.isa import current_level
+
+PEERS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
+
+pytestmark = pytest.mark.skipif(current_level() is None or current_level().name == "scalar",
+                                reason="the cap is for x86-64 CPUs with AVX2 or more")
+
+
+def isa_caps() -> dict:
+    sys.path.insert(0, str(PEERS))  # compare.py imports its neighbours, as a script does
+    try:
+        spec = importlib.util.spec_from_file_location("compare", PEERS / "compare.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(PEERS))
+    return mod.ISA_CAPS["avx2"]
+
+
+def run_python(code: str, env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_capped_environment_runs_inflight_and_torch_at_avx2_in_float32():
+    got = run_python(
+        "import json, torch\n"
+        "from inflight.kernels.cpu.isa import current_level\n"
+        "from inflight.platforms import current_platform\n"
+        "print(json.dumps({'level': current_level().name, 'aten': torch.backends.cpu.get_cpu_capability(),\n"
+        "                  'auto': str(current_platform('cpu').resolve_dtype('auto'))}))", isa_caps())
+    assert got == {"level": "avx2", "aten": "AVX2", "auto": "torch.float32"}
+
+
+def test_vllms_sitecustomize_answers_torchs_avx512_probes_as_an_avx2_cpu():
+    # vLLM picks vllm._C_AVX2 when torch.cpu._is_avx512_supported() is False
+    probes = ["_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported", "_is_amx_tile_supported"]
+    got = run_python("import json, torch.cpu\n"
+                     f"print(json.dumps({{p: getattr(torch.cpu, p)() for p in {probes!r}}}))",
+                     {"PYTHONPATH": str(PEERS / "cap_avx2")})
+    assert got == {p: False for p in probes}
