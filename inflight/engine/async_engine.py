@@ -15,11 +15,11 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from inflight.engine.async_stream import (Command, EngineDeadError, RequestStream, StepObserver, log_abort_failure,
                                           put_all, request_error)
-from inflight.outputs import RequestOutput
+from inflight.engine.protocol import EngineClient
 from inflight.sampling_params import SamplingParams
 
 __all__ = ["AsyncLLMEngine", "EngineDeadError", "RequestStream", "StepObserver"]
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(EngineClient):
     """Asynchronous front of an ``LLMEngine``: ``generate()`` yields RequestOutputs.
 
     ``start()`` must be called from the event loop that will consume outputs.
@@ -199,17 +199,6 @@ class AsyncLLMEngine:
             stream.close()  # the add may still run: the abort queued after it undoes it
             raise
         return stream
-
-    async def generate(self, prompt: Any, params: SamplingParams, request_id: str, priority: int = 0,
-                       arrival_time: Optional[float] = None,
-                       cache_salt: Optional[str] = None) -> AsyncIterator[RequestOutput]:
-        """Add a request and yield its outputs until it finishes; leaving early aborts it."""
-        stream = await self.add_request(request_id, prompt, params, priority, arrival_time, cache_salt)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.close()
 
     # ------------------------------------------------ step thread internals
     def _wake(self) -> None:

@@ -13,7 +13,7 @@ import logging
 import multiprocessing
 import time
 from types import SimpleNamespace
-from typing import Any, AsyncIterator, Optional
+from typing import Any, Optional
 
 from inflight.engine.async_stream import EngineDeadError, RequestStream, put_all, request_error
 from inflight.engine.dp.metrics import DPMetrics
@@ -21,8 +21,8 @@ from inflight.engine.dp.replica_handle import ReplicaHandle
 from inflight.engine.dp.router import PrefixAwareRouter
 from inflight.engine.dp.serving_view import ServingView
 from inflight.engine.dp.wire import AbortCommand, AddCommand, OutputDecoder, StepReport
+from inflight.engine.protocol import EngineClient
 from inflight.errors import InvalidRequestError
-from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def _replica_kwargs(kwargs: dict[str, Any], index: int) -> dict[str, Any]:
     return kwargs
 
 
-class DPEngineClient:
+class DPEngineClient(EngineClient):
     """Data parallelism: ``data_parallel_size`` replicas, each a full engine in its own
     process with its share of the cores, and a :class:`PrefixAwareRouter` in front.
 
@@ -203,17 +203,6 @@ class DPEngineClient:
             stream.close()  # the add still lands: the abort queued after it undoes it
             raise
         return stream
-
-    async def generate(self, prompt: Any, params: SamplingParams, request_id: str, priority: int = 0,
-                       arrival_time: Optional[float] = None,
-                       cache_salt: Optional[str] = None) -> AsyncIterator[RequestOutput]:
-        """Add a request and yield its outputs until it finishes; leaving early aborts it."""
-        stream = await self.add_request(request_id, prompt, params, priority, arrival_time, cache_salt)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.close()
 
     def _tokens(self, prompt: Any) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, dict):
