@@ -144,6 +144,45 @@ static inline void af_tile(const float* qb, float* ob, float* sb, float* m, floa
     af_pv_rows(ob, sb, r0, r1, Dp, D, vp, ko, nk);
 }
 
+/* An item's rows (head h's row r: token r / G of q, query head (kh0 + h) * G + r % G) at the
+ * start: scaled queries zero-padded to Dp in qb, zero outputs in ob, running max -inf, sum 0. */
+static inline void af_start_rows(const float* q, int64_t q_stride, int R, int G, int kh0, int nkh, int D, float scale,
+                                 float* qb, float* ob, float* m, float* l) {
+    const int Dp = AF_PAD(D);
+    for (int h = 0; h < nkh; h++)
+        for (int r = 0; r < R; r++) {
+            const int hr = h * R + r;
+            const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)((kh0 + h) * G + r % G) * D;
+            for (int d = 0; d < D; d++) qb[(int64_t)hr * Dp + d] = qr[d] * scale;
+            for (int d = D; d < Dp; d++) qb[(int64_t)hr * Dp + d] = 0.f;
+            memset(ob + (int64_t)hr * Dp, 0, sizeof(float) * Dp);
+            m[hr] = -INFINITY;
+            l[hr] = 0.f;
+        }
+}
+
+/* An item's rows at the end: each unnormalized output over its sum into out, or with a prior
+ * (the shared prefix's part of the same row) the two parts merged at their common max. */
+static inline void af_finish_rows(float* out, int64_t out_stride, int R, int G, int kh0, int nkh, int D,
+                                  const float* ob, const float* m, const float* l, const float* prior) {
+    const int Dp = AF_PAD(D);
+    for (int h = 0; h < nkh; h++)
+        for (int r = 0; r < R; r++) {
+            const int hr = h * R + r;
+            float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)((kh0 + h) * G + r % G) * D;
+            const float* o = ob + (int64_t)hr * Dp;
+            if (prior) {  /* the two parts' softmax sums, rescaled to their common max */
+                const float* pr = prior + (int64_t)((kh0 + h) * G + r % G) * (D + 2);
+                const float mx = fmaxf(pr[D], m[hr]), a1 = expf(pr[D] - mx), a2 = expf(m[hr] - mx);
+                const float inv = 1.f / (pr[D + 1] * a1 + l[hr] * a2);
+                for (int d = 0; d < D; d++) dst[d] = (pr[d] * a1 + o[d] * a2) * inv;
+                continue;
+            }
+            const vf inv = vf_set1(1.f / l[hr]);
+            for (int d = 0; d < D; d += VL) vf_store_n(dst + d, AF_LD(o + d) * inv, D - d);
+        }
+}
+
 /* One work item: ntok tokens of one request from q / out (the run's first token), the
  * query heads of kv heads [kh0, kh0 + nkh) (nkh * ntok * G <= AF_MAX_ROWS; or a wide item:
  * ntok * G in [AW_MIN_ROWS, AF_MAX_ROWS] and aw_heads_fit(nkh, D)); token i at
@@ -181,16 +220,7 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
     vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
     kb[1] = vb[0] + AF_KT * AF_COPY_SPAN;
     vb[1] = kb[1] + AF_KT * AF_COPY_SPAN;
-    for (int h = 0; h < nkh; h++)
-        for (int r = 0; r < R; r++) {
-            const int hr = h * R + r;
-            const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)((kh0 + h) * G + r % G) * D;
-            for (int d = 0; d < D; d++) qb[(int64_t)hr * Dp + d] = qr[d] * scale;
-            for (int d = D; d < Dp; d++) qb[(int64_t)hr * Dp + d] = 0.f;
-            memset(ob + (int64_t)hr * Dp, 0, sizeof(float) * Dp);
-            m[hr] = -INFINITY;
-            l[hr] = 0.f;
-        }
+    af_start_rows(q, q_stride, R, G, kh0, nkh, D, scale, qb, ob, m, l);
     const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
     int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
     lo = k0 > lo ? k0 : lo;
@@ -222,21 +252,7 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
             af_tile(qb + (int64_t)h * R * Dp, ob + (int64_t)h * R * Dp, sb + (int64_t)h * R * AF_KT, m + h * R,
                     l + h * R, r0, r1, G, D, ctx, window, t0, nk, kp, vp, (int64_t)h * D);
     }
-    for (int h = 0; h < nkh; h++)
-        for (int r = 0; r < R; r++) {
-            const int hr = h * R + r;
-            float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)((kh0 + h) * G + r % G) * D;
-            const float* o = ob + (int64_t)hr * Dp;
-            if (prior) {  /* the two parts' softmax sums, rescaled to their common max */
-                const float* pr = prior + (int64_t)((kh0 + h) * G + r % G) * (D + 2);
-                const float mx = fmaxf(pr[D], m[hr]), a1 = expf(pr[D] - mx), a2 = expf(m[hr] - mx);
-                const float inv = 1.f / (pr[D + 1] * a1 + l[hr] * a2);
-                for (int d = 0; d < D; d++) dst[d] = (pr[d] * a1 + o[d] * a2) * inv;
-                continue;
-            }
-            const vf inv = vf_set1(1.f / l[hr]);
-            for (int d = 0; d < D; d += VL) vf_store_n(dst + d, AF_LD(o + d) * inv, D - d);
-        }
+    af_finish_rows(out, out_stride, R, G, kh0, nkh, D, ob, m, l, prior);
 }
 
 /* af_attend_from over every key (no prior) */
