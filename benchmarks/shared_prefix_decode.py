@@ -39,8 +39,8 @@ def call(lib: ctypes.CDLL, q, kc, vc, tables, lens, out) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn = lib.paged_decode_bf16 if q.dtype == torch.bfloat16 else lib.paged_decode_f32
     fn(p(q.data_ptr()), i64(q.stride(0)), p(kc.data_ptr()), p(vc.data_ptr()), p(tables.data_ptr()),
-                         i64(tables.stride(0)), p(lens.data_ptr()), p(out.data_ptr()), q.shape[0], H, KVH, D, BS,
-                         ctypes.c_float(D ** -0.5), int(lens.max()))
+       i64(tables.stride(0)), p(lens.data_ptr()), p(out.data_ptr()), q.shape[0], H, KVH, D, BS,
+       ctypes.c_float(D ** -0.5), int(lens.max()))
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ Server logs go to OUT-logs/ beside --out (else a temporary folder, removed).
 `--cap-isa avx2` runs the whole sitting as on an AVX2+FMA CPU, on a CPU with more
 (AVX-512): inflight's kernels at that level, torch's own kernels, oneDNN and MKL capped
 there too (ISA_CAPS), for both servers and for the matmul peak, and vLLM loads its AVX2
-kernel build (cap_avx2/sitecustomize.py). A check of the AVX2
-figures where no AVX2 host is at hand; the caches and memory stay the host's.
+kernel build (cap_avx2/sitecustomize.py). A check of the AVX2 figures where no AVX2
+host is at hand; the caches and memory stay the host's.
 """
 from __future__ import annotations
 
