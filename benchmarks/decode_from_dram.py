@@ -41,9 +41,10 @@ def main() -> None:
     s, ctx, bs = args.seqs, args.context, args.block_size
     per = -(-ctx // bs)
     nb = s * per + 1
-    # on huge pages where the kernel allows, as the engine's pools (platforms/cpu.py)
-    pools = [(zeros_huge((nb, bs, KVH, D), torch.float32).normal_(), zeros_huge((nb, bs, KVH, D), torch.float32).normal_())
-             for _ in range(args.layers)]
+    def pool() -> torch.Tensor:  # on huge pages where the kernel allows, as the engine's (platforms/cpu.py)
+        return zeros_huge((nb, bs, KVH, D), torch.float32).normal_()
+
+    pools = [(pool(), pool()) for _ in range(args.layers)]
     tables = torch.randperm(nb)[:s * per].view(s, per).contiguous()
     lens = torch.full((s,), ctx, dtype=torch.int64)
     q, out = torch.randn(s, H, D), torch.empty(s, H, D)

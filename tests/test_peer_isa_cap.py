@@ -13,7 +13,8 @@ from inflight.kernels.cpu.isa import current_level
 
 PEERS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
 
-pytestmark = pytest.mark.skipif(current_level() is None or current_level().name not in ("avx2", "avx512", "avx512_bf16"),
+X86_AVX2_OR_MORE = ("avx2", "avx512", "avx512_bf16")
+pytestmark = pytest.mark.skipif(current_level() is None or current_level().name not in X86_AVX2_OR_MORE,
                                 reason="the cap is for x86-64 CPUs with AVX2 or more")
 
 
