@@ -15,7 +15,7 @@ from inflight.core.preemption import Preemptor, VictimPolicy
 from inflight.core.request import Request, RequestStatus
 from inflight.core.spec_decode import DraftPlanner
 from inflight.core.static_scheduler import StaticBatching
-from inflight.core.stop import check_stop
+from inflight.core.stop import append_tokens
 from inflight.core.swap import SwapSpace
 from inflight.core.worker_view import WorkerView
 
@@ -112,12 +112,10 @@ class Scheduler:
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Finish requests now and return their blocks to the pool."""
-        for rid in request_ids:
-            req = self.requests.get(rid)
-            if req is not None and not req.is_finished:
-                self._finish(req, RequestStatus.FINISHED_ABORTED)
+        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """Finish requests (unknown or finished ones are skipped) with ``status``."""
         for rid in request_ids:
             req = self.requests.get(rid)
             if req is not None and not req.is_finished:
@@ -312,13 +310,7 @@ class Scheduler:
             first_output = req.num_output_tokens == 0
             if self.drafts is not None:
                 self.drafts.count(drafts, tokens)
-            new, status = [], None
-            for token in tokens:
-                req.append_output_token(token)
-                new.append(token)
-                status = check_stop(req, token, self.max_model_len)
-                if status is not None:
-                    break
+            new, status = append_tokens(req, tokens, self.max_model_len)
             if req.times.first_token_time is None:
                 req.times.first_token_time = now
             req.times.last_token_time = now

@@ -1,4 +1,4 @@
-"""Stop conditions: whether a request finishes after one sampled token."""
+"""Stop conditions: whether a request finishes after a sampled token."""
 from __future__ import annotations
 
 from typing import Optional
@@ -25,3 +25,16 @@ def check_stop(req: Request, token: int, max_model_len: int) -> Optional[Request
     if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
+
+
+def append_tokens(req: Request, tokens: list[int], max_model_len: int) -> tuple[list[int], Optional[RequestStatus]]:
+    """Append sampled ``tokens`` to ``req`` up to the first that stops it; returns the tokens
+    appended and the finished status (None to go on). Tokens after a stop are dropped."""
+    new: list[int] = []
+    for token in tokens:
+        req.append_output_token(token)
+        new.append(token)
+        status = check_stop(req, token, max_model_len)
+        if status is not None:
+            return new, status
+    return new, None

@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
 
-from inflight.engine.async_stream import (Command, EngineDeadError, RequestStream, StepObserver, log_abort_failure,
-                                          put_all, request_error)
+from inflight.engine.async_stream import (Command, EngineDeadError, RequestStream, StepObserver, deliver,
+                                          log_abort_failure, observe, request_error)
 from inflight.engine.protocol import EngineClient
 from inflight.sampling_params import SamplingParams
 
@@ -217,22 +217,14 @@ class AsyncLLMEngine(EngineClient):
     def _do_abort(self, request_id: str) -> None:
         outputs = self.engine.abort_request([request_id])
         stream = self._streams.pop(request_id, None)
-        self._observe("on_abort", request_id, outputs)
+        observe(self.observer, "on_abort", self.engine, request_id, outputs)
         if stream is not None:
-            self._deliver([(stream, out) for out in outputs])
+            deliver([(stream, out) for out in outputs])
         self.num_waiting = len(self.engine.scheduler.waiting)
 
     def _abort_all(self) -> None:
         for rid in list(self._streams):
             self._do_abort(rid)
-
-    def _observe(self, event: str, *args: Any) -> None:
-        # Metrics are not worth a dead engine: an observer failure is only logged.
-        if self.observer is not None:
-            try:
-                getattr(self.observer, event)(self.engine, *args)
-            except Exception:
-                logger.exception("step observer %s failed", event)
 
     def _next_commands(self) -> Optional[list[Command]]:
         """Block until there is a command or work; None means stop."""
@@ -264,7 +256,7 @@ class AsyncLLMEngine(EngineClient):
                 if self.engine.has_unfinished_requests():
                     self._step()
                 elif commands:
-                    self._observe("on_step", [], 0.0)  # refresh gauges after aborts
+                    observe(self.observer, "on_step", self.engine, [], 0.0)  # refresh gauges after aborts
         except BaseException as e:
             logger.exception("the engine step loop crashed; failing every pending request")
             self.crash = e
@@ -289,19 +281,8 @@ class AsyncLLMEngine(EngineClient):
         # NOTE: gauges first, outputs second: a client that sees its request finish
         # and then reads /metrics must find this step's KV usage, not the last one's.
         self.num_waiting = len(self.engine.scheduler.waiting)
-        self._observe("on_step", outputs, step_time)
-        self._deliver(batch)
-
-    def _deliver(self, batch: list[tuple[RequestStream, Any]]) -> None:
-        """Hand items to their consumers' loops: one wake-up per loop per step."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
-        for stream, item in batch:
-            by_loop.setdefault(stream.loop, []).append((stream, item))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(put_all, items)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
+        observe(self.observer, "on_step", self.engine, outputs, step_time)
+        deliver(batch)
 
     def _free_all(self) -> None:
         # Best effort after a crash: return the KV blocks, so the gauges read true while the process drains.
@@ -320,5 +301,5 @@ class AsyncLLMEngine(EngineClient):
         for command in commands:  # fail queued adds/calls instead of leaving them hanging
             command.fail(EngineDeadError(str(error)))
         streams, self._streams = list(self._streams.values()), {}
-        self._deliver([(s, error) for s in streams])
+        deliver([(s, error) for s in streams])
 

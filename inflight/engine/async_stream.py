@@ -102,6 +102,28 @@ def put_all(items: list[tuple[RequestStream, Any]]) -> None:
         stream.queue.put_nowait(item)
 
 
+def deliver(batch: list[tuple[RequestStream, Any]]) -> None:
+    """Hand items to their consumers' loops from another thread: one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
+    for stream, item in batch:
+        by_loop.setdefault(stream.loop, []).append((stream, item))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(put_all, items)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+def observe(observer: "StepObserver | None", event: str, engine: Any, *args: Any) -> None:
+    """Call ``observer.<event>(engine, *args)``. Metrics are not worth a dead engine:
+    an observer failure is only logged."""
+    if observer is not None:
+        try:
+            getattr(observer, event)(engine, *args)
+        except Exception:
+            logger.exception("step observer %s failed", event)
+
+
 def log_abort_failure(future: concurrent.futures.Future) -> None:
     # Nobody awaits an abort: a failure (other than a dead engine) would otherwise vanish.
     if not future.cancelled() and future.exception() is not None \
