@@ -57,18 +57,44 @@ static inline void af_tile_rows(const float* kbase, const float* vbase, const in
 
 #define AF_COPY_SPAN 256  /* floats of a key's rows an item copies into its tile buffers, at most */
 
+/* n floats of K and of V copied a cache line at a time, that line of the next block's K and
+ * V (pk / pv, may be NULL) prefetched as it goes: the loads of two blocks stay in flight,
+ * where the hardware prefetcher stops at the end of each scattered block. */
+static inline void af_copy_lines(float* dk, const float* sk, float* dv, const float* sv, int64_t n,
+                                 const float* pk, const float* pv) {
+    const int line = 64 / (int)sizeof(float);
+    int64_t i = 0;
+    for (; i + line <= n; i += line) {
+        if (pk) {
+            __builtin_prefetch(pk + i);
+            __builtin_prefetch(pv + i);
+        }
+        for (int j = 0; j < line; j += VL) {
+            vf_store(dk + i + j, vf_load(sk + i + j));
+            vf_store(dv + i + j, vf_load(sv + i + j));
+        }
+    }
+    for (; i < n; i++) {
+        dk[i] = sk[i];
+        dv[i] = sv[i];
+    }
+}
+
 /* The K and V rows of keys [t0, t0 + nk) copied into kb / vb (span floats a key, keys
  * span apart), kp / vp pointing at the copies: a block's rows are one contiguous run of
- * the pool, which plain copies read at the memory's pace, with no compute in between. */
+ * the pool, read at the memory's pace with the next block's lines prefetched (keys up to
+ * nkeys have blocks in bt). */
 static inline void af_tile_copy(const float* kbase, const float* vbase, const int64_t* bt, int block_size,
-                                int64_t tok_stride, int span, int64_t t0, int nk, float* kb, float* vb,
+                                int64_t tok_stride, int span, int64_t t0, int nk, int64_t nkeys, float* kb, float* vb,
                                 const float** kp, const float** vp) {
+    const int64_t nbt = (nkeys + block_size - 1) / block_size;
     for (int64_t b = t0 / block_size, i = t0 % block_size, j = 0; j < nk; b++, i = 0) {
         const int64_t off = (bt[b] * block_size + i) * tok_stride;
         const int n = block_size - i < nk - j ? (int)(block_size - i) : (int)(nk - j);
         if (tok_stride == span) {  /* the rows of the run are contiguous: one copy each */
-            memcpy(kb + j * span, kbase + off, sizeof(float) * (size_t)(n * span));
-            memcpy(vb + j * span, vbase + off, sizeof(float) * (size_t)(n * span));
+            const int64_t next = b + 1 < nbt ? bt[b + 1] * block_size * tok_stride : -1;
+            af_copy_lines(kb + j * span, kbase + off, vb + j * span, vbase + off, (int64_t)n * span,
+                          next >= 0 ? kbase + next : NULL, next >= 0 ? vbase + next : NULL);
         } else {
             for (int x = 0; x < n; x++) {
                 memcpy(kb + (j + x) * span, kbase + off + x * tok_stride, sizeof(float) * (size_t)span);
@@ -228,7 +254,7 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
     const float* vbase = v_cache + (int64_t)kh0 * D;
     if (copy)
         af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, lo,
-                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kb[0], vb[0], kq[0], vq[0]);
+                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, nkeys, kb[0], vb[0], kq[0], vq[0]);
     else
         af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, lo,
                      nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kq[0], vq[0]);
@@ -238,8 +264,8 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
         const float** vp = vq[cur];
         if (t0 + AF_KT < nkeys && copy)  /* the next tile's rows, copied before this one is computed */
             af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
-                         nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kb[cur ^ 1], vb[cur ^ 1],
-                         kq[cur ^ 1], vq[cur ^ 1]);
+                         nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, nkeys, kb[cur ^ 1],
+                         vb[cur ^ 1], kq[cur ^ 1], vq[cur ^ 1]);
         else if (t0 + AF_KT < nkeys)  /* the next tile's rows, prefetched while this one runs */
             af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kq[cur ^ 1], vq[cur ^ 1]);

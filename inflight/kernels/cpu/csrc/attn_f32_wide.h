@@ -165,13 +165,13 @@ static void aw_keys(float* scratch, int nkh, int R, int G, int D, int ntok, int6
     kb[1] = vb[0] + AF_KT * AF_COPY_SPAN;
     vb[1] = kb[1] + AF_KT * AF_COPY_SPAN;
     af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
-                 kb[0], vb[0], kp, vp);
+                 nkeys, kb[0], vb[0], kp, vp);
     for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
         if (t0 + AF_KT < nkeys)  /* the next tile, copied before this one is computed */
             af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
-                         nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kb[cur ^ 1], vb[cur ^ 1],
-                         kp, vp);
+                         nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, nkeys, kb[cur ^ 1],
+                         vb[cur ^ 1], kp, vp);
         /* rows before r0 see none of this tile, nor (with a window) rows from r1 on */
         const int r0 = t0 > ctx ? (int)(t0 - ctx) * G : 0;
         const int64_t ntok_seen = window > 0 ? t0 + nk + window - 1 - ctx : ntok;
