@@ -16,7 +16,15 @@ from inflight.kernels.cpu.isa import current_level
 
 
 def load_from_checkout(checkout: str, name: str) -> ctypes.CDLL:
-    """``checkout``'s inflight/kernels/cpu/csrc/<name>.c as a loaded shared library."""
+    """``checkout``'s inflight/kernels/cpu/csrc/<name>.c as a loaded shared library.
+
+    Refuses to run when the inflight package this process imports is not the one beside
+    this script: ``python benchmarks/x.py`` puts benchmarks/ on the path, not the checkout,
+    so from a worktree it imports the installed (editable) checkout's kernels as "this"."""
+    script_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.realpath(script_checkout) != os.path.realpath(this_checkout()):
+        raise SystemExit(f"this script is {script_checkout}'s, but it imports inflight from {this_checkout()}: "
+                         f"run it with PYTHONPATH={script_checkout}")
     csrc = os.path.join(os.path.abspath(checkout), "inflight/kernels/cpu/csrc")
     with tempfile.TemporaryDirectory() as tmp:  # a loaded library outlives its file
         out = os.path.join(tmp, f"{name}.so")
