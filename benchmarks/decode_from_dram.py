@@ -5,6 +5,7 @@ K/V bytes read per second.
 
     python benchmarks/decode_from_dram.py [--seqs 64] [--context 512] [--layers 30] [--repeats 3]
     python benchmarks/decode_from_dram.py --baseline ../before --repeats 9
+    python benchmarks/decode_from_dram.py --dtype bfloat16   # the bf16 kernel (AVX-512-BF16 only)
 
 SmolLM2's shape (9 query heads over 3 kv heads of 64). With --baseline, that checkout's
 paged_decode.c is built too (this checkout's flags) and the two kernels' passes alternate
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline", help="another checkout of inflight: its kernel against this one's")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
     lib = load_library("paged_decode")
     if lib is None:
@@ -41,25 +43,28 @@ def main() -> None:
     s, ctx, bs = args.seqs, args.context, args.block_size
     per = -(-ctx // bs)
     nb = s * per + 1
+    dtype = getattr(torch, args.dtype)
+    fn = "paged_decode_f32" if dtype == torch.float32 else "paged_decode_bf16"
+
     def pool() -> torch.Tensor:  # on huge pages where the kernel allows, as the engine's (platforms/cpu.py)
-        return zeros_huge((nb, bs, KVH, D), torch.float32).normal_()
+        return zeros_huge((nb, bs, KVH, D), dtype).normal_()
 
     pools = [(pool(), pool()) for _ in range(args.layers)]
     tables = torch.randperm(nb)[:s * per].view(s, per).contiguous()
     lens = torch.full((s,), ctx, dtype=torch.int64)
-    q, out = torch.randn(s, H, D), torch.empty(s, H, D)
+    q, out = torch.randn(s, H, D, dtype=dtype), torch.empty(s, H, D, dtype=dtype)
     i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     for one in libs.values():
-        one.paged_decode_f32.argtypes = [vp, i64, vp, vp, vp, i64, vp, vp, i32, i32, i32, i32, i32, ctypes.c_float, i32]
+        getattr(one, fn).argtypes = [vp, i64, vp, vp, vp, i64, vp, vp, i32, i32, i32, i32, i32, ctypes.c_float, i32]
 
     def one_pass(name: str, one: ctypes.CDLL) -> None:
         for kc, vc in pools:
-            one.paged_decode_f32(ptr(q), H * D, ptr(kc), ptr(vc), ptr(tables), per, ptr(lens), ptr(out), s, H, KVH,
+            getattr(one, fn)(ptr(q), H * D, ptr(kc), ptr(vc), ptr(tables), per, ptr(lens), ptr(out), s, H, KVH,
                                  D, bs, D ** -0.5, ctx)
 
     time_interleaved(libs, one_pass, 1)  # warm-up
     times = time_interleaved(libs, one_pass, args.repeats)
-    nbytes = args.layers * s * ctx * KVH * D * 4 * 2
+    nbytes = args.layers * s * ctx * KVH * D * dtype.itemsize * 2
     for k, ts in times.items():
         print(f"{k}: {args.layers} layers x {s} seqs x {ctx} tokens, blocks of {bs}: min {min(ts) * 1e3:.1f} ms, "
               f"median {statistics.median(ts) * 1e3:.1f} ms, {nbytes / statistics.median(ts) / 1e9:.2f} GB/s of K/V")
