@@ -110,6 +110,34 @@ static inline void store_head(const __m512* acc, int nv, float inv, uint16_t* op
 }
 
 
+/* K and V bytes of a sequence warm_blocks reads ahead at most (their sum): more than L2, as
+ * the lines L2 evicts stay in L3; past about twice L2 reading ahead no longer paid */
+#define WARM_MAX_BYTES (2048 * 1024)
+
+/* The K and V of a sequence's nblk blocks (blk elements each) read once, in order, a line at
+ * a time with the next block's lines prefetched, before the passes: the whole rows of every
+ * kv head then come from the caches. The passes alone read one head's part of each scattered
+ * row at a time, which the memory serves more slowly. */
+static inline void warm_blocks(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt, int64_t nblk,
+                               int64_t blk) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nblk; b++) {
+        const char* k = (const char*)(k_cache + bt[b] * blk), * v = (const char*)(v_cache + bt[b] * blk);
+        const char* kn = b + 1 < nblk ? (const char*)(k_cache + bt[b + 1] * blk) : NULL;
+        const char* vn = b + 1 < nblk ? (const char*)(v_cache + bt[b + 1] * blk) : NULL;
+        for (int64_t off = 0; off < blk * 2; off += 64) {
+            if (kn) {
+                _mm_prefetch(kn + off, _MM_HINT_T0);
+                _mm_prefetch(vn + off, _MM_HINT_T0);
+            }
+            acc = _mm512_or_si512(acc, _mm512_loadu_si512(k + off));
+            acc = _mm512_or_si512(acc, _mm512_loadu_si512(v + off));
+        }
+    }
+    volatile int32_t sink = _mm_cvtsi128_si32(_mm512_castsi512_si128(acc));  /* keeps the loads: they are the point */
+    (void)sink;
+}
+
 /* One request, kv heads [kh0, kh1), in three passes per kv head over its query rows
  * (ql query tokens x the G query heads of the kv head; token i sees the first
  * len - (ql - 1 - i) cached tokens: causal within the chunk): the scores into a
@@ -127,6 +155,8 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
         for (int64_t j = 0, r = bt[b] * block_size * tok_stride; j < block_size && t < len; j++, t++)
             rows[t] = r + j * tok_stride;
     for (int64_t t = len; t < lp; t++) rows[t] = 0;
+    if (kh0 == 0 && (int64_t)kh1 * head_dim == tok_stride && len * tok_stride * 4 <= WARM_MAX_BYTES)
+        warm_blocks(k_cache, v_cache, bt, (len + block_size - 1) / block_size, block_size * tok_stride);
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int kh = kh0; kh < kh1; kh++) {
         const uint16_t* kbase = k_cache + (int64_t)kh * head_dim;
