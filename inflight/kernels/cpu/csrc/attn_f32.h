@@ -91,15 +91,16 @@ static inline void af_tile_copy(const float* kbase, const float* vbase, const in
     for (int64_t b = t0 / block_size, i = t0 % block_size, j = 0; j < nk; b++, i = 0) {
         const int64_t off = (bt[b] * block_size + i) * tok_stride;
         const int n = block_size - i < nk - j ? (int)(block_size - i) : (int)(nk - j);
+        const int64_t next = b + 1 < nbt ? bt[b + 1] * block_size * tok_stride : -1;
         if (tok_stride == span) {  /* the rows of the run are contiguous: one copy each */
-            const int64_t next = b + 1 < nbt ? bt[b + 1] * block_size * tok_stride : -1;
             af_copy_lines(kb + j * span, kbase + off, vb + j * span, vbase + off, (int64_t)n * span,
                           next >= 0 ? kbase + next : NULL, next >= 0 ? vbase + next : NULL);
-        } else {
-            for (int x = 0; x < n; x++) {
-                memcpy(kb + (j + x) * span, kbase + off + x * tok_stride, sizeof(float) * (size_t)span);
-                memcpy(vb + (j + x) * span, vbase + off + x * tok_stride, sizeof(float) * (size_t)span);
-            }
+        } else {  /* a row's span at a time, the same part of the next block's row prefetched */
+            for (int x = 0; x < n; x++)
+                af_copy_lines(kb + (j + x) * span, kbase + off + x * tok_stride, vb + (j + x) * span,
+                              vbase + off + x * tok_stride, span,
+                              next >= 0 ? kbase + next + (int64_t)x * tok_stride : NULL,
+                              next >= 0 ? vbase + next + (int64_t)x * tok_stride : NULL);
         }
         for (int x = 0; x < n; x++) {
             kp[j + x] = kb + (j + x) * span;
