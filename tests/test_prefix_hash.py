@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 
 from fake_runner import make_request, make_scheduler, run_step
-from inflight.core.kv_cache_manager import ROOT_BLOCK_HASH, hash_block_tokens
+from inflight.core.kv_cache_utils import ROOT_BLOCK_HASH, hash_block_tokens
 
 
 def _python_hash(parent, tokens, extra=None) -> int:

@@ -2,12 +2,10 @@
 of the block pool."""
 from __future__ import annotations
 
-import hashlib
-import struct
-from array import array
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 from inflight.core.block_pool import BlockPool, KVCacheBlock
+from inflight.core.kv_cache_utils import hash_block_tokens
 from inflight.core.request import Request
 
 
@@ -18,34 +16,10 @@ class ComputedBlocks(NamedTuple):
     num_tokens: int
 
 
-# The parent of a request's first block; any fixed 32 bytes keep every parent the same length.
-ROOT_BLOCK_HASH = hashlib.sha256(b"inflight prefix cache root").digest()
-
 # With a sliding window: the placeholder for a block-table slot whose block went back to
 # the pool (every later token's window starts past it). Not in the pool, never counted,
 # and never read: attention skips keys before the window (block id 0 fills the table).
 NULL_BLOCK = KVCacheBlock(0)
-
-
-def hash_block_tokens(parent_hash: Optional[bytes], token_ids: Sequence[int],
-                      extra: Optional[str] = None) -> bytes:
-    """Chained sha256 of one full block over the parent's hash, the token ids and
-    the extra keys (the cache salt): equal hashes mean equal whole prefixes.
-
-    NOTE: not Python's hash(): it is the identity on small ints and the same in
-    every run, so a client could craft a prompt whose blocks collide with
-    another tenant's cached prefix and be served its KV. sha256 costs ~1.6 us per
-    block (against ~0.5), nothing next to a step.
-    """
-    h = hashlib.sha256(parent_hash if parent_hash is not None else ROOT_BLOCK_HASH)
-    # every field length-prefixed, so no two inputs serialize to the same bytes
-    h.update(struct.pack("<I", len(token_ids)))
-    h.update(array("q", token_ids).tobytes())
-    if extra is not None:
-        salt = extra.encode("utf-8", "surrogatepass")
-        h.update(struct.pack("<I", len(salt)))
-        h.update(salt)
-    return h.digest()
 
 
 class KVCacheManager:

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from inflight.core.kv_cache_manager import hash_block_tokens
+from inflight.core.kv_cache_utils import hash_block_tokens
 
 
 @dataclass
