@@ -1,4 +1,4 @@
-"""The float32 paged decode kernel reading its K/V from DRAM, as in serving: one pool per
+"""The paged decode kernel (float32, or bf16) reading its K/V from DRAM, as in serving: one pool per
 layer, so a step's pools (1.5 GB by default) are far larger than the caches, and
 16-token blocks at random places. Prints the time of one pass over every layer and the
 K/V bytes read per second.
