@@ -60,7 +60,7 @@ def main() -> None:
     def one_pass(name: str, one: ctypes.CDLL) -> None:
         for kc, vc in pools:
             getattr(one, fn)(ptr(q), H * D, ptr(kc), ptr(vc), ptr(tables), per, ptr(lens), ptr(out), s, H, KVH,
-                                 D, bs, D ** -0.5, ctx)
+                             D, bs, D ** -0.5, ctx)
 
     time_interleaved(libs, one_pass, 1)  # warm-up
     times = time_interleaved(libs, one_pass, args.repeats)
