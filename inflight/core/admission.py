@@ -1,4 +1,6 @@
-"""Admission: which queued request starts next, and whether memory allows it.
+"""Admission: which queued request starts next, whether memory allows it, and
+taking it off the queue with its blocks (a waiting request's prefix-cache hits
+and connector-loaded tokens, or a swapped request's host blocks copied back).
 
 Order. Swapped requests come before waiting ones (under ``fcfs`` always;
 under ``priority`` they compete by ``(priority, arrival)`` like everyone
@@ -42,14 +44,20 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.outputs import SchedulerOutput
 from inflight.core.request import Request
+from inflight.core.swap import SwapSpace
 
 if TYPE_CHECKING:
     from inflight.core.batching import BatchingPolicy
+    from inflight.distributed.kv_transfer.base import KVConnectorBase
+
+# The scheduler's: put a request that holds its blocks into the running batch with ``n`` tokens.
+StartFn = Callable[[Request, int], None]
 
 
 def chunk_size(config: SchedulerConfig, req: Request, num_computed: int, budget: int) -> int:
@@ -84,15 +92,18 @@ class AdmissionQueue:
     ``swapped``: preempted by swap) and the order admission tries them in.
 
     It reads ``running`` (the scheduler's list) for the seat share and never
-    changes it; which waiting requests may start at all is the batching policy's.
+    changes it: :meth:`admit` and :meth:`resume_swapped` take a request off the
+    queue with its blocks and hand it to the scheduler's ``start``. Which waiting
+    requests may start at all is the batching policy's.
     """
 
     def __init__(self, config: SchedulerConfig, policy: "BatchingPolicy", running: list[Request],
-                 kv: KVCacheManager, watermark_blocks: int) -> None:
+                 kv: KVCacheManager, swap: SwapSpace, watermark_blocks: int) -> None:
         self.config = config
         self.policy = policy
         self.running = running
         self.kv = kv
+        self.swap = swap
         self.watermark_blocks = watermark_blocks
         self.waiting: deque[Request] = deque()
         self.swapped: list[Request] = []
@@ -143,3 +154,43 @@ class AdmissionQueue:
             if best is None or (r.priority, r.arrival_time) < (best.priority, best.arrival_time):
                 best = r
         return best
+
+    def admit(self, req: Request, budget: int, connector: Optional["KVConnectorBase"],
+              start: StartFn) -> Optional[int]:
+        """Start a waiting request: tokens scheduled, 0 if it must wait for budget, None for blocks."""
+        computed = self.kv.get_computed_blocks(req)
+        # prompt tokens whose KV a connector loads before the step (disaggregated prefill)
+        ext = connector.get_num_new_matched_tokens(req, computed.num_tokens) if connector else 0
+        n = chunk_size(self.config, req, computed.num_tokens + ext, budget)
+        # NOTE: without chunked prefill a prompt runs whole or not at all; a request
+        # preempted mid-generation may still be recomputed in chunks, else a
+        # prompt+output longer than the budget could never resume.
+        if (not self.config.enable_chunked_prefill and req.num_output_tokens == 0
+                and n < req.num_tokens - computed.num_tokens - ext):
+            return 0
+        if not self.room_for(self.kv.num_blocks_to_allocate(req, ext + n, computed)) \
+                or not self.kv.allocate_slots(req, ext + n, computed):
+            return None
+        self.waiting.remove(req)
+        req.num_computed_tokens = computed.num_tokens + ext
+        if connector is not None:
+            connector.update_state_after_alloc(req, self.kv.get_block_ids(req.request_id),
+                                               computed.num_tokens, ext)
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = computed.num_tokens
+        start(req, n)
+        return n
+
+    def resume_swapped(self, req: Request, out: SchedulerOutput, budget: int, start: StartFn) -> Optional[int]:
+        """Bring a swapped request back: fresh device blocks, host -> device copies, next chunk."""
+        n = chunk_size(self.config, req, req.num_computed_tokens, budget)
+        num_host = self.swap.num_blocks_of(req.request_id)
+        if not self.room_for(self.kv.blocks_to_resume(req, num_host, n)):
+            return None
+        device_ids = self.kv.allocate_swapped_in(req, num_host)
+        out.blocks_to_swap_in.extend(self.swap.swap_in(req.request_id, device_ids))
+        ok = self.kv.allocate_slots(req, n)
+        assert ok, "room was checked above"
+        self.swapped.remove(req)
+        start(req, n)
+        return n

@@ -38,9 +38,10 @@ class Scheduler:
     speculative draft tokens, if any, get what is left after that (core/spec_decode.py).
 
     Composed of parts with small interfaces: the admission queue (who waits, in
-    what order), the victim policy and the preemptor (who yields, and how), the
-    draft planner, the batching policy (core/batching.py; static batching in
-    core/static_scheduler.py) and the worker view (what the worker was sent).
+    what order, and taking a request off the queue with its blocks), the victim
+    policy and the preemptor (who yields, and how), the draft planner, the
+    batching policy (core/batching.py; static batching in core/static_scheduler.py)
+    and the worker view (what the worker was sent).
 
     ``num_host_blocks`` sizes the host pool for ``preemption_mode="swap"`` (the
     worker computes it from ``swap_space``); with none, swap falls back to recompute.
@@ -74,7 +75,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
         self.batching.bind(self.running, self.kv, self._finish_now)
-        self.queue = AdmissionQueue(scheduler_config, batching, self.running, self.kv, self.watermark_blocks)
+        self.queue = AdmissionQueue(scheduler_config, batching, self.running, self.kv, self.swap,
+                                    self.watermark_blocks)
         self.victims = VictimPolicy(scheduler_config, self.queue.is_long)
         self.preemptor = Preemptor(scheduler_config, self.kv, self.swap, self.queue, self.victims, batching)
         self.drafts = DraftPlanner(speculative_config, max_model_len) if speculative_config is not None else None
@@ -229,9 +231,9 @@ class Scheduler:
             if req is None:
                 break
             if req.status == RequestStatus.SWAPPED:
-                n = self._resume_swapped(req, out, budget)
+                n = self.queue.resume_swapped(req, out, budget, self._start)
             else:
-                n = self._admit(req, out, budget)
+                n = self.queue.admit(req, budget, self.kv_connector, self._start)
             if n is None:  # short of blocks
                 if self.batching.make_room():
                     continue
@@ -241,46 +243,8 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> Optional[int]:
-        """Start a waiting request: tokens scheduled, 0 if it must wait for budget, None for blocks."""
-        computed = self.kv.get_computed_blocks(req)
-        # prompt tokens whose KV a connector loads before the step (disaggregated prefill)
-        ext = self.kv_connector.get_num_new_matched_tokens(req, computed.num_tokens) if self.kv_connector else 0
-        n = chunk_size(self.config, req, computed.num_tokens + ext, budget)
-        # NOTE: without chunked prefill a prompt runs whole or not at all; a request
-        # preempted mid-generation may still be recomputed in chunks, else a
-        # prompt+output longer than the budget could never resume.
-        if (not self.config.enable_chunked_prefill and req.num_output_tokens == 0
-                and n < req.num_tokens - computed.num_tokens - ext):
-            return 0
-        if not self.queue.room_for(self.kv.num_blocks_to_allocate(req, ext + n, computed)) \
-                or not self.kv.allocate_slots(req, ext + n, computed):
-            return None
-        self.waiting.remove(req)
-        req.num_computed_tokens = computed.num_tokens + ext
-        if self.kv_connector is not None:
-            self.kv_connector.update_state_after_alloc(req, self.kv.get_block_ids(req.request_id),
-                                                       computed.num_tokens, ext)
-        if req.num_cached_tokens < 0:
-            req.num_cached_tokens = computed.num_tokens
-        self._start(req, n, out)
-        return n
-
-    def _resume_swapped(self, req: Request, out: SchedulerOutput, budget: int) -> Optional[int]:
-        """Bring a swapped request back: fresh device blocks, host -> device copies, next chunk."""
-        n = chunk_size(self.config, req, req.num_computed_tokens, budget)
-        num_host = self.swap.num_blocks_of(req.request_id)
-        if not self.queue.room_for(self.kv.blocks_to_resume(req, num_host, n)):
-            return None
-        device_ids = self.kv.allocate_swapped_in(req, num_host)
-        out.blocks_to_swap_in.extend(self.swap.swap_in(req.request_id, device_ids))
-        ok = self.kv.allocate_slots(req, n)
-        assert ok, "room was checked above"
-        self.swapped.remove(req)
-        self._start(req, n, out)
-        return n
-
-    def _start(self, req: Request, n: int, out: SchedulerOutput) -> None:
+    def _start(self, req: Request, n: int) -> None:
+        """Put a request that holds its blocks into the batch (the admission queue calls it)."""
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         self.last_scheduled.append(ScheduledRequest(req, n, self.kv.get_group_block_ids(req.request_id)))
