@@ -1,6 +1,6 @@
 """The projections of one whole step of the embedded model (SmolLM2-135M, Q4_1 layers, Q8_0
 logits) over their fp32 panels and over their low-bit panels (kernels/cpu/panel_lowbit.py),
-by the step's row count: the crossover that sets LOWBIT_MAX_ROWS.
+by the step's row count: the crossover that kernels/cpu/lowbit_rows.py measures at load.
 
     python benchmarks/lowbit_gemm_rows.py [--rows 1 8 32 128 512] [--repeats 7] [--bf16]
 
@@ -20,9 +20,9 @@ from typing import Optional
 
 import torch
 
-from inflight.kernels.cpu import gemm_f32
 from inflight.kernels.cpu.gemm_bf16 import PanelLinear
 from inflight.kernels.cpu.gemm_f32 import PanelLinearF32
+from inflight.kernels.cpu.lowbit_rows import set_max_rows
 from inflight.loader import load_model
 
 PROJ = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
@@ -80,7 +80,9 @@ def main() -> None:
         times: dict[int, list[float]] = {0: [], 1: [], 2: []}
         for _ in range(args.repeats):
             for low in (0, 1):
-                gemm_f32.LOWBIT_MAX_ROWS = 1 << 30 if low else -1
+                for ly in layers:
+                    set_max_rows(ly.values(), 1 << 30 if low else -1)
+                set_max_rows([head], 1 << 30 if low else -1)
                 times[low].append(step(layers, head, rows))
             if b16:
                 times[2].append(step(*b16, rows, torch.bfloat16))

@@ -18,15 +18,14 @@ import time
 
 from inflight import LLM, SamplingParams
 from inflight.bench.workload import load_jsonl
-from inflight.kernels.cpu import gemm_f32
-from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS
+from inflight.kernels.cpu.lowbit_rows import lowbit_linears, set_max_rows
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workloads")
 
 
 def set_rows(model, rows: int) -> None:
     """Steps of at most ``rows`` tokens read the low-bit panels (C layer loop and Python linears)."""
-    gemm_f32.LOWBIT_MAX_ROWS = rows
+    set_max_rows(lowbit_linears(model), rows)
     loop = getattr(model, "layer_loop", None)
     if loop is not None:
         loop.dims.lowbit_max_rows = rows
@@ -40,7 +39,8 @@ def main() -> None:
     llm = LLM()
     model = llm.llm_engine.runner.model
     bits = [getattr(m, "lowbit_bits", 0) for m in model.modules()]
-    print(f"{bits.count(4)} projections have 4-bit panels, {bits.count(8)} 8-bit ones (row limit {LOWBIT_MAX_ROWS})")
+    limit = lowbit_linears(model)[0].lowbit_max_rows  # this machine's (kernels/cpu/lowbit_rows.py)
+    print(f"{bits.count(4)} projections have 4-bit panels, {bits.count(8)} 8-bit ones (row limit {limit})")
     reqs = load_jsonl(os.path.join(SHARED, f"{args.workload}.jsonl"))
     prompts = [r.prompt for r in reqs]
     params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0) for r in reqs]
@@ -48,7 +48,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"fp32": [], "lowbit": []}
     tokens: dict[str, list] = {}
     for _ in range(args.repeats):
-        for mode, rows in (("fp32", 0), ("lowbit", LOWBIT_MAX_ROWS)):
+        for mode, rows in (("fp32", 0), ("lowbit", limit)):
             set_rows(model, rows)
             llm.llm_engine.scheduler.kv.reset_prefix_cache()  # no run reuses an earlier one's prompts
             t0 = time.perf_counter()

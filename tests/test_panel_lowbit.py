@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from inflight.kernels.cpu import isa
-from inflight.kernels.cpu import gemm_f32 as gemm_module
 from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
+from inflight.kernels.cpu.lowbit_rows import lowbit_linears, set_max_rows
 from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS, pack_panels_lowbit
 from tests.isa_levels import kernel_test_levels, level_id
 
@@ -63,12 +63,12 @@ def test_other_weights_have_no_lowbit_form():
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("kind,bits", [("Q4_1", 4), ("Q4_0", 4), ("Q8_0", 8)])
-def test_lowbit_gemm_is_the_fp32_gemm_bit_for_bit(level, kind, bits, monkeypatch):
-    monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", 1 << 30)  # every row count through the low-bit panels
+def test_lowbit_gemm_is_the_fp32_gemm_bit_for_bit(level, kind, bits):
     torch.manual_seed(0)
     for n, k in [(100, 64), (96, 96), (50, 1088)]:  # N off and on the panels, K over one L1 chunk
         w, bias = gguf_weight(n, k, kind, seed=n), torch.randn(n)
         fast, plain = PanelLinearF32(w, bias, level), PanelLinearF32(w, bias, level, lowbit=False)
+        fast.lowbit_max_rows = 1 << 30  # every row count through the low-bit panels
         assert fast.lowbit_bits == bits and plain.lowbit is None
         for rows in [1, 3, 7, 13, 97, 200]:
             x = torch.randn(rows, k)
@@ -79,13 +79,13 @@ def test_lowbit_gemm_is_the_fp32_gemm_bit_for_bit(level, kind, bits, monkeypatch
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
-def test_lowbit_argmax_is_bit_identical(level, kind, monkeypatch):
+def test_lowbit_argmax_is_bit_identical(level, kind):
     """The logits projection's greedy argmax (and with a grammar's mask) over low-bit panels."""
     from inflight.structured_output.masks import GrammarBitmask
 
-    monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", 1 << 30)
     w = gguf_weight(300, 64, kind, seed=7)
     fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
+    fast.lowbit_max_rows = 1 << 30
     assert fast.lowbit is not None
     x = torch.randn(9, 64)
     assert torch.equal(fast.argmax(x), plain.argmax(x))
@@ -95,12 +95,12 @@ def test_lowbit_argmax_is_bit_identical(level, kind, monkeypatch):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_q4_silu_gate_up_is_bit_identical(level, monkeypatch):
-    monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", 1 << 30)
+def test_q4_silu_gate_up_is_bit_identical(level):
     lib = load_gemm_f32(level)
     inter = 2 * lib.gemm_f32_panel()  # gate and up split on a panel boundary
     w = gguf_weight(2 * inter, 128, seed=3)
     fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
+    fast.lowbit_max_rows = 1 << 30
     assert fast.lowbit is not None
     for rows in [1, 6, 50]:
         x = torch.randn(rows, 128)
@@ -110,6 +110,7 @@ def test_q4_silu_gate_up_is_bit_identical(level, monkeypatch):
 def test_rows_past_the_limit_use_the_fp32_panels():
     w = gguf_weight(64, 64)
     lin = PanelLinearF32(w, None)
+    assert lin.lowbit_max_rows == LOWBIT_MAX_ROWS  # until lowbit_rows.py measures this machine's
     calls = []
     real = lin.lib
 
@@ -121,7 +122,10 @@ def test_rows_past_the_limit_use_the_fp32_panels():
     lin.lib = Spy()
     lin(torch.randn(LOWBIT_MAX_ROWS, 64))
     lin(torch.randn(LOWBIT_MAX_ROWS + 1, 64))
-    assert calls == ["gemm_f32_q4", "gemm_f32"]
+    lin.lowbit_max_rows = 5
+    lin(torch.randn(5, 64))
+    lin(torch.randn(6, 64))
+    assert calls == ["gemm_f32_q4", "gemm_f32", "gemm_f32_q4", "gemm_f32"]
     assert lin.lowbit_bits == 4
 
 
@@ -143,8 +147,10 @@ def test_the_embedded_model_generates_the_same_over_fp32_panels(monkeypatch):
     logprobs of the same steps over the fp32 panels."""
     from inflight import LLM, SamplingParams
 
+    monkeypatch.setenv("INFLIGHT_LOWBIT_MAX_ROWS", "64")  # every step below, whatever this machine measures
     llm = LLM(dtype="float32", max_num_batched_tokens=64)
     model = llm.llm_engine.runner.model
+    assert model.layer_loop.dims.lowbit_max_rows == 64
     bits = [m.lowbit_bits for m in model.modules() if isinstance(m, PanelLinearF32)]
     assert bits.count(4) == 4 * len(model.layer_plan().layers) and bits.count(8) == 1, bits
     assert model.layer_loop is not None
@@ -160,6 +166,6 @@ def test_the_embedded_model_generates_the_same_over_fp32_panels(monkeypatch):
         return got
 
     low = run()
-    monkeypatch.setattr(gemm_module, "LOWBIT_MAX_ROWS", -1)
+    set_max_rows(lowbit_linears(model), -1)
     model.layer_loop.dims.lowbit_max_rows = -1
     assert run() == low

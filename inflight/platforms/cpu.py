@@ -56,12 +56,16 @@ class CpuPlatform(Platform):
         if config.attention_backend == "torch" or self.isa is None:
             return []
         from inflight.kernels.cpu.layer_loop import CpuLayerLoop
+        from inflight.kernels.cpu.lowbit_rows import tune_lowbit_max_rows
         from inflight.kernels.cpu.packing import pack_linears
 
         done = []
         packed = pack_linears(model, dtype)
         if packed:
             done.append(f"{packed} packed linears")
+            rows = tune_lowbit_max_rows(model)
+            if rows is not None:
+                done.append(f"low-bit panels up to {rows} rows")
         done.append(f"{dispatch_custom_ops(model, 'cpu')} CPU ops")
         # NOTE: the C layer loop has no all-reduce between a layer's halves: tensor-parallel
         # ranks run op by op (packed linears, C element-wise ops and attention).

@@ -8,8 +8,8 @@ step keeps a chunk of a panel in L1 while a block of rows passes over it. A row'
 result does not depend on the batch it is in (same sums, same order at any M).
 
 A weight that is 4- or 8-bit underneath (a GGUF Q4_0, Q4_1 or Q8_0 tensor) also gets
-low-bit panels (panel_lowbit.py): calls of up to ``LOWBIT_MAX_ROWS`` rows read those,
-with the same results.
+low-bit panels (panel_lowbit.py): calls of up to ``lowbit_max_rows`` rows read those,
+with the same results (the limit is measured per machine: lowbit_rows.py).
 """
 from __future__ import annotations
 
@@ -76,10 +76,11 @@ class PanelLinearF32(PanelLinearBase):
         found = pack_panels_lowbit(weight.detach(), self.packed, self.panel, self.lib) if lowbit else None
         self.lowbit_bits = 0 if found is None else found[1]  # 4 or 8; 0: fp32 panels only
         self.register_buffer("lowbit", None if found is None else found[0], persistent=False)
+        self.lowbit_max_rows = LOWBIT_MAX_ROWS  # lowbit_rows.py sets this machine's
 
     def _call(self, suffix: str, *args) -> int:
         # args: x, M, K, lda, packed, ...: a few rows read the low-bit panels instead
-        if self.lowbit is not None and args[1] <= LOWBIT_MAX_ROWS:
+        if self.lowbit is not None and args[1] <= self.lowbit_max_rows:
             fn = getattr(self.lib, f"gemm_f32_q{self.lowbit_bits}{suffix}")
             return fn(*args[:4], self.lowbit.data_ptr(), *args[5:])
         return super()._call(suffix, *args)

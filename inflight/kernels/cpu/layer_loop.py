@@ -97,6 +97,13 @@ def _sw_kernels(attn: CpuPagedAttentionBackend) -> tuple[int, int]:
     return _addr(attn.lib, "paged_decode_f32_sw"), _addr(attn.prefill_lib, "paged_prefill_f32_sw")
 
 
+def _lowbit_max_rows(plan: LayerPlan) -> int:
+    """The row limit of the layers' low-bit panels (one for the model: lowbit_rows.py)."""
+    return min((lin.lowbit_max_rows for ly in plan.layers
+                for lin in (ly.qkv_proj, ly.o_proj, ly.gate_up_proj, ly.down_proj)
+                if getattr(lin, "lowbit", None) is not None), default=LOWBIT_MAX_ROWS)
+
+
 class CpuLayerLoop:
     """Runs a model's decoder layers in one C call; ``build`` returns None where it cannot."""
 
@@ -116,7 +123,7 @@ class CpuLayerLoop:
                                 _addr(fused, f"rmsnorm_heads_{sfx}") if first.q_norm is not None else None,
                                 *_lowbit_kernels(gemm, silu_ok))
         self.dims = _Dims(plan.hidden_size, plan.intermediate_size, plan.num_heads, plan.num_kv_heads,
-                          plan.head_dim, 0, dtype.itemsize, LOWBIT_MAX_ROWS, plan.rms_norm_eps, plan.scale)
+                          plan.head_dim, 0, dtype.itemsize, _lowbit_max_rows(plan), plan.rms_norm_eps, plan.scale)
         self.inter = plan.intermediate_size
         self._layers = None  # (kv_caches list id, ctypes array): the pools do not move
         if lib.llama_layers_ticks() != len(KERNELS):
