@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inflight.cache_root import cache_root
+
 from .stream import SafetensorsSource, WeightSource, save_safetensors
 
 if TYPE_CHECKING:
@@ -40,12 +42,6 @@ WEIGHTS_FILE = "weights.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
 META_FILE = "meta.json"
-
-
-def cache_root(cache_dir: str | None = None) -> str:
-    """``cache_dir``, else ``$INFLIGHT_CACHE_DIR``, else ``~/.cache/inflight``."""
-    root = cache_dir or os.environ.get("INFLIGHT_CACHE_DIR") or "~/.cache/inflight"
-    return os.path.abspath(os.path.expanduser(root))
 
 
 def _identity(source: str) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any, Callable, Optional, TypeVar
 
+from inflight.cache_root import cache_root
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -29,8 +31,7 @@ T = TypeVar("T")
 
 def cache_dir() -> str:
     """``$INFLIGHT_CACHE_DIR/arch`` (default ``~/.cache/inflight/arch``)."""
-    base = os.environ.get("INFLIGHT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "inflight")
-    return os.path.join(base, "arch")
+    return os.path.join(cache_root(), "arch")
 
 
 @lru_cache(maxsize=1)

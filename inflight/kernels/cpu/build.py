@@ -19,6 +19,7 @@ import tempfile
 from importlib import resources
 from typing import Optional
 
+from inflight.cache_root import cache_root
 from inflight.kernels.cpu.isa import IsaLevel, current_level
 
 logger = logging.getLogger(__name__)
@@ -36,8 +37,7 @@ def ptr(t) -> ctypes.c_void_p:
 
 
 def _cache_dir() -> str:
-    base = os.environ.get("INFLIGHT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "inflight")
-    return os.path.join(base, "kernels")
+    return os.path.join(cache_root(), "kernels")
 
 
 def sources(name: str) -> dict[str, str]:

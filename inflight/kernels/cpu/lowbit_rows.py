@@ -26,6 +26,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from inflight.cache_root import cache_root
 from inflight.kernels.cpu.build import sources
 from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS
 
@@ -97,8 +98,7 @@ def cache_key(linears: Sequence[nn.Module]) -> str:
 
 
 def _cache_path(key: str) -> str:
-    base = os.environ.get("INFLIGHT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "inflight")
-    return os.path.join(base, "tune", f"lowbit-{key}.json")
+    return os.path.join(cache_root(), "tune", f"lowbit-{key}.json")
 
 
 def _read_cached(path: str) -> Optional[int]:
