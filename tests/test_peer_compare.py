@@ -1,0 +1,63 @@
+"""compare.py's sitting order: by default one server at a time; with --interleave every
+server up first, then each workload on each server in turn, the order reversed from one
+workload to the next (a host that drifts weighs on both sides of every ratio)."""
+import argparse
+import importlib.util
+import pathlib
+import sys
+
+PEERS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
+
+
+def load_compare():
+    sys.path.insert(0, str(PEERS))  # compare.py imports its neighbours, as a script does
+    try:
+        spec = importlib.util.spec_from_file_location("compare", PEERS / "compare.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(PEERS))
+    return mod
+
+
+def sitting(interleave: bool, monkeypatch) -> tuple[list, dict]:
+    compare = load_compare()
+    events = []
+
+    def start_server(system, args, log_dir, stack):
+        events.append(("start", system))
+        stack.callback(events.append, ("stop", system))
+        return {"url": f"http://{system}", "startup_s": 1.0}
+
+    def run_workload(system, url, name, reqs, args):
+        assert url == f"http://{system}"
+        events.append((name, system))
+        return {"output_throughput": 1.0}
+
+    monkeypatch.setattr(compare, "start_server", start_server)
+    monkeypatch.setattr(compare, "run_workload", run_workload)
+    monkeypatch.setattr(compare.time, "sleep", lambda s: None)
+    names = ["chat", "decode", "longprompt"]
+    results = {"systems": {}, "workloads": {n: {} for n in names}}
+    args = argparse.Namespace(interleave=interleave, idle_after_start=0.0)
+    compare.run_sitting(["vllm", "inflight"], args, {n: [] for n in names}, "/tmp", results)
+    return events, results
+
+
+def test_interleaved_sitting_alternates_who_goes_first(monkeypatch):
+    events, results = sitting(True, monkeypatch)
+    assert events == [("start", "vllm"), ("start", "inflight"),
+                      ("chat", "vllm"), ("chat", "inflight"),
+                      ("decode", "inflight"), ("decode", "vllm"),
+                      ("longprompt", "vllm"), ("longprompt", "inflight"),
+                      ("stop", "inflight"), ("stop", "vllm")]
+    assert set(results["systems"]) == {"vllm", "inflight"} and "url" not in results["systems"]["vllm"]
+    assert all(set(per) == {"vllm", "inflight"} for per in results["workloads"].values())
+
+
+def test_default_sitting_runs_one_server_at_a_time(monkeypatch):
+    events, _ = sitting(False, monkeypatch)
+    assert events == [("start", "vllm"), ("chat", "vllm"), ("decode", "vllm"), ("longprompt", "vllm"),
+                      ("stop", "vllm"),
+                      ("start", "inflight"), ("chat", "inflight"), ("decode", "inflight"),
+                      ("longprompt", "inflight"), ("stop", "inflight")]
