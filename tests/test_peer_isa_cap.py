@@ -1,6 +1,5 @@
 """compare.py --cap-isa avx2: on any x86-64 CPU with AVX2, both servers and the peak run as on
 an AVX2+FMA CPU (the AVX2 comparison where no AVX2-only host is at hand)."""
-import importlib.util
 import json
 import os
 import pathlib
@@ -10,6 +9,7 @@ import sys
 import pytest
 
 from inflight.kernels.cpu.isa import current_level
+from tests.test_peer_compare import load_compare
 
 PEERS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
 
@@ -19,14 +19,7 @@ pytestmark = pytest.mark.skipif(current_level() is None or current_level().name 
 
 
 def isa_caps() -> dict:
-    sys.path.insert(0, str(PEERS))  # compare.py imports its neighbours, as a script does
-    try:
-        spec = importlib.util.spec_from_file_location("compare", PEERS / "compare.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(PEERS))
-    return mod.ISA_CAPS["avx2"]
+    return load_compare().ISA_CAPS["avx2"]
 
 
 def run_python(code: str, env: dict) -> dict:
