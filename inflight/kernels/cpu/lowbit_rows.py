@@ -44,6 +44,7 @@ def lowbit_linears(model: nn.Module) -> list[nn.Module]:
 
 
 def set_max_rows(linears: Sequence[nn.Module], rows: int) -> None:
+    """Calls of at most ``rows`` rows read these linears' low-bit panels (-1: none do)."""
     for lin in linears:
         lin.lowbit_max_rows = rows
 
