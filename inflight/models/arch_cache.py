@@ -11,18 +11,16 @@ result is stored only where it reads back equal.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
-import tempfile
 from functools import lru_cache
 from importlib import metadata
 from typing import Any, Callable, Optional, TypeVar
 
-from inflight.cache_root import cache_root
+from inflight.cache_root import cache_root, write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +82,6 @@ def _store(path: str, result: Any, cls: type) -> None:
         text = json.dumps(data, allow_nan=False)
         if cls(**json.loads(text)) != result:  # a field JSON cannot carry: keep parsing
             return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        write_atomic(path, text)
     except (OSError, TypeError, ValueError) as exc:
         logger.debug("not memoizing the parsed config: %s", exc)
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
-    except OSError as exc:
-        logger.debug("not memoizing the parsed config: %s", exc)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)

@@ -19,14 +19,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
-from inflight.cache_root import cache_root
+from inflight.cache_root import cache_root, write_atomic
 from inflight.kernels.cpu.build import sources
 from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS
 
@@ -113,11 +112,7 @@ def _read_cached(path: str) -> Optional[int]:
 
 def _store(path: str, rows: int) -> None:
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"lowbit_max_rows": rows}, f)
-        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+        write_atomic(path, json.dumps({"lowbit_max_rows": rows}))
     except OSError as exc:
         logger.debug("not caching the low-bit row limit: %s", exc)
 
