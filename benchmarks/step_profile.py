@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import threading
 import time
 
 from inflight import LLM, SamplingParams
@@ -31,6 +32,16 @@ def timed(totals: dict, key: str, fn):
     return wrapper
 
 
+def wait_for_prefault() -> None:
+    """Let the KV pool fault in before timing, as a server idle after start-up does
+    (huge_pages.prefault_when_idle): else the first steps' KV writes pay for it."""
+    t = time.perf_counter()
+    for thread in threading.enumerate():
+        if thread.name == "inflight-kv-prefault":
+            thread.join()
+    print(f"KV pool faulted in: {time.perf_counter() - t:.1f} s before timing")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="chat")
@@ -46,6 +57,7 @@ def main() -> None:
     prompts = [r.prompt for r in reqs]
     params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0) for r in reqs]
     llm.generate(prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    wait_for_prefault()
 
     totals: dict[str, float] = collections.defaultdict(float)
     engine.step = timed(totals, "step", engine.step)
