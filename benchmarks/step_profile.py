@@ -3,6 +3,7 @@
 calls, the C layer loop's kernels from its time-stamp-counter profile.
 
     python benchmarks/step_profile.py [--workload chat] [--max-num-seqs 128] [--max-num-batched-tokens 512]
+                                      [--kv-cache-dtype bfloat16]
 
 Prints the wall time and a table of parts by share of it (kernels get the loop's
 time split by their tick shares; "engine other" is scheduling, output processing
@@ -48,8 +49,10 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=None, help="default: the platform's")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the platform's")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--kv-cache-dtype", default="auto")
     args = ap.parse_args()
-    llm = LLM(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.llm_engine
     runner, model = engine.runner, engine.runner.model
     loop = getattr(model, "layer_loop", None)

@@ -210,8 +210,9 @@ class EngineConfig:
     def _validate_pressure(self) -> None:
         """Settings for scheduling under pressure: swap, watermark, preemption cap, fairness, KV dtype."""
         s, c = self.scheduler_config, self.cache_config
-        if c.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
-            raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got {c.kv_cache_dtype!r}")
+        if c.kv_cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3"):
+            raise ValueError("kv_cache_dtype must be 'auto', 'bfloat16', 'fp8' or 'fp8_e4m3', "
+                             f"got {c.kv_cache_dtype!r}")
         if c.swap_space < 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {c.swap_space}")
         if not 0.0 <= s.watermark < 1.0:

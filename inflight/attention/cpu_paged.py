@@ -2,7 +2,9 @@
 through the C paged-prefill kernel (bf16 on AVX-512-BF16; float32 on every ISA level),
 both reading K/V from the block pool in place; anything else through the torch
 reference path. A sliding window runs on the float32 kernels (their ``_sw`` entry
-points); bf16 declines it to the torch reference, as every kernel declines a logit soft-cap."""
+points); bf16 declines it to the torch reference, as every kernel declines a logit soft-cap.
+A float32 model over bfloat16 pools (kv_cache_dtype "bfloat16") runs the float32 kernels'
+``_kvbf16`` entry points, which widen the cached values as they read them."""
 from __future__ import annotations
 
 import ctypes
@@ -23,6 +25,14 @@ _WRITE_ARGS = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]
 _PREFILL_ARGS = [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32, _i32, _f32, _ptr]
 
 
+def kv_suffix(dtype: torch.dtype, cache_dtype: torch.dtype) -> Optional[str]:
+    """The kernels' entry-point suffix for queries of ``dtype`` over pools of ``cache_dtype``:
+    "" for the same dtype, "_kvbf16" for float32 over bfloat16, None where no kernel reads it."""
+    if dtype == cache_dtype:
+        return ""
+    return "_kvbf16" if (dtype, cache_dtype) == (torch.float32, torch.bfloat16) else None
+
+
 class CpuPagedAttentionBackend(TorchAttentionBackend):
     """Falls back to the torch reference for anything the kernel does not cover."""
 
@@ -36,11 +46,16 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             self.prefill_lib.paged_prefill_f32.argtypes = _PREFILL_ARGS
             self.prefill_lib.paged_prefill_f32_supported.argtypes = [_i32, _i32]
             self.prefill_lib.paged_prefill_f32_sw.argtypes = _PREFILL_ARGS + [_i32]
+            self.prefill_lib.paged_prefill_f32_kvbf16.argtypes = _PREFILL_ARGS
+            self.prefill_lib.paged_prefill_f32_sw_kvbf16.argtypes = _PREFILL_ARGS + [_i32]
         self._workspace = torch.empty(0, dtype=torch.uint8)
         for name in _FNS.values():
             getattr(self.lib, name).argtypes = _DECODE_ARGS
         self.lib.paged_decode_f32_sw.argtypes = _DECODE_ARGS + [_i32]
+        self.lib.paged_decode_f32_kvbf16.argtypes = _DECODE_ARGS
+        self.lib.paged_decode_f32_sw_kvbf16.argtypes = _DECODE_ARGS + [_i32]
         self.lib.write_kv_rows.argtypes = _WRITE_ARGS
+        self.lib.write_kv_rows_f32_bf16.argtypes = _WRITE_ARGS
         g, d = ctypes.c_int(), ctypes.c_int()
         self.lib.paged_decode_limits(ctypes.byref(g), ctypes.byref(d))
         self.max_g, self.max_d = g.value, d.value
@@ -50,7 +65,7 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         kvh = k_cache.shape[2]
         if sliding_window and q.dtype != torch.float32:
             return False  # the bf16 kernels take no window
-        return (q.device.type == "cpu" and q.dtype == k_cache.dtype and q.dtype in _FNS
+        return (q.device.type == "cpu" and kv_suffix(q.dtype, k_cache.dtype) is not None and q.dtype in _FNS
                 and nh % kvh == 0 and nh // kvh <= self.max_g and d <= self.max_d and k_cache.is_contiguous())
 
     def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
@@ -69,12 +84,13 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         """New K/V rows into the pool in one C call; k and v may be views into the
         fused qkv output as long as each token's heads are contiguous."""
         row = k_cache.shape[2] * k_cache.shape[3]
-        if not (k.dtype == v.dtype == k_cache.dtype and k.stride(2) == v.stride(2) == 1
+        if not (k.dtype == v.dtype and kv_suffix(k.dtype, k_cache.dtype) is not None and k.stride(2) == v.stride(2) == 1
                 and k.stride(1) == v.stride(1) == k_cache.shape[3] and slots.is_contiguous()):
             return super()._write_kv(k, v, k_cache, v_cache, slots)
         size = k.element_size()
-        self.lib.write_kv_rows(k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size,
-                               k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), slots.numel(), row * size)
+        fn = self.lib.write_kv_rows if k.dtype == k_cache.dtype else self.lib.write_kv_rows_f32_bf16
+        fn(k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size, k_cache.data_ptr(),
+           v_cache.data_ptr(), slots.data_ptr(), slots.numel(), row * size)
 
     def _decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float,
                 sliding_window: Optional[int] = None) -> torch.Tensor:
@@ -93,10 +109,11 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
                 md.seq_lens.data_ptr(), out.data_ptr(), md.num_decodes, q.shape[1], k_cache.shape[2], q.shape[2],
                 k_cache.shape[1], scale, md.max_decode_seq_len)
+        sfx = kv_suffix(q.dtype, k_cache.dtype)
         if sliding_window:
-            self.lib.paged_decode_f32_sw(*args, sliding_window)
+            getattr(self.lib, f"paged_decode_f32_sw{sfx}")(*args, sliding_window)
         else:
-            getattr(self.lib, _FNS[q.dtype])(*args)
+            getattr(self.lib, _FNS[q.dtype] + sfx)(*args)
 
     def prefill_args(self, md: AttentionMetadata, num_heads: int, num_kv_heads: int,
                      head_dim: int, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
@@ -151,9 +168,10 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
                 q_start.data_ptr(), q_len.data_ptr(), seq_len.data_ptr(), out.data_ptr(), n, q.shape[1], kvh, d,
                 k_cache.shape[1], scale, None)
+        sfx = kv_suffix(q.dtype, k_cache.dtype)
         if sliding_window:
-            rc = self.prefill_lib.paged_prefill_f32_sw(*args, sliding_window)
+            rc = getattr(self.prefill_lib, f"paged_prefill_f32_sw{sfx}")(*args, sliding_window)
         else:
-            rc = self.prefill_lib.paged_prefill_f32(*args)
+            rc = getattr(self.prefill_lib, f"paged_prefill_f32{sfx}")(*args)
         if rc != 0:
             raise RuntimeError(f"paged_prefill_f32 failed ({rc})")

@@ -15,6 +15,8 @@ _HELP = {
     "max_num_seqs": "most requests running at once (default: the platform's; CPU 256, CUDA 256)",
     "max_num_batched_tokens": "token budget of one step (default: the platform's; CPU 1024, CUDA 2048)",
     "long_prefill_token_threshold": "cap on one request's prefill chunk per step (0: none)",
+    "kv_cache_dtype": "auto (the model's dtype) | bfloat16 (a float32 model's KV in half the bytes, CPU) | "
+                      "fp8 | fp8_e4m3",
     "scheduling_policy": "fcfs | priority",
     "preemption_mode": "recompute | swap",
     "swap_space": "GiB of host memory for swap preemption",

@@ -15,7 +15,8 @@ from inflight.distributed.sharding import local_arch
 from inflight.models.registry import ModelArchConfig, get_model_class
 from inflight.models.weight_loading import SkipParamInit
 from inflight.platforms import Platform, current_platform
-from inflight.worker.kv_cache import allocate_kv_cache, hybrid_layout, resolve_num_blocks, resolve_num_host_blocks
+from inflight.worker.kv_cache import (allocate_kv_cache, hybrid_layout, is_fp8, resolve_num_blocks,
+                                      resolve_num_host_blocks, storage_dtype)
 from inflight.worker.model_runner import ModelRunner
 from inflight.worker.swap import Swapper
 
@@ -73,6 +74,9 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     platform.check_and_update_config(config)
     device = resolve_device(config.device)
     dtype = platform.resolve_dtype(config.model_config.dtype)
+    if device.type != "cpu" and storage_dtype(dtype, config.cache_config.kv_cache_dtype) != dtype:
+        raise ValueError(f"kv_cache_dtype='bfloat16' under a {dtype} model runs on the CPU only; "
+                         "use the model's dtype ('auto') here")
     max_len = config.model_config.max_model_len or arch.max_position_embeddings
     if max_len > arch.max_position_embeddings:
         logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
@@ -90,7 +94,7 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     kv = allocate_kv_cache(kv_arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros,
                            layout and layout.layer_pools)
     platform.prefault(kv)
-    kv_dtype = "fp8_e4m3 + bf16 scales" if cc.kv_cache_dtype != "auto" else str(dtype)
+    kv_dtype = "fp8_e4m3 + bf16 scales" if is_fp8(cc.kv_cache_dtype) else str(storage_dtype(dtype, cc.kv_cache_dtype))
     logger.info("KV cache: %d blocks = %d tokens (%s, %s)", num_blocks, num_blocks * cc.block_size, kv_dtype, device)
     if layout is not None:
         logger.info("KV cache in layer groups (windows per layer %s): a block holds %d of the %d layers",

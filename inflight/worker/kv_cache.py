@@ -20,6 +20,12 @@ def is_fp8(kv_cache_dtype: str) -> bool:
     return kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
+def storage_dtype(dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
+    """The element type of unquantized pools: the model's dtype ("auto"), or bfloat16
+    ("bfloat16": half a float32 model's KV bytes, widened back as the kernels read it)."""
+    return torch.bfloat16 if kv_cache_dtype == "bfloat16" else dtype
+
+
 def bytes_per_block(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto",
                     num_layers: Optional[int] = None) -> int:
     """K and V for ``block_size`` tokens in ``num_layers`` layers (default every layer; a hybrid
@@ -27,7 +33,7 @@ def bytes_per_block(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, k
     if is_fp8(kv_cache_dtype):
         per_head = cfg.head_dim * FP8_DTYPE.itemsize + SCALE_DTYPE.itemsize
     else:
-        per_head = cfg.head_dim * dtype.itemsize
+        per_head = cfg.head_dim * storage_dtype(dtype, kv_cache_dtype).itemsize
     return 2 * (num_layers or cfg.num_hidden_layers) * block_size * cfg.num_key_value_heads * per_head
 
 
@@ -84,7 +90,8 @@ def allocate_kv_cache(cfg: ModelArchConfig, num_blocks: int, block_size: int, dt
                  for _ in range(max(layer_pools) + 1)]
     else:
         zeros = zeros or (lambda shp, dt: torch.zeros(shp, dtype=dt, device=device))
-        pools = [(zeros(shape, dtype), zeros(shape, dtype)) for _ in range(max(layer_pools) + 1)]
+        kv_dtype = storage_dtype(dtype, kv_cache_dtype)
+        pools = [(zeros(shape, kv_dtype), zeros(shape, kv_dtype)) for _ in range(max(layer_pools) + 1)]
     return [pools[p] for p in layer_pools]
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from inflight.attention.base import AttentionMetadata
-from inflight.attention.cpu_paged import CpuPagedAttentionBackend
+from inflight.attention.cpu_paged import CpuPagedAttentionBackend, kv_suffix
 from inflight.attention.kv_quant import is_quantized
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS
@@ -93,8 +93,20 @@ def _head_norms_ok(layer, plan: LayerPlan, dtype: torch.dtype) -> bool:
                          for w in (layer.q_norm, layer.k_norm))
 
 
-def _sw_kernels(attn: CpuPagedAttentionBackend) -> tuple[int, int]:
-    return _addr(attn.lib, "paged_decode_f32_sw"), _addr(attn.prefill_lib, "paged_prefill_f32_sw")
+def _sw_kernels(attn: CpuPagedAttentionBackend, kv: str = "") -> tuple[int, int]:
+    return _addr(attn.lib, f"paged_decode_f32_sw{kv}"), _addr(attn.prefill_lib, f"paged_prefill_f32_sw{kv}")
+
+
+def _kvbf16_kernels(kernels: _Kernels, attn: CpuPagedAttentionBackend) -> _Kernels:
+    """A float32 loop's kernels over bfloat16 pools: the K/V write and the attention swapped
+    for their ``_kvbf16`` forms, everything else the same."""
+    out = _Kernels.from_buffer_copy(kernels)
+    out.write_kv = _addr(attn.lib, "write_kv_rows_f32_bf16")
+    out.decode = _addr(attn.lib, "paged_decode_f32_kvbf16")
+    out.prefill = _addr(attn.prefill_lib, "paged_prefill_f32_kvbf16")
+    if kernels.decode_sw:
+        out.decode_sw, out.prefill_sw = _sw_kernels(attn, "_kvbf16")
+    return out
 
 
 def _lowbit_max_rows(plan: LayerPlan) -> int:
@@ -125,6 +137,10 @@ class CpuLayerLoop:
         self.dims = _Dims(plan.hidden_size, plan.intermediate_size, plan.num_heads, plan.num_kv_heads,
                           plan.head_dim, 0, dtype.itemsize, _lowbit_max_rows(plan), plan.rms_norm_eps, plan.scale)
         self.inter = plan.intermediate_size
+        # by the pools' kernel suffix (cpu_paged.kv_suffix): a float32 loop also reads bf16 pools
+        self._kernels = {"": self.kernels}
+        if dtype == torch.float32:
+            self._kernels["_kvbf16"] = _kvbf16_kernels(self.kernels, attn)
         self._layers = None  # (kv_caches list id, ctypes array): the pools do not move
         if lib.llama_layers_ticks() != len(KERNELS):
             raise RuntimeError("csrc/llama_layers.c and layer_loop.KERNELS disagree")
@@ -167,7 +183,8 @@ class CpuLayerLoop:
 
     def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
         k = kv_caches[0][0]
-        return x.dtype == self.dtype and not is_quantized(k) and k.dtype == self.dtype and k.is_contiguous()
+        return (x.dtype == self.dtype and not is_quantized(k) and kv_suffix(self.dtype, k.dtype) in self._kernels
+                and k.is_contiguous())
 
     def _layer_array(self, kv_caches: list):
         if self._layers is None or self._layers[0] is not kv_caches:
@@ -217,7 +234,8 @@ class CpuLayerLoop:
         s.res, s.y, s.h, s.qkv, s.attn = res.data_ptr(), y.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr()
         s.gate_up, s.act = None if gate_up is None else gate_up.data_ptr(), act.data_ptr()
         s.ticks = None if self.ticks is None else self.ticks.data_ptr()
-        rc = self.lib.llama_layers(ctypes.byref(self.kernels), ctypes.byref(self.dims), layers,
+        kernels = self._kernels[kv_suffix(self.dtype, kv_caches[0][0].dtype)]
+        rc = self.lib.llama_layers(ctypes.byref(kernels), ctypes.byref(self.dims), layers,
                                    len(self.plan.layers), ctypes.byref(s), 0)
         if rc != 0:
             raise RuntimeError(f"llama_layers failed ({rc})")

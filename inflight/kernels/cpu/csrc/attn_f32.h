@@ -80,27 +80,67 @@ static inline void af_copy_lines(float* dk, const float* sk, float* dv, const fl
     }
 }
 
+/* af_copy_lines from a bfloat16 pool (sk, sv, pk, pv hold bf16), each value widened to
+ * float32 (exactly) as it is copied: half the bytes from DRAM for the same tile. */
+static inline void af_copy_lines_bf16(float* dk, const uint16_t* sk, float* dv, const uint16_t* sv, int64_t n,
+                                      const uint16_t* pk, const uint16_t* pv) {
+    const int line = 64 / (int)sizeof(uint16_t);
+    int64_t i = 0;
+    for (; i + line <= n; i += line) {
+        if (pk) {
+            __builtin_prefetch(pk + i);
+            __builtin_prefetch(pv + i);
+        }
+        for (int j = 0; j < line; j += VL) {
+            vf_store(dk + i + j, vf_load_bf16(sk + i + j));
+            vf_store(dv + i + j, vf_load_bf16(sv + i + j));
+        }
+    }
+    for (; i < n; i++) {
+        const uint32_t kw = (uint32_t)sk[i] << 16, vw = (uint32_t)sv[i] << 16;
+        memcpy(dk + i, &kw, sizeof kw);
+        memcpy(dv + i, &vw, sizeof vw);
+    }
+}
+
+/* Element off of a pool that holds float32 (kv16 0) or bfloat16 (kv16 1) values. NOTE: a
+ * bf16 pool travels as const float* like the float32 one; only this and the copies read it. */
+static inline const float* af_at(const float* base, int64_t off, int kv16) {
+    return kv16 ? (const float*)(const void*)((const uint16_t*)(const void*)base + off) : base + off;
+}
+
+/* the copy of n values from a pool of either kind into float32 */
+static inline void af_copy_any(float* dk, const float* sk, float* dv, const float* sv, int64_t n, const float* pk,
+                               const float* pv, int kv16) {
+    if (kv16)
+        af_copy_lines_bf16(dk, (const uint16_t*)(const void*)sk, dv, (const uint16_t*)(const void*)sv, n,
+                           (const uint16_t*)(const void*)pk, (const uint16_t*)(const void*)pv);
+    else
+        af_copy_lines(dk, sk, dv, sv, n, pk, pv);
+}
+
 /* The K and V rows of keys [t0, t0 + nk) copied into kb / vb (span floats a key, keys
  * span apart), kp / vp pointing at the copies: a block's rows are one contiguous run of
  * the pool, read at the memory's pace with the next block's lines prefetched (keys up to
  * nkeys have blocks in bt). */
 static inline void af_tile_copy(const float* kbase, const float* vbase, const int64_t* bt, int block_size,
                                 int64_t tok_stride, int span, int64_t t0, int nk, int64_t nkeys, float* kb, float* vb,
-                                const float** kp, const float** vp) {
+                                const float** kp, const float** vp, int kv16) {
     const int64_t nbt = (nkeys + block_size - 1) / block_size;
     for (int64_t b = t0 / block_size, i = t0 % block_size, j = 0; j < nk; b++, i = 0) {
         const int64_t off = (bt[b] * block_size + i) * tok_stride;
         const int n = block_size - i < nk - j ? (int)(block_size - i) : (int)(nk - j);
         const int64_t next = b + 1 < nbt ? bt[b + 1] * block_size * tok_stride : -1;
         if (tok_stride == span) {  /* the rows of the run are contiguous: one copy each */
-            af_copy_lines(kb + j * span, kbase + off, vb + j * span, vbase + off, (int64_t)n * span,
-                          next >= 0 ? kbase + next : NULL, next >= 0 ? vbase + next : NULL);
+            af_copy_any(kb + j * span, af_at(kbase, off, kv16), vb + j * span, af_at(vbase, off, kv16),
+                        (int64_t)n * span, next >= 0 ? af_at(kbase, next, kv16) : NULL,
+                        next >= 0 ? af_at(vbase, next, kv16) : NULL, kv16);
         } else {  /* a row's span at a time, the same part of the next block's row prefetched */
             for (int x = 0; x < n; x++)
-                af_copy_lines(kb + (j + x) * span, kbase + off + x * tok_stride, vb + (j + x) * span,
-                              vbase + off + x * tok_stride, span,
-                              next >= 0 ? kbase + next + (int64_t)x * tok_stride : NULL,
-                              next >= 0 ? vbase + next + (int64_t)x * tok_stride : NULL);
+                af_copy_any(kb + (j + x) * span, af_at(kbase, off + x * tok_stride, kv16), vb + (j + x) * span,
+                            af_at(vbase, off + x * tok_stride, kv16), span,
+                            next >= 0 ? af_at(kbase, next + (int64_t)x * tok_stride, kv16) : NULL,
+                            next >= 0 ? af_at(vbase, next + (int64_t)x * tok_stride, kv16) : NULL, kv16);
         }
         for (int x = 0; x < n; x++) {
             kp[j + x] = kb + (j + x) * span;
@@ -217,17 +257,18 @@ static inline void af_finish_rows(float* out, int64_t out_stride, int R, int G, 
  * none); scratch: af_scratch_floats() floats. With prior (decode, ntok 1, no window),
  * keys [0, k0) were scored elsewhere (aw_shared_prefix): this item reads keys from k0 on
  * and merges its rows with prior's (head h's unnormalized output, max and sum at
- * prior + h * (D + 2)); else k0 is 0.
+ * prior + h * (D + 2)); else k0 is 0. kv16: the pools hold bfloat16 (af_at), and then
+ * the item's heads must fit the tile buffers (nkh * D <= AF_COPY_SPAN).
  * NOTE: several kv heads per item read each key's rows of those heads together, one
  * contiguous run of the pool row: per-head items read a third of every row and the
  * hardware prefetcher fetches the rest anyway, so a decode from DRAM pays for it twice. */
 static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
                            int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
                            const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
-                           int64_t k0, const float* prior, float* scratch) {
+                           int64_t k0, const float* prior, float* scratch, int kv16) {
     if (ntok * G >= AW_MIN_ROWS && !prior && aw_heads_fit(nkh, D)) {
         aw_attend(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
-                  tok_stride, scale, window, scratch);
+                  tok_stride, scale, window, scratch, kv16);
         return;
     }
     const int R = ntok * G, Dp = AF_PAD(D);           /* rows per kv head */
@@ -241,7 +282,7 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
     vq[0] = kq[0] + AF_KT;
     kq[1] = vq[0] + AF_KT;
     vq[1] = kq[1] + AF_KT;
-    const int span = nkh * D, copy = span <= AF_COPY_SPAN;
+    const int span = nkh * D, copy = span <= AF_COPY_SPAN;  /* NOTE: always, for a bf16 pool */
     float* kb[2], * vb[2];  /* the tile buffers when copying, 64-byte aligned */
     kb[0] = (float*)(((uintptr_t)(vq[1] + AF_KT) + 63) & ~(uintptr_t)63);
     vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
@@ -251,11 +292,11 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
     const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
     int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
     lo = k0 > lo ? k0 : lo;
-    const float* kbase = k_cache + (int64_t)kh0 * D;
-    const float* vbase = v_cache + (int64_t)kh0 * D;
+    const float* kbase = af_at(k_cache, (int64_t)kh0 * D, kv16);
+    const float* vbase = af_at(v_cache, (int64_t)kh0 * D, kv16);
     if (copy)
         af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, lo,
-                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, nkeys, kb[0], vb[0], kq[0], vq[0]);
+                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, nkeys, kb[0], vb[0], kq[0], vq[0], kv16);
     else
         af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, lo,
                      nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kq[0], vq[0]);
@@ -266,7 +307,7 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
         if (t0 + AF_KT < nkeys && copy)  /* the next tile's rows, copied before this one is computed */
             af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, nkeys, kb[cur ^ 1],
-                         vb[cur ^ 1], kq[cur ^ 1], vq[cur ^ 1]);
+                         vb[cur ^ 1], kq[cur ^ 1], vq[cur ^ 1], kv16);
         else if (t0 + AF_KT < nkeys)  /* the next tile's rows, prefetched while this one runs */
             af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kq[cur ^ 1], vq[cur ^ 1]);
@@ -286,9 +327,9 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
 static inline void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
                              int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
                              const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
-                             float* scratch) {
+                             float* scratch, int kv16) {
     af_attend_from(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
-                   tok_stride, scale, window, 0, NULL, scratch);
+                   tok_stride, scale, window, 0, NULL, scratch, kv16);
 }
 
 #endif

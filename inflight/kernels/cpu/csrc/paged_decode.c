@@ -98,10 +98,12 @@ void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, cons
 static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
                        int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-                       int64_t window) {
+                       int64_t window, int kv16) {
     const int G = num_heads / num_kv_heads, D = head_dim;
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
-    const int whole = num_seqs >= 4 * omp_get_max_threads() && num_heads <= AF_MAX_ROWS;
+    /* a bf16 pool is always copied (widened), so a whole row must fit the tile buffers */
+    const int whole = num_seqs >= 4 * omp_get_max_threads() && num_heads <= AF_MAX_ROWS
+                      && (!kv16 || tok_stride <= AF_COPY_SPAN);
     const int per = whole ? num_kv_heads : 1;  /* kv heads per item */
     const int n_items = num_seqs * (num_kv_heads / per);
     struct sp_plan plan = {0};
@@ -122,7 +124,7 @@ static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, c
                 const struct sp_chunk c = plan.chunks[item / num_kv_heads];
                 aw_shared_prefix(qg + c.start * row, row, c.n, c.prefix, G, item % num_kv_heads, D, k_cache,
                                  v_cache, block_tables + (int64_t)plan.order[c.start] * bt_stride, block_size,
-                                 tok_stride, scale, state + c.start * srow, srow, scratch);
+                                 tok_stride, scale, state + c.start * srow, srow, scratch, kv16);
             }  /* NOTE: the implicit barrier here: every prior is written before an item merges it */
         }
         _Pragma("omp for schedule(dynamic, 1)")
@@ -133,7 +135,7 @@ static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, c
                 af_attend_from(q + (int64_t)s * q_stride, q_stride, out + (int64_t)s * row, row, 1, seq_lens[s] - 1,
                                G, kh0, per, D, k_cache, v_cache, block_tables + (int64_t)s * bt_stride, block_size,
                                tok_stride, scale, window, slot >= 0 ? plan.k0[s] : 0,
-                               slot >= 0 ? state + slot * srow : NULL, scratch);
+                               slot >= 0 ? state + slot * srow : NULL, scratch, kv16);
         }
         free(scratch);
     }
@@ -149,7 +151,18 @@ void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cache, co
                       int max_len) {
     (void)max_len;
     decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
-               num_kv_heads, head_dim, block_size, scale, 0);
+               num_kv_heads, head_dim, block_size, scale, 0, 0);
+}
+
+/* paged_decode_f32 over bfloat16 pools (kv_cache_dtype "bfloat16" under a float32 model):
+ * the same arguments, the caches' elements bf16, widened as the tiles are copied */
+void paged_decode_f32_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                             const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+                             int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                             int max_len) {
+    (void)max_len;
+    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
+               num_kv_heads, head_dim, block_size, scale, 0, 1);
 }
 
 /* paged_decode_f32 with a sliding window: the token at position p reads only keys
@@ -160,7 +173,17 @@ void paged_decode_f32_sw(const float* q, int64_t q_stride, const float* k_cache,
                          int max_len, int window) {
     (void)max_len;
     decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
-               num_kv_heads, head_dim, block_size, scale, window);
+               num_kv_heads, head_dim, block_size, scale, window, 0);
+}
+
+/* paged_decode_f32_sw over bfloat16 pools */
+void paged_decode_f32_sw_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                                const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+                                int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                float scale, int max_len, int window) {
+    (void)max_len;
+    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
+               num_kv_heads, head_dim, block_size, scale, window, 1);
 }
 
 DEFINE_DECODE(paged_decode_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
@@ -218,5 +241,25 @@ void write_kv_rows(const char* k, int64_t k_stride, const char* v, int64_t v_str
     for (int64_t i = 0; i < n; i++) {
         memcpy(k_cache + slots[i] * row_bytes, k + i * k_stride, (size_t)row_bytes);
         memcpy(v_cache + slots[i] * row_bytes, v + i * v_stride, (size_t)row_bytes);
+    }
+}
+
+static void f32_row_to_bf16(const char* src, uint16_t* dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, src + i * sizeof x, sizeof x);
+        dst[i] = f32_to_bf16(x);
+    }
+}
+
+/* write_kv_rows for float32 rows into bfloat16 pools, with the same arguments (strides and
+ * row_bytes those of the float32 rows; a pool slot holds half as many bytes): each value
+ * rounded to the nearest bf16, ties to even, as torch's .to(torch.bfloat16) */
+void write_kv_rows_f32_bf16(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
+                            char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes) {
+    const int64_t elems = row_bytes / (int64_t)sizeof(float);
+    for (int64_t i = 0; i < n; i++) {
+        f32_row_to_bf16(k + i * k_stride, (uint16_t*)(void*)k_cache + slots[i] * elems, elems);
+        f32_row_to_bf16(v + i * v_stride, (uint16_t*)(void*)v_cache + slots[i] * elems, elems);
     }
 }

@@ -99,7 +99,7 @@ int paged_prefill_f32_supported(int head_dim, int group) {
 static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
                        const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
-                       int head_dim, int block_size, float scale, int64_t window) {
+                       int head_dim, int block_size, float scale, int64_t window, int kv16) {
     const int D = head_dim, G = num_heads / num_kv_heads;
     if (!paged_prefill_f32_supported(D, G) || G * num_kv_heads != num_heads || window < 0) return -1;
     const int64_t tok_stride = (int64_t)num_kv_heads * D;
@@ -134,7 +134,7 @@ static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, c
             const int64_t row = q_start[r] + i0;
             af_attend(q + row * q_stride, q_stride, out + row * num_heads * D, (int64_t)num_heads * D,
                       (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh0, nkh, D, k_cache, v_cache,
-                      block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch);
+                      block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch, kv16);
         }
         free(scratch);
     }
@@ -148,7 +148,17 @@ int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cache, co
                       int head_dim, int block_size, float scale, void* workspace) {
     (void)workspace;
     return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
-                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0);
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, 0);
+}
+
+/* paged_prefill_f32 over bfloat16 pools (kv_cache_dtype "bfloat16" under a float32 model) */
+int paged_prefill_f32_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                             const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
+                             const int64_t* q_len, const int64_t* seq_len, float* out, int num_reqs, int num_heads,
+                             int num_kv_heads, int head_dim, int block_size, float scale, void* workspace) {
+    (void)workspace;
+    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, 1);
 }
 
 /* paged_prefill_f32 with a sliding window: the token at position p reads only keys
@@ -159,5 +169,16 @@ int paged_prefill_f32_sw(const float* q, int64_t q_stride, const float* k_cache,
                          int head_dim, int block_size, float scale, void* workspace, int window) {
     (void)workspace;
     return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
-                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, window);
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, window, 0);
+}
+
+/* paged_prefill_f32_sw over bfloat16 pools */
+int paged_prefill_f32_sw_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                                const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
+                                const int64_t* q_len, const int64_t* seq_len, float* out, int num_reqs,
+                                int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                                void* workspace, int window) {
+    (void)workspace;
+    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, window, 1);
 }

@@ -107,7 +107,7 @@ static int prefill_bf16_widened(const uint16_t* q, int64_t q_stride, const uint1
                 widen_heads(q + (q_start[r] + i0) * q_stride, q_stride, ntok, G, kh, D, qbuf);
                 /* kv head 0 of a one-head pool: q and out rows are [G][D], the pool [lp][D] */
                 af_attend(qbuf, (int64_t)G * D, obuf, (int64_t)G * D, ntok, seq_len[r] - q_len[r] + i0, G, 0, 1, D,
-                          kw, kw + lp * D, zero_table, (int)lp, D, scale, 0, scratch);
+                          kw, kw + lp * D, zero_table, (int)lp, D, scale, 0, scratch, 0);
                 round_heads(obuf, ntok, G, kh, D, out + (q_start[r] + i0) * num_heads * D, (int64_t)num_heads * D);
             }
         free(scratch);
