@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_simd.h"
 #include "vec.h"
 
 #define AF_KT 64         /* keys per tile */
@@ -97,9 +98,8 @@ static inline void af_copy_lines_bf16(float* dk, const uint16_t* sk, float* dv, 
         }
     }
     for (; i < n; i++) {
-        const uint32_t kw = (uint32_t)sk[i] << 16, vw = (uint32_t)sv[i] << 16;
-        memcpy(dk + i, &kw, sizeof kw);
-        memcpy(dv + i, &vw, sizeof vw);
+        dk[i] = bf16_to_f32(sk[i]);
+        dv[i] = bf16_to_f32(sv[i]);
     }
 }
 
