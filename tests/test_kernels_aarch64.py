@@ -114,7 +114,7 @@ def _vec_h_compile(cc: str, level: IsaLevel, tmp: Path) -> subprocess.CompletedP
 
 # ---- emulated: the AVX-512 levels through SIMDe on any AVX2 CPU ----
 
-AVX512_LEVELS = [lv for lv in LEVELS if lv.arch == "x86_64" and lv.lanes == 16]
+AVX512_LEVELS = [lv for lv in LEVELS if lv.arch == "x86_64" and lv.lanes == 16 and not lv.has_amx]  # no AMX emulation
 
 
 def avx512_emulation_cc() -> str:

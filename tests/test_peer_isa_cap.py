@@ -13,7 +13,7 @@ from tests.test_peer_compare import load_compare
 
 PEERS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
 
-X86_AVX2_OR_MORE = ("avx2", "avx512", "avx512_bf16")
+X86_AVX2_OR_MORE = ("avx2", "avx512", "avx512_bf16", "amx_bf16")
 pytestmark = pytest.mark.skipif(current_level() is None or current_level().name not in X86_AVX2_OR_MORE,
                                 reason="the cap is for x86-64 CPUs with AVX2 or more")
 

@@ -800,7 +800,9 @@ static void check_gemm_lowbit(int NR, int bits) {
 static void check_gemm(void) {
     if (!present((const void*)gemm_f32, "gemm_f32")) return;
     const int NR = gemm_f32_panel ? gemm_f32_panel() : 0;
-#ifdef INFLIGHT_ISA_AVX512_BF16
+#if defined(INFLIGHT_ISA_AMX_BF16)
+    const char* level = "amx_bf16";
+#elif defined(INFLIGHT_ISA_AVX512_BF16)
     const char* level = "avx512_bf16";  /* the ISA level's name, not vec.h's (avx512 for both) */
 #else
     const char* level = VEC_ISA_NAME;

@@ -3,7 +3,9 @@ that build a kernel for each level.
 
 Levels, lowest first: ``scalar`` (portable C, whatever the compiler vectorizes for the
 architecture's baseline), ``avx2`` (AVX2 + FMA: 8 fp32 lanes), ``avx512`` (AVX-512F/BW/VL/DQ:
-16 lanes), ``avx512_bf16`` (plus the bf16 dot product), and ``neon`` on aarch64 (4 lanes).
+16 lanes), ``avx512_bf16`` (plus the bf16 dot product), ``amx_bf16`` (plus Intel's AMX tile
+multiplies for the bf16 GEMM; every other kernel builds as at avx512_bf16), and ``neon`` on
+aarch64 (4 lanes).
 ``INFLIGHT_CPU_ISA`` forces a lower level, so one machine tests every build it can run.
 ``INFLIGHT_CPU_ISA=avx512_bf16-emulated`` (or ``avx512-emulated``) runs an AVX-512 level's code
 on an AVX2 CPU: the intrinsics come from SIMDe (csrc/avx512_emu.h), correct but slow; for tests.
@@ -30,7 +32,12 @@ class IsaLevel:
 
     @property
     def has_bf16_dot(self) -> bool:
-        return self.name == "avx512_bf16"
+        return self.name in ("avx512_bf16", "amx_bf16")
+
+    @property
+    def has_amx(self) -> bool:
+        """AMX tiles: no emulation of them exists, so the level runs natively or not at all."""
+        return "amx_bf16" in self.cpu_flags
 
 
 _AVX512 = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
@@ -41,6 +48,11 @@ LEVELS: tuple[IsaLevel, ...] = (
              ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
     IsaLevel("avx512_bf16", "x86_64", 3, 16, (*_AVX512, "-mavx512bf16", "-mprefer-vector-width=512"),
              ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+    # NOTE: also defines avx512_bf16's macro: every kernel but the bf16 GEMM is that level's build
+    IsaLevel("amx_bf16", "x86_64", 4, 16, (*_AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
+                                           "-DINFLIGHT_ISA_AVX512_BF16=1", "-mprefer-vector-width=512"),
+             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+              "amx_tile", "amx_bf16")),
     IsaLevel("scalar", "aarch64", 0, 1, ("-march=armv8-a+nosimd",), ()),
     IsaLevel("neon", "aarch64", 1, 4, ("-march=armv8-a",), ("asimd",)),
 )
@@ -54,7 +66,7 @@ def emulated(level: IsaLevel) -> IsaLevel:
     """``level`` (an AVX-512 one) built to run on an AVX2 CPU: the avx2 flags, the level's own
     ``INFLIGHT_ISA_*`` macro, and csrc/avx512_emu.h force-included, which maps the AVX-512
     intrinsics onto SIMDe's portable versions. The same code paths, slowly: for tests."""
-    if level.arch != "x86_64" or level.lanes != 16:
+    if level.arch != "x86_64" or level.lanes != 16 or level.has_amx:
         raise ValueError(f"only the AVX-512 levels are emulated, not {level.name}")
     avx2 = get_level("avx2", "x86_64")
     return replace(level, cflags=(*avx2.cflags, "-Wno-psabi", "-include", EMULATION_HEADER),
@@ -76,7 +88,8 @@ def emulated_levels() -> list[IsaLevel]:
     native = supported_levels()
     if get_level("avx2", "x86_64") not in native:
         return []
-    return [emulated(lv) for lv in LEVELS if lv.arch == "x86_64" and lv.lanes == 16 and lv not in native]
+    return [emulated(lv) for lv in LEVELS
+            if lv.arch == "x86_64" and lv.lanes == 16 and not lv.has_amx and lv not in native]
 
 
 def get_level(name: str, arch: str | None = None) -> IsaLevel:

@@ -13,10 +13,11 @@
  * reduced to each row's argmax, for greedy sampling; _masked: over the tokens a
  * grammar allows). All three share the loops.
  *
- * Two implementations of the per-thread loops (gemm_range), one header each:
- * gemm_bf16_dp.h, the bf16 dot product at the avx512_bf16 level, and gemm_bf16_widen.h,
- * every other level (avx512, avx2, neon, scalar), bf16 widened to fp32 in registers
- * with vec.h and fp32 FMAs.
+ * Three implementations of the per-thread loops (gemm_range), one header each:
+ * gemm_bf16_amx.h, Intel AMX tiles at the amx_bf16 level (K not a multiple of 32 there
+ * takes the dot-product loops); gemm_bf16_dp.h, the bf16 dot product at the avx512_bf16 level;
+ * gemm_bf16_widen.h, every other level (avx512, avx2, neon, scalar), bf16 widened to
+ * fp32 in registers with vec.h and fp32 FMAs.
  */
 #include <math.h>
 #include <omp.h>
@@ -34,13 +35,23 @@ int gemm_bf16_panel(void) { return PANEL; }
 
 enum mode { PLAIN, SILU, ARGMAX };
 
-#if defined(INFLIGHT_ISA_AVX512_BF16)
+#if defined(INFLIGHT_ISA_AMX_BF16)
+#include "gemm_bf16_amx.h"
+#define gemm_range amx_gemm_range
+#elif defined(INFLIGHT_ISA_AVX512_BF16)
 #include "gemm_bf16_dp.h"
+#define gemm_range dp_gemm_range
 #else
 #include "gemm_bf16_widen.h"
 #endif
 
+#if defined(INFLIGHT_ISA_AMX_BF16)
+int gemm_bf16_supported(void) { amx_permitted(); return 1; }  /* without the tiles, the dot product runs */
+int gemm_bf16_uses_amx(void) { return amx_permitted(); }
+#else
 int gemm_bf16_supported(void) { return 1; }
+int gemm_bf16_uses_amx(void) { return 0; }
+#endif
 
 /* out = x . W^T (+ bias); x rows lda apart, out rows ldc apart. Threads split the
  * panels evenly, so each reads its own contiguous stretch of the packed weight. */

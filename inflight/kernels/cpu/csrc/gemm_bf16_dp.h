@@ -1,7 +1,7 @@
 /*
  * The bf16 GEMM's per-thread loops at the avx512_bf16 level (gemm_bf16.c): the
  * register block on the bf16 dot-product instruction (micro, with its PLAIN, SILU and
- * ARGMAX epilogues) and gemm_range, which streams each pair of panels once per block
+ * ARGMAX epilogues) and dp_gemm_range, which streams each pair of panels once per block
  * of rows. Included by gemm_bf16.c only, after PANEL, MC and enum mode.
  */
 #ifndef INFLIGHT_GEMM_BF16_DP_H
@@ -131,9 +131,9 @@ static void micro_rows(int R, int NV, int MODE, struct best* best, const uint16_
  * silu_half > 0: gate panels [q0, q1), each paired with up panel q + silu_half,
  * written as silu(gate) * up (out has silu_half * PANEL columns).
  * best != NULL: each row's argmax goes to best[row] instead of out. */
-static void gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed,
-                       int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldc, int64_t q0, int64_t q1,
-                       int64_t silu_half, struct best* best) {
+static void dp_gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed,
+                          int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldc, int64_t q0, int64_t q1,
+                          int64_t silu_half, struct best* best) {
     const int64_t pairs = (K + 1) / 2, panel_elems = pairs * 2 * PANEL;
     const int silu = silu_half > 0;
     const int mode = silu ? SILU : best ? ARGMAX : PLAIN;

@@ -41,7 +41,9 @@
 #include "gemm_f32_tile.h"
 #include "panel_lowbit.h"
 
-#if defined(INFLIGHT_ISA_AVX512_BF16)
+#if defined(INFLIGHT_ISA_AMX_BF16)
+#define ISA_NAME "amx_bf16"
+#elif defined(INFLIGHT_ISA_AVX512_BF16)
 #define ISA_NAME "avx512_bf16"
 #else
 #define ISA_NAME VEC_ISA_NAME
