@@ -1,7 +1,8 @@
 """The panel GEMM (csrc/gemm_bf16.c) computes a bf16 linear layer: float32
 accumulation rounded once, like oneDNN, at every row count and odd shapes, at every
 ISA level this CPU runs and at AVX-512-BF16 emulated where it lacks it (isa_levels.py):
-the bf16 dot product at avx512_bf16, bf16 widened to fp32 in registers below it. The
+AMX tiles at amx_bf16 (K a multiple of 32), the bf16 dot product at avx512_bf16, bf16
+widened to fp32 in registers below it. The
 CPU's own level runs every case, the others a smaller set."""
 import ctypes
 
@@ -129,12 +130,13 @@ def test_gate_up_with_silu_epilogue_is_bit_identical_to_gemm_then_silu_mul(level
 @pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("rows", [1, 6, 7, 13, 100])
 @pytest.mark.parametrize("n", [49, 64, 1000])
-def test_argmax_matches_argmax_of_the_bf16_outputs(level, rows, n):
+@pytest.mark.parametrize("k", [40, 64])
+def test_argmax_matches_argmax_of_the_bf16_outputs(level, rows, n, k):
     """Greedy sampling's fused argmax: the first index of the largest bf16-rounded
     output, as rounding the logits and calling argmax gives (ties included)."""
     torch.manual_seed(rows * 7 + n)
-    w = torch.randn(n, 40, dtype=torch.bfloat16)
-    x = torch.randn(rows, 40, dtype=torch.bfloat16)
+    w = torch.randn(n, k, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
     if rows > 1:  # the first row: plain argmax; the others: two identical, largest outputs
         w[n // 3] = w[n // 2] = 3.0
         x[1:] = x[1:].abs() + 0.1
@@ -147,14 +149,16 @@ def test_argmax_matches_argmax_of_the_bf16_outputs(level, rows, n):
 
 
 @pytest.mark.parametrize("level", LEVEL_PARAMS)
-def test_a_row_does_not_depend_on_the_rows_beside_it(level):
-    """Every register block (1 to 12 rows, panels widened once or in the inner loop) runs
-    the same FMAs in the same order per output: a row's result is bit-identical whatever
-    the batch it is computed in."""
+@pytest.mark.parametrize("k", [77, 96])
+def test_a_row_does_not_depend_on_the_rows_beside_it(level, k):
+    """Every register block (1 to 12 rows, panels widened once or in the inner loop; at
+    amx_bf16 with K a multiple of 32, tiles of 16 rows, partly zero padding) runs the same
+    products in the same order per output: a row's result is bit-identical whatever the
+    batch it is computed in."""
     torch.manual_seed(3)
-    w = torch.randn(200, 77, dtype=torch.bfloat16)
+    w = torch.randn(200, k, dtype=torch.bfloat16)
     b = torch.randn(200, dtype=torch.bfloat16)
-    x = torch.randn(97, 77, dtype=torch.bfloat16)
+    x = torch.randn(97, k, dtype=torch.bfloat16)
     lin = panel_linear(w, b, level)
     alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
     for rows in (2, 5, 7, 8, 13, 97):

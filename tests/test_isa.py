@@ -28,3 +28,17 @@ def test_forcing_an_emulated_level():
             isa._detect("avx512_bf16-emulated")
     with pytest.raises(ValueError, match="libsimde-dev"):
         isa._detect("neon-emulated")
+
+
+def test_amx_is_the_top_level_only_with_its_flags_and_never_emulated():
+    avx512_bf16 = isa.get_level("avx512_bf16", "x86_64")
+    amx = isa.get_level("amx_bf16", "x86_64")
+    flags = frozenset(avx512_bf16.cpu_flags)
+    assert isa.supported_levels("x86_64", flags)[-1] == avx512_bf16
+    assert isa.supported_levels("x86_64", flags | {"amx_tile", "amx_bf16"})[-1] == amx
+    assert amx.has_bf16_dot and amx.has_amx and not avx512_bf16.has_amx
+    # every kernel but the GEMM takes the avx512_bf16 paths: both macros are defined
+    assert {"-DINFLIGHT_ISA_AMX_BF16=1", "-DINFLIGHT_ISA_AVX512_BF16=1"} <= set(build.compile_flags(amx))
+    with pytest.raises(ValueError, match="only the AVX-512 levels"):
+        isa.emulated(amx)
+    assert all(not lv.has_amx for lv in isa.emulated_levels())
