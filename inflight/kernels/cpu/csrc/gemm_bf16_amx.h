@@ -98,31 +98,17 @@ static inline void amx_block(const uint16_t* x0, int64_t stride0, const uint16_t
 }
 
 /* rows [0, R) of a block's sums (acc; up: the matching up panel's, SILU) into out or
- * best, as micro's epilogues in gemm_bf16_dp.h write them */
+ * best, through the epilogues of gemm_bf16_dp.h's micro */
 static void amx_epilogue(int mode, int R, const float* acc, const float* up, struct best* best, int64_t n0,
                          int64_t N, uint16_t* out, int64_t ldc) {
     for (int r = 0; r < R; r++)
         for (int i = 0; i < 2; i++) {
             const int64_t c = n0 + 16 * i;
             const __m512 a = _mm512_loadu_ps(acc + r * 32 + 16 * i);
-            if (mode == SILU) {
-                const __m512 g = round_bf16(a), u = round_bf16(_mm512_loadu_ps(up + r * 32 + 16 * i));
-                const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-                const __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-                store_bf16x16(out + r * ldc + c, _mm512_mul_ps(round_bf16(sg), u), 0xFFFF);
-            } else if (c >= N) {
-                break;
-            } else if (mode == ARGMAX) {
-                const __mmask16 ok = best[r].allow ? (__mmask16)((uint32_t)best[r].allow[c >> 5] >> (c & 31)) : 0xFFFF;
-                const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail_mask(N - c) & ok, round_bf16(a));
-                const float mx = _mm512_reduce_max_ps(v);
-                if (mx > best[r].val) {
-                    best[r].val = mx;
-                    best[r].idx = c + __builtin_ctz(_mm512_cmpeq_ps_mask(v, _mm512_set1_ps(mx)));
-                }
-            } else {
-                store_bf16x16(out + r * ldc + c, a, tail_mask(N - c));
-            }
+            if (mode == SILU) silu_mul16(out + r * ldc + c, a, _mm512_loadu_ps(up + r * 32 + 16 * i));
+            else if (c >= N) break;
+            else if (mode == ARGMAX) argmax16(best + r, c, N, a);
+            else store_bf16x16(out + r * ldc + c, a, tail_mask(N - c));
         }
 }
 

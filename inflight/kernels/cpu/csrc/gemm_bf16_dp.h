@@ -26,6 +26,26 @@ static inline __m512bh pair_at(const uint16_t* row, int64_t k, int64_t K) {
     return (__m512bh)_mm512_set1_epi32(v);
 }
 
+/* the ARGMAX epilogue of 16 sums for columns [c, c + 16) (c < N, a multiple of 16) */
+static inline void argmax16(struct best* best, int64_t c, int64_t N, __m512 acc) {
+    /* c is a multiple of 16: its 16 columns' bits are one half of a mask word */
+    const __mmask16 ok = best->allow ? (__mmask16)((uint32_t)best->allow[c >> 5] >> (c & 31)) : 0xFFFF;
+    const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail_mask(N - c) & ok, round_bf16(acc));
+    const float mx = _mm512_reduce_max_ps(v);
+    if (mx > best->val) {
+        best->val = mx;
+        best->idx = c + __builtin_ctz(_mm512_cmpeq_ps_mask(v, _mm512_set1_ps(mx)));
+    }
+}
+
+/* the SILU epilogue: 16 outputs bf16(silu(gate)) * up, rounded where silu_mul_bf16 (fused_ops.c) rounds */
+static inline void silu_mul16(uint16_t* out, __m512 gate, __m512 up) {
+    const __m512 g = round_bf16(gate), u = round_bf16(up);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+    store_bf16x16(out, _mm512_mul_ps(round_bf16(sg), u), 0xFFFF);
+}
+
 /* R rows x (16 * NV) columns of out over the whole K, from the (one or two) panels
  * b0/b1; float32 accumulators start from the bias and are rounded to bf16 once.
  * SILU: b0 is a gate panel and b1 the matching up panel; out gets the 32 columns
@@ -72,29 +92,12 @@ static inline __attribute__((always_inline)) void micro(
     /* a panel's K-pair row is [32 columns][2]: vector 0 holds columns 0-15, vector 1 columns 16-31 */
     if (MODE == ARGMAX) {
         for (int r = 0; r < R; r++)
-            for (int i = 0; i < NV; i++) {
-                const int64_t c = n0 + 16 * i;
-                if (c >= N) break;
-                /* c is a multiple of 16: its 16 columns' bits are one half of a mask word */
-                const __mmask16 ok = best[r].allow ? (__mmask16)((uint32_t)best[r].allow[c >> 5] >> (c & 31)) : 0xFFFF;
-                const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail_mask(N - c) & ok,
-                                                    round_bf16(acc[r][i]));
-                const float mx = _mm512_reduce_max_ps(v);
-                if (mx > best[r].val) {
-                    best[r].val = mx;
-                    best[r].idx = c + __builtin_ctz(_mm512_cmpeq_ps_mask(v, _mm512_set1_ps(mx)));
-                }
-            }
+            for (int i = 0; i < NV && n0 + 16 * i < N; i++) argmax16(best + r, n0 + 16 * i, N, acc[r][i]);
         return;
     }
     if (MODE == SILU) {
         for (int r = 0; r < R; r++)
-            for (int i = 0; i < 2; i++) {
-                const __m512 g = round_bf16(acc[r][i]), u = round_bf16(acc[r][2 + i]);
-                const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-                const __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-                store_bf16x16(out + r * ldc + n0 + 16 * i, _mm512_mul_ps(round_bf16(sg), u), 0xFFFF);
-            }
+            for (int i = 0; i < 2; i++) silu_mul16(out + r * ldc + n0 + 16 * i, acc[r][i], acc[r][2 + i]);
         return;
     }
     for (int r = 0; r < R; r++)
