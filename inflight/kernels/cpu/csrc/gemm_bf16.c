@@ -46,11 +46,10 @@ enum mode { PLAIN, SILU, ARGMAX };
 #endif
 
 #if defined(INFLIGHT_ISA_AMX_BF16)
-int gemm_bf16_supported(void) { amx_permitted(); return 1; }  /* without the tiles, the dot product runs */
-int gemm_bf16_uses_amx(void) { return amx_permitted(); }
+/* asks for the tiles at load, before threads race to; refused, the dot product runs */
+int gemm_bf16_supported(void) { amx_permitted(); return 1; }
 #else
 int gemm_bf16_supported(void) { return 1; }
-int gemm_bf16_uses_amx(void) { return 0; }
 #endif
 
 /* out = x . W^T (+ bias); x rows lda apart, out rows ldc apart. Threads split the
