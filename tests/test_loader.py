@@ -224,6 +224,20 @@ def test_interrupted_cache_write_leaves_no_entry(tiny_gguf_dir, tmp_path):
     assert loader_cache.entry_is_valid(entry, path)
 
 
+def test_a_second_writer_keeps_the_valid_entry_a_loader_is_reading(tiny_gguf_dir, tmp_path):
+    """Two processes that both missed the cache (data-parallel replicas starting at once) both
+    write an entry; the later one must not swap out the files the first is reading lazily."""
+    path = os.path.realpath(os.path.join(tiny_gguf_dir, "llama.gguf"))
+    first = load_model(path, cache_dir=str(tmp_path))  # reads its weights back from the entry
+    entry = loader_cache.entry_dir(path, str(tmp_path))
+    weights = os.path.join(entry, loader_cache.WEIGHTS_FILE)
+    inode = os.stat(weights).st_ino
+    assert loader_cache.write_entry(entry, path, first.hf_config, first.weights, first.tokenizer)
+    assert os.stat(weights).st_ino == inode  # the same file, still there
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+    assert_weights_equal(load_model(path, cache_dir=str(tmp_path)).weights, first.weights)
+
+
 def test_unwritable_cache_still_loads(tiny_gguf_dir, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("the cache root cannot be created under a regular file")

@@ -159,8 +159,16 @@ def write_entry(
         meta = {"identity": _identity(source), "files": _file_sizes(tmp)}
         with open(os.path.join(tmp, META_FILE), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1)
-        remove_entry(entry)  # a stale or corrupt one would block the rename
-        os.rename(tmp, entry)
+        # NOTE: never replace a valid entry: a concurrent loader may be reading its weights
+        # lazily (data-parallel replicas load one file at once); only a stale or corrupt one
+        # that blocks the rename is removed.
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if entry_is_valid(entry, source):
+                return True
+            remove_entry(entry)
+            os.rename(tmp, entry)
         tmp = None
         return True
     except Exception as exc:  # OSError, SafetensorError, ...; a load never fails for caching
