@@ -159,6 +159,7 @@ int main(void) {
     check_prefill(4, 2, 64, 16);
     check_prefill(9, 3, 32, 32);
     check_prefill(8, 1, 128, 16);
+    check_prefill(6, 2, 96, 16);  /* a last group of 32 head-dim columns on the AMX tiles */
     if (paged_prefill_supported(48)) check_prefill(4, 2, 48, 16);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

@@ -23,47 +23,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx_tiles.h"
 #include "argmax_best.h"
 #include "bf16_simd.h"
 #include "gemm_bf16_dp.h"
 
-#define AMX_K 32          /* K values per A tile row (64 bytes of bf16) */
-#define AMX_MC 128        /* rows per L2 block of x */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* Linux hands out the tile registers only to a process that asks (per process, once). */
-static int amx_permitted(void) {
-    static int state;  /* 0: not asked yet, 1: granted, -1: refused */
-    if (!state) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-    return state > 0;
-}
-
-struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-/* tiles 0-3: C (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-31 x 0-15, 16-31 x 16-31);
- * 4, 5: A (rows 0-15, 16-31); 6, 7: B (cols 0-15, 16-31); all 16 rows of 64 bytes */
-static void amx_configure(void) {
-    struct amx_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    _tile_loadconfig(&c);
-}
+#define AMX_MC 128  /* rows per L2 block of x */
 
 /* acc[32][32] = init + rows x0 (16 rows, stride0 elements) and x1 (the next 16; NULL:
  * none, acc rows 16-31 untouched) . the panel b over K (a multiple of AMX_K). init:
- * 32 floats every row starts from (NULL: zero). */
+ * 32 floats every row starts from (NULL: zero). Tiles 0-3: C (rows 0-15 x cols 0-15,
+ * 0-15 x 16-31, 16-31 x 0-15, 16-31 x 16-31); 4, 5: A (rows 0-15, 16-31); 6, 7: B (cols
+ * 0-15, 16-31). */
 static inline void amx_block(const uint16_t* x0, int64_t stride0, const uint16_t* x1, int64_t stride1, int64_t K,
                              const uint16_t* b, const float* init, float* acc) {
     if (init) {  /* a zero stride: every row of the tile reads the same 64 bytes */

@@ -68,7 +68,9 @@ int64_t paged_prefill_workspace(const int64_t* seq_len, const int64_t* q_len, in
     return tiles * num_kv_heads * 2 * (int64_t)KT * head_dim * 2;
 }
 
-#if defined(INFLIGHT_ISA_AVX512_BF16)
+#if defined(INFLIGHT_ISA_AMX_BF16)
+#include "prefill_bf16_amx.h"
+#elif defined(INFLIGHT_ISA_AVX512_BF16)
 #include "prefill_bf16_dp.h"
 #else
 #include "prefill_bf16_widen.h"
@@ -78,6 +80,9 @@ int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
                        const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads, int num_kv_heads,
                        int head_dim, int block_size, float scale, void* workspace) {
+#if defined(INFLIGHT_ISA_AMX_BF16)
+    amx_permitted();  /* asked here, before the threads start */
+#endif
 #if defined(INFLIGHT_ISA_AVX512_BF16)
     return prefill_bf16_dp(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
                            num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, (uint32_t*)workspace);

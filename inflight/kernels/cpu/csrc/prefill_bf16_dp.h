@@ -16,6 +16,13 @@
 #include "bf16_simd.h"
 #include "decode_core.h"
 
+/* the rows' attention in prefill_item, and the score rows of scratch each thread keeps
+ * for it: prefill_bf16_amx.h sets both to its own before including this header */
+#ifndef PF_ATTEND
+#define PF_ATTEND attend_item
+#define PF_SBUF_ROWS RB_MAX
+#endif
+
 /* Phase 1: one kv head's tile of KT keys into pair-interleaved K and V; keys past
  * the end are zero (a zero V row keeps 0 * garbage from making NaNs). */
 static void repack_tile(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt, int64_t len,
@@ -155,7 +162,7 @@ static void prefill_item(const uint16_t* q, int64_t q_stride, uint16_t* out, int
             pos[nrows] = first_pos + i;
             dst[nrows] = out + (q_start + i) * num_heads * D + head;
         }
-    attend_item(qrows, pos, nrows, tiles, D, scale, dst, sbuf, kpad);
+    PF_ATTEND(qrows, pos, nrows, tiles, D, scale, dst, sbuf, kpad);
 }
 
 /* One call's work lists. Phase 1 goes over (request, key tile) x kv head, phase 2 over
@@ -224,7 +231,7 @@ static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* 
         uint32_t* qrows = (uint32_t*)malloc(sizeof(uint32_t) * MAX_ROWS * half);
         int64_t* pos = (int64_t*)malloc(sizeof(int64_t) * MAX_ROWS);
         uint16_t** dst = (uint16_t**)malloc(sizeof(uint16_t*) * MAX_ROWS);
-        float* sbuf = (float*)malloc(sizeof(float) * RB_MAX * w.kpad);
+        float* sbuf = (float*)malloc(sizeof(float) * PF_SBUF_ROWS * w.kpad);
         float* short_sbuf = w.short_rows ? (float*)malloc(sizeof(float) * (size_t)w.short_rows * w.short_lp) : NULL;
         int64_t* short_offsets = w.short_rows ? (int64_t*)malloc(sizeof(int64_t) * w.short_lp) : NULL;
         #pragma omp for collapse(2) schedule(dynamic, 1)
