@@ -138,26 +138,73 @@ static inline void warm_blocks(const uint16_t* k_cache, const uint16_t* v_cache,
     (void)sink;
 }
 
+/* The lines of another sequence's K and V blocks (the next one this thread takes), handed
+ * out a few at a time from inside the current sequence's score pass: its reads from DRAM
+ * then overlap the current one's arithmetic instead of waiting in warm_blocks after it. */
+struct pf_cursor {
+    const char *k, *v;
+    const int64_t* bt;
+    int64_t nblk, blk_bytes, b, off;
+};
+
+static inline struct pf_cursor pf_cursor_of(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt,
+                                            int64_t len, int block_size, int64_t tok_stride) {
+    const struct pf_cursor c = {(const char*)k_cache, (const char*)v_cache, bt, (len + block_size - 1) / block_size,
+                                block_size * tok_stride * 2, 0, 0};
+    return c;
+}
+
+/* the cursor's next n lines of K and of V, into L2 */
+static inline void pf_advance(struct pf_cursor* c, int n) {
+    for (; n > 0 && c->b < c->nblk; n--) {
+        const int64_t at = c->bt[c->b] * c->blk_bytes + c->off;
+        _mm_prefetch(c->k + at, _MM_HINT_T1);
+        _mm_prefetch(c->v + at, _MM_HINT_T1);
+        c->off += 64;
+        if (c->off == c->blk_bytes) {
+            c->off = 0;
+            c->b++;
+        }
+    }
+}
+
+/* A thread's scratch for decode_seq_avx512: sbuf, G * ql rows of the padded length; rows,
+ * that many cache offsets; next, the sequence to prefetch during the score passes (used
+ * when has_next); prefetched: this sequence's blocks were asked for while the previous
+ * one ran, so it skips warm_blocks. */
+struct decode_scratch {
+    float* sbuf;
+    int64_t* rows;
+    struct pf_cursor next;
+    int has_next, prefetched;
+};
+
 /* One request, kv heads [kh0, kh1), in three passes per kv head over its query rows
  * (ql query tokens x the G query heads of the kv head; token i sees the first
  * len - (ql - 1 - i) cached tokens: causal within the chunk): the scores into a
  * per-thread buffer, then exp (one max per row, no online rescaling) to bf16
  * probabilities, then P.V. Each kv head's K and V rows are distinct cache lines, so
- * the passes read each cached byte once from DRAM. sbuf: G * ql rows of the padded
- * length; rows: that many cache offsets. Needs G * ql <= DECODE_MAX_ROWS. */
+ * the passes read each cached byte once from DRAM. Needs G * ql <= DECODE_MAX_ROWS. */
 static inline __attribute__((always_inline)) void decode_seq_nv(
         const int nv, const uint16_t* q, int64_t q_stride, int ql, const uint16_t* k_cache, const uint16_t* v_cache,
         const int64_t* bt, int64_t len, uint16_t* out, int64_t out_stride, int G, int kh0, int kh1, int block_size,
-        int64_t tok_stride, float scale, float* sbuf, int64_t* rows) {
+        int64_t tok_stride, float scale, struct decode_scratch* ws) {
     const int head_dim = 32 * nv, nr = G * ql;
+    float* sbuf = ws->sbuf;
+    int64_t* rows = ws->rows;
+    struct pf_cursor* next = ws->has_next ? &ws->next : NULL;
     const int64_t lp = (len + 31) & ~(int64_t)31;  /* padded score row */
     for (int64_t b = 0, t = 0; t < len; b++)  /* block by block: no division per token */
         for (int64_t j = 0, r = bt[b] * block_size * tok_stride; j < block_size && t < len; j++, t++)
             rows[t] = r + j * tok_stride;
     for (int64_t t = len; t < lp; t++) rows[t] = 0;
-    if (kh0 == 0 && (int64_t)kh1 * head_dim == tok_stride && len * tok_stride * 4 <= WARM_MAX_BYTES)
+    if (!ws->prefetched && kh0 == 0 && (int64_t)kh1 * head_dim == tok_stride && len * tok_stride * 4 <= WARM_MAX_BYTES)
         warm_blocks(k_cache, v_cache, bt, (len + block_size - 1) / block_size, block_size * tok_stride);
     const __m512 vscale = _mm512_set1_ps(scale);
+    /* lines of next to prefetch per chunk of the score and exp passes, so that they are all
+     * asked for by the end of the last one */
+    const int64_t chunks = (kh1 - kh0) * (int64_t)nr * ((len + CHUNK - 1) / CHUNK + (len + 31) / 32 * 2);
+    const int per_chunk = next && chunks ? (int)((next->nblk * next->blk_bytes / 64 + chunks - 1) / chunks) : 0;
     for (int kh = kh0; kh < kh1; kh++) {
         const uint16_t* kbase = k_cache + (int64_t)kh * head_dim;
         const uint16_t* vbase = v_cache + (int64_t)kh * head_dim;
@@ -174,6 +221,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
                 if (r == 0)  /* the first row's pass reads K from DRAM; later ones hit L2 */
                     for (int64_t t = t0 + AHEAD; t < t0 + AHEAD + CHUNK && t < len; t++)
                         for (int v = 0; v < nv; v++) _mm_prefetch((const char*)(kbase + rows[t] + 32 * v), _MM_HINT_T0);
+                if (per_chunk) pf_advance(next, per_chunk);
                 const __mmask16 m = tail_mask(lr - t0);
                 const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m,
                                                     _mm512_mul_ps(qk_chunk(nv, qv, kbase, rows + t0), vscale));
@@ -186,6 +234,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             __m512 sum = _mm512_setzero_ps();
             uint16_t* pb = (uint16_t*)sc;
             for (int64_t t0 = 0; t0 < lp; t0 += 16) {
+                if (per_chunk) pf_advance(next, per_chunk);
                 const __mmask16 m = t0 < lr ? tail_mask(lr - t0) : 0;
                 const __m512 p = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t0), mx)));
                 sum = _mm512_add_ps(sum, p);
@@ -217,10 +266,10 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
 static void decode_seq_avx512(const uint16_t* q, int64_t q_stride, int ql, const uint16_t* k_cache,
                               const uint16_t* v_cache, const int64_t* bt, int64_t len, uint16_t* out,
                               int64_t out_stride, int G, int kh0, int kh1, int head_dim, int block_size,
-                              int64_t tok_stride, float scale, float* sbuf, int64_t* rows) {
+                              int64_t tok_stride, float scale, struct decode_scratch* ws) {
     const int nv = head_dim / 32;
 #define DECODE_SEQ(NV) decode_seq_nv(NV, q, q_stride, ql, k_cache, v_cache, bt, len, out, out_stride, G, kh0, kh1, \
-                                     block_size, tok_stride, scale, sbuf, rows)
+                                     block_size, tok_stride, scale, ws)
     if (nv == 2) DECODE_SEQ(2);
     else if (nv == 4) DECODE_SEQ(4);
     else DECODE_SEQ(nv);

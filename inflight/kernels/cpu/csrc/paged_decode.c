@@ -209,13 +209,22 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
         /* per thread: G score rows and the sequence's cache row offsets */
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)G * (size_t)lp);
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
-        _Pragma("omp for schedule(dynamic, 1)")
+        /* whole sequences go round-robin, so each thread knows its next one and prefetches it
+         * while it computes this one; (sequence, kv head) items go to whichever thread is free */
+        const int nt = omp_get_num_threads();
+        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0};
+        _Pragma("omp for schedule(static, 1)")
         for (int item = 0; item < num_seqs * split; item++) {
-            const int s = item / split, kh0 = (item % split) * per;
+            const int s = item / split, kh0 = (item % split) * per, sn = s + nt;
+            ws.prefetched = ws.has_next;  /* the previous item was this thread's, one round back */
+            ws.has_next = split == 1 && sn < num_seqs;
+            if (ws.has_next)
+                ws.next = pf_cursor_of(k_cache, v_cache, block_tables + (int64_t)sn * bt_stride, seq_lens[sn],
+                                       block_size, tok_stride);
             decode_seq_avx512(q + (int64_t)s * q_stride, q_stride, 1, k_cache, v_cache,
                               block_tables + (int64_t)s * bt_stride, seq_lens[s],
                               out + (int64_t)s * num_heads * head_dim, (int64_t)num_heads * head_dim, G, kh0,
-                              kh0 + per, head_dim, block_size, tok_stride, scale, sbuf, rows);
+                              kh0 + per, head_dim, block_size, tok_stride, scale, &ws);
         }
         free(sbuf);
         free(rows);

@@ -234,6 +234,7 @@ static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* 
         float* sbuf = (float*)malloc(sizeof(float) * PF_SBUF_ROWS * w.kpad);
         float* short_sbuf = w.short_rows ? (float*)malloc(sizeof(float) * (size_t)w.short_rows * w.short_lp) : NULL;
         int64_t* short_offsets = w.short_rows ? (int64_t*)malloc(sizeof(int64_t) * w.short_lp) : NULL;
+        struct decode_scratch short_ws = {short_sbuf, short_offsets, {0}, 0, 0};
         #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t i = 0; i < w.n2; i++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
@@ -242,7 +243,7 @@ static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* 
                     decode_seq_avx512(q + q_start[r] * q_stride, q_stride, (int)q_len[r], k_cache, v_cache,
                                       block_tables + (int64_t)r * bt_stride, seq_len[r],
                                       out + q_start[r] * num_heads * D, (int64_t)num_heads * D, G, kh, kh + 1, D,
-                                      block_size, tok_stride, scale, short_sbuf, short_offsets);
+                                      block_size, tok_stride, scale, &short_ws);
                     continue;
                 }
                 const int64_t i0 = w.it2[2 * i + 1] * w.tq;
