@@ -35,9 +35,10 @@
  * none, acc rows 16-31 untouched) . the panel b over K (a multiple of AMX_K). init:
  * 32 floats every row starts from (NULL: zero). Tiles 0-3: C (rows 0-15 x cols 0-15,
  * 0-15 x 16-31, 16-31 x 0-15, 16-31 x 16-31); 4, 5: A (rows 0-15, 16-31); 6, 7: B (cols
- * 0-15, 16-31). */
+ * 0-15, 16-31). pf: a panel whose lines each K step prefetches into L2 as many of as it
+ * reads of b (NULL: none), so the next panel streams in from memory while this one runs. */
 static inline void amx_block(const uint16_t* x0, int64_t stride0, const uint16_t* x1, int64_t stride1, int64_t K,
-                             const uint16_t* b, const float* init, float* acc) {
+                             const uint16_t* b, const float* init, float* acc, const char* pf) {
     if (init) {  /* a zero stride: every row of the tile reads the same 64 bytes */
         _tile_loadd(0, init, 0);
         _tile_loadd(1, init + 16, 0);
@@ -50,6 +51,8 @@ static inline void amx_block(const uint16_t* x0, int64_t stride0, const uint16_t
         _tile_zero(3);
     }
     for (int64_t k = 0; k < K; k += AMX_K) {
+        if (pf)
+            for (int l = 0; l < AMX_K * PANEL * 2; l += 64) _mm_prefetch(pf + k * PANEL * 2 + l, _MM_HINT_T1);
         _tile_loadd(6, b + k * PANEL, 2 * PANEL * 2);
         _tile_loadd(7, b + k * PANEL + 32, 2 * PANEL * 2);
         _tile_loadd(4, x0 + k, stride0 * 2);
@@ -131,8 +134,12 @@ static void amx_gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda,
                 int64_t s0, s1 = 0;
                 const uint16_t* x0 = amx_rows(x, lda, M, m, tail, K, &s0);
                 const uint16_t* x1 = m + 16 < mend ? amx_rows(x, lda, M, m + 16, tail, K, &s1) : NULL;
-                amx_block(x0, s0, x1, s1, K, b, bias ? init : NULL, acc);
-                if (mode == SILU) amx_block(x0, s0, x1, s1, K, b + silu_half * panel_elems, NULL, up);
+                /* the first row block of an L2 block asks for the next panel */
+                const char* pf = m == mc && q + 1 < q1 ? (const char*)(b + panel_elems) : NULL;
+                amx_block(x0, s0, x1, s1, K, b, bias ? init : NULL, acc, pf);
+                if (mode == SILU)
+                    amx_block(x0, s0, x1, s1, K, b + silu_half * panel_elems, NULL, up,
+                              pf ? pf + silu_half * panel_elems * 2 : NULL);
                 const int R = mend - m < 32 ? (int)(mend - m) : 32;
                 amx_epilogue(mode, R, acc, up, best ? best + m : NULL, q * PANEL, N, out ? out + m * ldc : NULL, ldc);
             }
