@@ -204,28 +204,38 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
         int64_t longest = 0;  /* sizes the per-thread buffers (max_len is only a hint) */
         for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
         const int64_t lp = (longest + 31) & ~(int64_t)31;
+        /* Whole sequences short enough that two fit the caches go round-robin: each thread
+         * knows its next one and prefetches it while it computes this one (longer ones would
+         * evict this one's lines before its later passes read them again). Other items go to
+         * whichever thread is free. */
+        const int round_robin = split == 1 && 2 * longest * tok_stride * 4 <= WARM_MAX_BYTES;
         _Pragma("omp parallel")
         {
         /* per thread: G score rows and the sequence's cache row offsets */
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)G * (size_t)lp);
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
-        /* whole sequences go round-robin, so each thread knows its next one and prefetches it
-         * while it computes this one; (sequence, kv head) items go to whichever thread is free */
-        const int nt = omp_get_num_threads();
         struct decode_scratch ws = {sbuf, rows, {0}, 0, 0};
-        _Pragma("omp for schedule(static, 1)")
-        for (int item = 0; item < num_seqs * split; item++) {
-            const int s = item / split, kh0 = (item % split) * per, sn = s + nt;
-            ws.prefetched = ws.has_next;  /* the previous item was this thread's, one round back */
-            ws.has_next = split == 1 && sn < num_seqs;
-            if (ws.has_next)
-                ws.next = pf_cursor_of(k_cache, v_cache, block_tables + (int64_t)sn * bt_stride, seq_lens[sn],
-                                       block_size, tok_stride);
-            decode_seq_avx512(q + (int64_t)s * q_stride, q_stride, 1, k_cache, v_cache,
-                              block_tables + (int64_t)s * bt_stride, seq_lens[s],
-                              out + (int64_t)s * num_heads * head_dim, (int64_t)num_heads * head_dim, G, kh0,
-                              kh0 + per, head_dim, block_size, tok_stride, scale, &ws);
+#define DECODE_ITEM(item)                                                                                     \
+    decode_seq_avx512(q + (int64_t)((item) / split) * q_stride, q_stride, 1, k_cache, v_cache,                 \
+                      block_tables + (int64_t)((item) / split) * bt_stride, seq_lens[(item) / split],          \
+                      out + (int64_t)((item) / split) * num_heads * head_dim, (int64_t)num_heads * head_dim, G, \
+                      (item) % split * per, (item) % split * per + per, head_dim, block_size, tok_stride, scale, &ws)
+        if (round_robin) {
+            const int nt = omp_get_num_threads();
+            _Pragma("omp for schedule(static, 1)")
+            for (int s = 0; s < num_seqs; s++) {
+                ws.prefetched = ws.has_next;  /* the previous item was this thread's, one round back */
+                ws.has_next = s + nt < num_seqs;
+                if (ws.has_next)
+                    ws.next = pf_cursor_of(k_cache, v_cache, block_tables + (int64_t)(s + nt) * bt_stride,
+                                           seq_lens[s + nt], block_size, tok_stride);
+                DECODE_ITEM(s);
+            }
+        } else {
+            _Pragma("omp for schedule(dynamic, 1)")
+            for (int item = 0; item < num_seqs * split; item++) DECODE_ITEM(item);
         }
+#undef DECODE_ITEM
         free(sbuf);
         free(rows);
         }  /* omp parallel */
