@@ -139,7 +139,7 @@ static inline void warm_blocks(const uint16_t* k_cache, const uint16_t* v_cache,
 }
 
 /* The lines of another sequence's K and V blocks (the next one this thread takes), handed
- * out a few at a time from inside the current sequence's score pass: its reads from DRAM
+ * out a few at a time from inside the current sequence's score and exp passes: its reads from DRAM
  * then overlap the current one's arithmetic instead of waiting in warm_blocks after it. */
 struct pf_cursor {
     const char *k, *v;
@@ -169,7 +169,7 @@ static inline void pf_advance(struct pf_cursor* c, int n) {
 }
 
 /* A thread's scratch for decode_seq_avx512: sbuf, G * ql rows of the padded length; rows,
- * that many cache offsets; next, the sequence to prefetch during the score passes (used
+ * that many cache offsets; next, the sequence to prefetch during the score and exp passes (used
  * when has_next); prefetched: this sequence's blocks were asked for while the previous
  * one ran, so it skips warm_blocks. */
 struct decode_scratch {
@@ -198,7 +198,8 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
         for (int64_t j = 0, r = bt[b] * block_size * tok_stride; j < block_size && t < len; j++, t++)
             rows[t] = r + j * tok_stride;
     for (int64_t t = len; t < lp; t++) rows[t] = 0;
-    if (!ws->prefetched && kh0 == 0 && (int64_t)kh1 * head_dim == tok_stride && len * tok_stride * 4 <= WARM_MAX_BYTES)
+    if (!ws->prefetched && kh0 == 0 && (int64_t)kh1 * head_dim == tok_stride
+        && len * tok_stride * 4 <= WARM_MAX_BYTES)
         warm_blocks(k_cache, v_cache, bt, (len + block_size - 1) / block_size, block_size * tok_stride);
     const __m512 vscale = _mm512_set1_ps(scale);
     /* lines of next to prefetch per chunk of the score and exp passes, so that they are all
