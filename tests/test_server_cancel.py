@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from inflight.entrypoints.openai.server_thread import ServerThread
-from test_async_engine import make_fake_engine, thread_cpu_seconds
+from test_async_engine import idle_wakeup_cpu_seconds, make_fake_engine, thread_cpu_seconds
 from test_server import C, MODEL, _reset, client, metric, server, wait_until_idle  # noqa: F401 (fixtures)
 
 
@@ -83,12 +83,16 @@ def test_concurrent_streams_get_exact_counts_and_dropped_ones_free_their_blocks(
 def test_idle_server_uses_no_cpu(server, client):
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=3)
     time.sleep(0.2)
+    wakeups = idle_wakeup_cpu_seconds()
     step_thread = server.state.engine.thread
     t0, p0 = thread_cpu_seconds(step_thread), time.process_time()
     time.sleep(1.0)
     step_cpu, process_cpu = thread_cpu_seconds(step_thread) - t0, time.process_time() - p0
     assert step_cpu < 0.02, f"idle step thread used {step_cpu:.3f} s of CPU in 1 s"
-    assert process_cpu < 0.05, f"idle server process used {process_cpu:.3f} s of CPU in 1 s"
+    # NOTE: a polling loop anywhere in the process costs a large part of a second; the wakeups
+    # the host charges for (twice: the uvicorn thread and this one) are allowed on top of 0.05 s
+    assert process_cpu < 0.05 + 2 * wakeups, \
+        f"idle server process used {process_cpu:.3f} s of CPU in 1 s (idle wakeups here cost {wakeups:.3f} s)"
 
 
 # ---------------------------------------------------------------------- crash

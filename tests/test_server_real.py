@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from inflight.sampling_params import SamplingParams
-from test_async_engine import thread_cpu_seconds
+from test_async_engine import idle_wakeup_cpu_seconds, thread_cpu_seconds
 from test_server import metric, wait_until_idle
 
 pytestmark = pytest.mark.slow
@@ -144,11 +144,13 @@ def test_non_streaming_timeout_aborts(server):
 def test_idle_server_uses_almost_no_cpu(server, client):
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
     time.sleep(0.5)  # let torch's worker threads stop spinning
+    wakeups = idle_wakeup_cpu_seconds()
     step_thread = server.state.engine.thread
     t0, p0 = thread_cpu_seconds(step_thread), time.process_time()
     time.sleep(1.0)
     step_cpu, process_cpu = thread_cpu_seconds(step_thread) - t0, time.process_time() - p0
-    assert step_cpu < 0.02 and process_cpu < 0.1, (step_cpu, process_cpu)
+    # the idle wakeups this host charges for (the uvicorn thread's and this one's) on top
+    assert step_cpu < 0.02 and process_cpu < 0.1 + 2 * wakeups, (step_cpu, process_cpu, wakeups)
 
 
 def test_64_concurrent_streams_get_exact_token_counts(server):
