@@ -30,7 +30,6 @@ static void amx_attend_item(const uint32_t* qrows, const int64_t* pos, int nrows
 #include "prefill_bf16_dp.h"
 
 _Static_assert(KT == 64, "amx_scores runs four 16-key C tiles per key tile");
-_Static_assert(MAX_ROWS % AMX_ROWS == 0, "an item's rows fill whole blocks but the last");
 
 /* Raw scores (unscaled, unmasked) of 16 query rows q (D/2 pairs each) against every key
  * tile up to kend, into sbuf rows kpad floats apart. Tiles 0-3: the scores of a key
