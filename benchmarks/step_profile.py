@@ -3,7 +3,7 @@
 calls, the C layer loop's kernels from its time-stamp-counter profile.
 
     python benchmarks/step_profile.py [--workload chat] [--max-num-seqs 128] [--max-num-batched-tokens 512]
-                                      [--kv-cache-dtype bfloat16]
+                                      [--kv-cache-dtype bfloat16] [--block-size 64]
 
 Prints the wall time and a table of parts by share of it (kernels get the loop's
 time split by their tick shares; "engine other" is scheduling, output processing
@@ -50,9 +50,11 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the platform's")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--block-size", type=int, default=None, help="default: the platform's")
     args = ap.parse_args()
+    extra = {} if args.block_size is None else {"block_size": args.block_size}
     llm = LLM(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_dtype=args.kv_cache_dtype)
+              kv_cache_dtype=args.kv_cache_dtype, **extra)
     engine = llm.llm_engine
     runner, model = engine.runner, engine.runner.model
     loop = getattr(model, "layer_loop", None)
