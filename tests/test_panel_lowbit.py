@@ -87,11 +87,12 @@ def test_lowbit_argmax_is_bit_identical(level, kind):
     fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
     fast.lowbit_max_rows = 1 << 30
     assert fast.lowbit is not None
-    x = torch.randn(9, 64)
-    assert torch.equal(fast.argmax(x), plain.argmax(x))
-    bitmask = torch.randint(-2**31, 2**31 - 1, (9, 10), dtype=torch.int32)
-    grammar = GrammarBitmask(bitmask=bitmask, rows=list(range(0, 9, 2)))
-    assert torch.equal(fast.argmax(x, grammar), plain.argmax(x, grammar))
+    for rows in [1, 3, 9]:  # one register block of rows (weights expanded in registers), and more
+        x = torch.randn(rows, 64)
+        assert torch.equal(fast.argmax(x), plain.argmax(x)), rows
+        bitmask = torch.randint(-2**31, 2**31 - 1, (rows, 10), dtype=torch.int32)
+        grammar = GrammarBitmask(bitmask=bitmask, rows=list(range(0, rows, 2)))
+        assert torch.equal(fast.argmax(x, grammar), plain.argmax(x, grammar)), rows
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -40,6 +40,7 @@
 
 #include "gemm_f32_tile.h"
 #include "panel_lowbit.h"
+#include "lowbit_micro.h"
 
 #if defined(INFLIGHT_ISA_AMX_BF16)
 #define ISA_NAME "amx_bf16"
@@ -76,6 +77,10 @@ static int gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t
                       int64_t q1, int64_t silu_half, struct best* best) {
     float* qbuf = NULL;  /* the gate (or only) panel, then the up panel, expanded */
     const uint8_t* low = lb.data;
+    if (LOWBIT_IN_REGISTERS && low && m1 - m0 <= MR) {  /* one register block of rows: no buffer */
+        lowbit_range(x, m0, m1, K, lda, low, lb.bits, N, bias, out, ldc, q0, q1, silu_half, best);
+        return 0;
+    }
     if (low && !(qbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)(2 * K * NR)))) return -3;
     /* partial sums of a gate tile and of an up / logits tile, for the epilogues */
     float scratch[2 * MC_MAX * NR] __attribute__((aligned(64)));

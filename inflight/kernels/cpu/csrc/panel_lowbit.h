@@ -8,9 +8,10 @@
  * row: fp32 panels make it wait on memory, low-bit ones cut the bytes by 3.6-5.3x.
  * Before the microkernel runs, a thread expands the panel into a scratch buffer of fp32
  * panel layout (its K x NR floats stay in L2 while the rows pass under it), so the
- * products and their order are exactly the fp32 panel GEMM's; panel_lowbit.py packs a
- * weight this way only after checking that lowbit_dequant gives back its fp32 panels
- * bit for bit.
+ * products and their order are exactly the fp32 panel GEMM's; a block of at most MR rows
+ * instead expands each weight vector in registers (lowbit_micro.h), in the same order.
+ * panel_lowbit.py packs a weight this way only after checking that lowbit_dequant gives
+ * back its fp32 panels bit for bit.
  *
  * Layout of one panel (NR output columns, as the fp32 panel), block by block of 32 k:
  *   4-bit:  float d[NR], m[NR];   the block's scale and offset for each column

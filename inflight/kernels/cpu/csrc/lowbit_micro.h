@@ -1,0 +1,132 @@
+/*
+ * The fp32 GEMM over low-bit panels (panel_lowbit.h) for a block of at most MR rows:
+ * each weight vector is expanded in registers just before its FMAs, instead of the
+ * whole panel being expanded into an fp32 buffer and read back by the microkernel.
+ * With one register block of rows nothing is reused from such a buffer, and its
+ * store and reload were most of the expansion's cost. Included by gemm_f32.c only,
+ * after gemm_f32_tile.h and panel_lowbit.h.
+ *
+ * NOTE: the products and their order are micro's over the expanded panel (k ascending,
+ * one FMA a row and column into an accumulator that starts at zero or the bias; a
+ * partial sum stored between K chunks and loaded again is the same float), and each
+ * weight is the same d * q + m (see panel_lowbit.h on fusing it), so the outputs are
+ * those of the fp32 panels bit for bit.
+ */
+#ifndef INFLIGHT_LOWBIT_MICRO_H
+#define INFLIGHT_LOWBIT_MICRO_H
+
+/* NOTE: only where mad is one fused multiply-add. The portable level's mad is a multiply
+ * and an add, which -fassociative-math lets GCC regroup one way in micro and another here;
+ * that level keeps expanding into a buffer for micro. */
+#if defined(INFLIGHT_ISA_AVX2) || VL == 16 || defined(INFLIGHT_ISA_NEON)
+#define LOWBIT_IN_REGISTERS 1
+#else
+#define LOWBIT_IN_REGISTERS 0
+#endif
+
+/* acc[r][i] += x[r][k] * w[i] for the R rows, k's x values at a (rows lda apart) */
+#define LB_FMA_ROWS(a, w)                                                   \
+    UNROLL for (int r = 0; r < R; r++) {                                    \
+        const vf av = bcast((a) + r * lda);                                 \
+        UNROLL for (int i = 0; i < NV; i++) acc[r][i] = mad(av, (w)[i], acc[r][i]); \
+    }
+
+/* R rows x NR columns of one low-bit panel over all of K (a multiple of LB_K), from
+ * zero or the bias (NR values, ncols of them real); the end as micro's (fin STORE into
+ * c, SILU into c with the gate tile g, ARGMAX into best). */
+static inline __attribute__((always_inline)) void lowbit_micro(
+        const int R, const float* a, int64_t lda, const uint8_t* panel, int bits, int64_t K, enum fin fin,
+        const float* bias, float* c, int64_t ldc, int64_t ncols, const float* g, struct best* best, int64_t col0) {
+    vf acc[MR][NV];
+    float t[MR * NR] __attribute__((aligned(64)));
+    if (bias) tile_in(t, 1, bias, 0, ncols);
+    UNROLL for (int i = 0; i < NV; i++) {
+        const vf v = bias ? ld(t + i * VL) : vf_zero();
+        UNROLL for (int r = 0; r < R; r++) acc[r][i] = v;
+    }
+    const int64_t bb = lowbit_block_bytes(bits);
+    for (int64_t kb = 0; kb < K / LB_K; kb++) {
+        const uint8_t* blk = panel + kb * bb;
+        const float* xk = a + kb * LB_K;
+        vf d[NV], m[NV], w0[NV], w1[NV];
+        UNROLL for (int i = 0; i < NV; i++) d[i] = ld((const float*)blk + i * VL);
+        if (bits == 4) {
+            UNROLL for (int i = 0; i < NV; i++) m[i] = ld((const float*)blk + NR + i * VL);
+            const uint8_t* q = blk + 8 * NR;
+            _Pragma("GCC unroll 2")
+            for (int k = 0; k < LB_K; k += 2, q += NR) {
+                UNROLL for (int i = 0; i < NV; i++) {
+                    const vi b = vi_load_u8(q + i * VL);
+                    w0[i] = d[i] * __builtin_convertvector(b & 15, vf) + m[i];
+                    w1[i] = d[i] * __builtin_convertvector(b >> 4, vf) + m[i];
+                }
+                LB_FMA_ROWS(xk + k, w0)
+                LB_FMA_ROWS(xk + k + 1, w1)
+            }
+        } else {
+            const int8_t* q = (const int8_t*)(blk + 4 * NR);
+            _Pragma("GCC unroll 2")
+            for (int k = 0; k < LB_K; k++, q += NR) {
+                UNROLL for (int i = 0; i < NV; i++) w0[i] = d[i] * __builtin_convertvector(vi_load_s8(q + i * VL), vf);
+                LB_FMA_ROWS(xk + k, w0)
+            }
+        }
+    }
+    if (fin == SILU) {
+        UNROLL for (int r = 0; r < R; r++)
+            UNROLL for (int i = 0; i < NV; i++) st(c + r * ldc + i * VL, vf_silu(ld(g + r * NR + i * VL)) * acc[r][i]);
+        return;
+    }
+    UNROLL for (int r = 0; r < R; r++)
+        UNROLL for (int i = 0; i < NV; i++) st(t + r * NR + i * VL, acc[r][i]);
+    if (fin == STORE) tile_out(t, R, c, ldc, ncols);
+    else tile_argmax(t, R, ncols, best, col0);
+}
+#undef LB_FMA_ROWS
+
+/* lowbit_micro with R a constant, so the accumulators stay in registers */
+static void lowbit_micro_rows(int R, const float* a, int64_t lda, const uint8_t* panel, int bits, int64_t K,
+                              enum fin fin, const float* bias, float* c, int64_t ldc, int64_t ncols, const float* g,
+                              struct best* best, int64_t col0) {
+#define CASE(r) case r: lowbit_micro(r, a, lda, panel, bits, K, fin, bias, c, ldc, ncols, g, best, col0); break;
+    switch (R) {
+        CASE(1) CASE(2) CASE(3) CASE(4)
+#if MR > 4
+        CASE(5) CASE(6)
+#endif
+#if MR > 6
+        CASE(7) CASE(8)
+#endif
+#if MR > 8
+        CASE(9) CASE(10) CASE(11) CASE(12)
+#endif
+    }
+#undef CASE
+}
+
+/* gemm_range's work for rows [m0, m1), at most MR of them, over low-bit panels [q0, q1)
+ * (the same arguments and outputs; panels asked for two ahead as there) */
+static void lowbit_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t lda, const uint8_t* low,
+                         int bits, int64_t N, const float* bias, float* out, int64_t ldc, int64_t q0, int64_t q1,
+                         int64_t silu_half, struct best* best) {
+    const int R = (int)(m1 - m0);
+    const int64_t pb = lowbit_panel_bytes(bits, K);
+    const float* a = x + m0 * lda;
+    float g[MR * NR] __attribute__((aligned(64)));  /* the gate tile */
+    for (int64_t q = q0; q < q1; q++) {
+        const int64_t col0 = q * NR, ncols = N - col0 < NR ? N - col0 : NR;
+        for (int64_t p = q == q0 ? q : q + 2; p <= q + 2 && p < q1; p++) {
+            lowbit_prefetch(low + p * pb, bits, K);
+            if (silu_half > 0) lowbit_prefetch(low + (p + silu_half) * pb, bits, K);
+        }
+        if (silu_half > 0) {
+            lowbit_micro_rows(R, a, lda, low + q * pb, bits, K, STORE, NULL, g, NR, NR, NULL, NULL, 0);
+            lowbit_micro_rows(R, a, lda, low + (q + silu_half) * pb, bits, K, SILU, NULL, out + m0 * ldc + col0, ldc,
+                              NR, g, NULL, 0);
+        } else {
+            lowbit_micro_rows(R, a, lda, low + q * pb, bits, K, best ? ARGMAX : STORE, bias ? bias + col0 : NULL,
+                              best ? NULL : out + m0 * ldc + col0, ldc, ncols, NULL, best ? best + m0 : NULL, col0);
+        }
+    }
+}
+#endif
