@@ -159,23 +159,24 @@ static inline __attribute__((always_inline)) void micro(
     }
 }
 
+/* X(r) for every row count of a register block, 1..MR: a switch over them calls a kernel
+ * with R a constant in each case, so its accumulators stay in registers */
+#if MR > 8
+#define EACH_ROW_COUNT(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
+#elif MR > 6
+#define EACH_ROW_COUNT(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+#elif MR > 4
+#define EACH_ROW_COUNT(X) X(1) X(2) X(3) X(4) X(5) X(6)
+#else
+#define EACH_ROW_COUNT(X) X(1) X(2) X(3) X(4)
+#endif
+
 /* micro with R a constant, so the accumulators stay in registers */
 static void micro_rows(int R, const float* a, int64_t lda, const float* b, int64_t kc, enum init init, enum fin fin,
                        const float* bias, const float* p, int64_t ldp, float* c, int64_t ldc, int64_t ncols,
                        const float* g, struct best* best, int64_t col0, const float* pf) {
 #define CASE(r) case r: micro(r, a, lda, b, kc, init, fin, bias, p, ldp, c, ldc, ncols, g, best, col0, pf); break;
-    switch (R) {
-        CASE(1) CASE(2) CASE(3) CASE(4)
-#if MR > 4
-        CASE(5) CASE(6)
-#endif
-#if MR > 6
-        CASE(7) CASE(8)
-#endif
-#if MR > 8
-        CASE(9) CASE(10) CASE(11) CASE(12)
-#endif
-    }
+    switch (R) { EACH_ROW_COUNT(CASE) }
 #undef CASE
 }
 

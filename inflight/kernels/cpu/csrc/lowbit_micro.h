@@ -89,18 +89,7 @@ static void lowbit_micro_rows(int R, const float* a, int64_t lda, const uint8_t*
                               enum fin fin, const float* bias, float* c, int64_t ldc, int64_t ncols, const float* g,
                               struct best* best, int64_t col0) {
 #define CASE(r) case r: lowbit_micro(r, a, lda, panel, bits, K, fin, bias, c, ldc, ncols, g, best, col0); break;
-    switch (R) {
-        CASE(1) CASE(2) CASE(3) CASE(4)
-#if MR > 4
-        CASE(5) CASE(6)
-#endif
-#if MR > 6
-        CASE(7) CASE(8)
-#endif
-#if MR > 8
-        CASE(9) CASE(10) CASE(11) CASE(12)
-#endif
-    }
+    switch (R) { EACH_ROW_COUNT(CASE) }
 #undef CASE
 }
 
