@@ -77,8 +77,10 @@ def load_library(name: str = "paged_decode", level: Optional[IsaLevel] = None) -
     return None if level is None else _load(name, level)
 
 
-@functools.lru_cache(maxsize=None)
-def _load(name: str, level: IsaLevel) -> Optional[ctypes.CDLL]:
+def library_path(name: str, level: IsaLevel) -> Optional[str]:
+    """The shared library of csrc/<name>.c built for ``level``, compiled on first use and
+    cached by source hash and flags; None without a compiler or when the build fails.
+    ``level`` need not be this CPU's: building runs nothing."""
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     key = "".join(sources(name).values()) + " ".join(compile_flags(level))
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -95,4 +97,10 @@ def _load(name: str, level: IsaLevel) -> Optional[ctypes.CDLL]:
             logger.warning("building C kernel %s for %s failed: %s", name, level.name, res.stderr[-800:])
             return None
         os.replace(tmp_out, path)  # atomic: a concurrent builder never sees half a file
-    return ctypes.CDLL(path)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str, level: IsaLevel) -> Optional[ctypes.CDLL]:
+    path = library_path(name, level)
+    return None if path is None else ctypes.CDLL(path)
