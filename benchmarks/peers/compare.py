@@ -161,7 +161,8 @@ def table(results: dict, systems: list[str]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line, checked; re-executes this script under --cap-isa's environment."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list (default: all four)")
     ap.add_argument("--num-requests", type=int, default=None, help="first N requests of each workload (a check)")
@@ -204,6 +205,24 @@ def main() -> int:
         ap.error(f"unknown system(s) {unknown}; choose from {list(SERVERS)}")
     if "vllm" in systems and not os.path.isfile(os.path.join(args.hf_folder, "config.json")):
         ap.error(f"no HF folder at {args.hf_folder}: run benchmarks/peers/make_hf_folder.py first")
+    args.systems = systems
+    return args
+
+
+def add_ratios(results: dict) -> None:
+    """inflight's output throughput over vLLM's and over the baseline's, per workload."""
+    for per_system in results["workloads"].values():
+        if "vllm" in per_system and "inflight" in per_system and per_system["vllm"]["output_throughput"]:
+            per_system["ratio_output_throughput"] = (per_system["inflight"]["output_throughput"]
+                                                     / per_system["vllm"]["output_throughput"])
+        if "baseline" in per_system and "inflight" in per_system and per_system["baseline"]["output_throughput"]:
+            per_system["ratio_baseline"] = (per_system["inflight"]["output_throughput"]
+                                            / per_system["baseline"]["output_throughput"])
+
+
+def main() -> int:
+    args = parse_args()
+    systems = args.systems
     results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
                "machine": machine_info(), "client": {"request_rate": "inf", "ignore_eos": True, "stream": True,
                                                      "temperature": 0.0, "warmup_requests": 1},
@@ -215,13 +234,7 @@ def main() -> int:
         os.makedirs(log_dir, exist_ok=True)
         workloads = load_workloads(args, tmp)
         run_sitting(systems, args, workloads, log_dir, results)
-        for per_system in results["workloads"].values():
-            if "vllm" in per_system and "inflight" in per_system and per_system["vllm"]["output_throughput"]:
-                per_system["ratio_output_throughput"] = (per_system["inflight"]["output_throughput"]
-                                                         / per_system["vllm"]["output_throughput"])
-            if "baseline" in per_system and "inflight" in per_system and per_system["baseline"]["output_throughput"]:
-                per_system["ratio_baseline"] = (per_system["inflight"]["output_throughput"]
-                                                / per_system["baseline"]["output_throughput"])
+        add_ratios(results)
         print(table(results, systems))
     if args.out:
         with open(args.out, "w") as f:
