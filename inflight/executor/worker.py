@@ -12,6 +12,7 @@ from typing import Optional
 
 from inflight.config import EngineConfig
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
+from inflight.platforms.cpu_topology import physical_cores, split_cores
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +25,11 @@ def free_port() -> int:
 
 
 def threads_per_rank(world_size: int) -> int:
-    """Threads for each of ``world_size`` ranks on this machine: this process's cores split
-    evenly, or ``OMP_NUM_THREADS`` (per rank) when set and smaller: a rank never runs more
-    threads than the cores it is pinned to (a data-parallel replica's OMP_NUM_THREADS is
-    the whole replica's)."""
-    share = max(1, len(os.sched_getaffinity(0)) // world_size)
+    """Threads for each of ``world_size`` ranks on this machine: a thread a physical core of
+    the rank's share (cpu_topology.split_cores), or ``OMP_NUM_THREADS`` (per rank) when set
+    and smaller: a rank never runs more threads than the cores it is pinned to (a
+    data-parallel replica's OMP_NUM_THREADS is the whole replica's)."""
+    share = split_cores(world_size, physical_cores())[0][0]
     env = os.environ.get("OMP_NUM_THREADS")
     if env and env.isdigit() and int(env) > 0:
         return min(int(env), share)
@@ -36,12 +37,11 @@ def threads_per_rank(world_size: int) -> int:
 
 
 def pin_cores(rank: int, world_size: int) -> Optional[list[int]]:
-    """Pin this process to its rank's share of the cores (none when there are fewer cores than ranks)."""
-    cores = sorted(os.sched_getaffinity(0))
-    per = len(cores) // world_size
-    if per < 1:
+    """Pin this process to its rank's share of the physical cores, SMT siblings included (none
+    when there are fewer CPUs than ranks)."""
+    mine = split_cores(world_size, physical_cores())[rank][1]
+    if not mine:
         return None
-    mine = cores[rank * per:(rank + 1) * per]
     os.sched_setaffinity(0, mine)
     return mine
 

@@ -11,6 +11,7 @@ from inflight.attention import AttentionBackend, get_attention_backend
 from inflight.distributed.parallel_state import get_tensor_model_parallel_world_size
 from inflight.kernels.cpu.isa import current_level
 from inflight.layers.custom_op import dispatch_custom_ops
+from inflight.platforms.cpu_topology import physical_cores
 from inflight.platforms.interface import Platform, parse_dtype
 from inflight.worker.cpu_malloc import keep_freed_memory
 from inflight.worker.huge_pages import prefault_when_idle, zeros_huge
@@ -47,7 +48,13 @@ class CpuPlatform(Platform):
         return get_attention_backend(name, torch.device("cpu"))
 
     def prepare_process(self) -> None:
+        """No more threads than physical cores: two GEMM threads on SMT siblings of one core
+        share its vector units and make every parallel region wait for the slower one."""
         keep_freed_memory()
+        cores = len(physical_cores())
+        if torch.get_num_threads() > cores:
+            logger.info("%d threads for %d physical cores: using %d", torch.get_num_threads(), cores, cores)
+            torch.set_num_threads(cores)
 
     def optimize_model(self, model: nn.Module, dtype: torch.dtype, config: "EngineConfig") -> list[str]:
         """Packed linears, the C element-wise ops and the one-call layer loop, where the
@@ -87,4 +94,4 @@ class CpuPlatform(Platform):
         prefault_when_idle([t for pair in pools for t in pair if isinstance(t, torch.Tensor)])
 
     def describe(self) -> str:
-        return f"cpu ({self.isa.name if self.isa else 'no kernels'})"
+        return f"cpu ({self.isa.name if self.isa else 'no kernels'}, {torch.get_num_threads()} threads)"

@@ -2,9 +2,10 @@
 device with several units, which of them it sees."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Optional
+
+from inflight.platforms.cpu_topology import physical_cores, split_cores
 
 
 @dataclass
@@ -18,13 +19,9 @@ class ReplicaPlacement:
 
 
 def split_host_cores(n: int) -> list[ReplicaPlacement]:
-    """An equal slice of the cores this process may use for each of ``n`` replicas; with
-    fewer cores than replicas, one thread each and no pinning."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < n:
-        return [ReplicaPlacement(1) for _ in range(n)]
-    per = len(cpus) // n
-    return [ReplicaPlacement(per, cpus[i * per:(i + 1) * per]) for i in range(n)]
+    """An equal share of the physical cores this process may use for each of ``n`` replicas,
+    with their SMT siblings and a thread a core (cpu_topology.split_cores)."""
+    return [ReplicaPlacement(threads, cpus or None) for threads, cpus in split_cores(n, physical_cores())]
 
 
 def split_devices(visible: list[str], n: int) -> list[list[str]]:
