@@ -100,6 +100,27 @@ static void tile_argmax(const float* t, int R, int64_t n, struct best* best, int
             }
 }
 
+/* The end of a register block of R rows (micro's and lowbit_micro's): acc into c (STORE, the
+ * ncols real columns; SILU, silu(g[r * NR + j]) * acc, all NR columns real) or into best
+ * (ARGMAX); a partial panel's columns go through the scratch tile t. NOTE: always inlined with
+ * R a constant, so acc stays in registers as in the callers' loops. */
+static inline __attribute__((always_inline)) void micro_end(const int R, vf acc[MR][NV], float* t, enum fin fin,
+                                                            float* c, int64_t ldc, int64_t ncols, const float* g,
+                                                            struct best* best, int64_t col0) {
+    if (fin == SILU) {
+        UNROLL for (int r = 0; r < R; r++)
+            UNROLL for (int i = 0; i < NV; i++) st(c + r * ldc + i * VL, vf_silu(ld(g + r * NR + i * VL)) * acc[r][i]);
+    } else if (fin == STORE && ncols >= NR) {
+        UNROLL for (int r = 0; r < R; r++)
+            UNROLL for (int i = 0; i < NV; i++) st(c + r * ldc + i * VL, acc[r][i]);
+    } else {
+        UNROLL for (int r = 0; r < R; r++)
+            UNROLL for (int i = 0; i < NV; i++) st(t + r * NR + i * VL, acc[r][i]);
+        if (fin == STORE) tile_out(t, R, c, ldc, ncols);
+        else tile_argmax(t, R, ncols, best, col0);
+    }
+}
+
 /* R rows x NR columns over k in [0, kc): a = x + row * lda + k0, b = the panel's
  * chunk (kc x NR). The accumulators start from zero, the bias (NR values from
  * bias, ncols of them real) or p (a partial sum, rows ldp apart); at the end:
@@ -145,18 +166,7 @@ static inline __attribute__((always_inline)) void micro(
             UNROLL for (int i = 0; i < NV; i++) acc[r][i] = mad(av, w[i], acc[r][i]);
         }
     }
-    if (fin == SILU) {
-        UNROLL for (int r = 0; r < R; r++)
-            UNROLL for (int i = 0; i < NV; i++) st(c + r * ldc + i * VL, vf_silu(ld(g + r * NR + i * VL)) * acc[r][i]);
-    } else if (fin == STORE && full) {
-        UNROLL for (int r = 0; r < R; r++)
-            UNROLL for (int i = 0; i < NV; i++) st(c + r * ldc + i * VL, acc[r][i]);
-    } else {
-        UNROLL for (int r = 0; r < R; r++)
-            UNROLL for (int i = 0; i < NV; i++) st(t + r * NR + i * VL, acc[r][i]);
-        if (fin == STORE) tile_out(t, R, c, ldc, ncols);
-        else tile_argmax(t, R, ncols, best, col0);
-    }
+    micro_end(R, acc, t, fin, c, ldc, ncols, g, best, col0);
 }
 
 /* X(r) for every row count of a register block, 1..MR: a switch over them calls a kernel

@@ -32,8 +32,7 @@
     }
 
 /* R rows x NR columns of one low-bit panel over all of K (a multiple of LB_K), from
- * zero or the bias (NR values, ncols of them real); the end as micro's (fin STORE into
- * c, SILU into c with the gate tile g, ARGMAX into best). */
+ * zero or the bias (NR values, ncols of them real); the end is micro's (micro_end). */
 static inline __attribute__((always_inline)) void lowbit_micro(
         const int R, const float* a, int64_t lda, const uint8_t* panel, int bits, int64_t K, enum fin fin,
         const float* bias, float* c, int64_t ldc, int64_t ncols, const float* g, struct best* best, int64_t col0) {
@@ -72,15 +71,7 @@ static inline __attribute__((always_inline)) void lowbit_micro(
             }
         }
     }
-    if (fin == SILU) {
-        UNROLL for (int r = 0; r < R; r++)
-            UNROLL for (int i = 0; i < NV; i++) st(c + r * ldc + i * VL, vf_silu(ld(g + r * NR + i * VL)) * acc[r][i]);
-        return;
-    }
-    UNROLL for (int r = 0; r < R; r++)
-        UNROLL for (int i = 0; i < NV; i++) st(t + r * NR + i * VL, acc[r][i]);
-    if (fin == STORE) tile_out(t, R, c, ldc, ncols);
-    else tile_argmax(t, R, ncols, best, col0);
+    micro_end(R, acc, t, fin, c, ldc, ncols, g, best, col0);
 }
 #undef LB_FMA_ROWS
 
