@@ -127,11 +127,15 @@ def test_health_fails_while_a_step_makes_no_progress():
             assert h.get("/health").status_code == 200  # idle for longer than the timeout: healthy
             time.sleep(0.4)
             assert h.get("/health").status_code == 200
-            engine.runner.step_delay = 1.0  # a wedged forward pass, as far as /health can tell
+            engine.runner.step_delay = 3.0  # a wedged forward pass, as far as /health can tell
             pending = pool.submit(httpx.post, srv.base_url + C, json={"prompt": "Hi", "max_tokens": 2}, timeout=10)
-            time.sleep(0.7)
-            r = h.get("/health")
+            # NOTE: polled, not one look after a fixed sleep: on a loaded machine the request may
+            # reach the step thread late, and the 3 s step leaves /health ~2.7 s to turn 503
+            deadline = time.monotonic() + 2.5
+            while (r := h.get("/health")).status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stalled"
+            assert not pending.done()  # 503 while the step is still running, not after it
             engine.runner.step_delay = 0.0
             assert pending.result().status_code == 200
             assert h.get("/health").status_code == 200
