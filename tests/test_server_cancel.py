@@ -106,7 +106,9 @@ def test_engine_crash_fails_requests_with_500_and_the_server_exits_non_zero():
         next(iter(stream))
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(client.completions.create, model=MODEL, prompt="Hi", max_tokens=50)
-            time.sleep(0.1)
+            deadline = time.monotonic() + 5.0  # the crash must meet it in the engine, not before
+            while srv.state.engine.num_unfinished < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
             engine.runner.crash = True
             with pytest.raises(openai.InternalServerError) as e:
                 pending.result()

@@ -79,12 +79,17 @@ def test_concurrency_limit_sheds_load_with_retry_after(server):
 
     def slow_request():
         with httpx.Client(base_url=server.base_url, timeout=30) as h:
-            results.append(post(h, C, cmpl(max_tokens=10)).status_code)
+            results.append(post(h, C, cmpl(max_tokens=20)).status_code)
 
     threads = [threading.Thread(target=slow_request) for _ in range(2)]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    # NOTE: waits for both to be in the engine (a fixed sleep raced a slow thread start); each
+    # then runs ~1 s more, in which the third must be refused
+    deadline = time.monotonic() + 5.0
+    while server.state.engine.num_unfinished < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.state.engine.num_unfinished == 2
     with httpx.Client(base_url=server.base_url, timeout=30) as h:
         r = post(h, C, cmpl())
         assert h.get("/health").status_code == 200  # probes are exempt
