@@ -50,6 +50,14 @@ def wait_until_idle(server, timeout: float = 5.0) -> None:
             time.sleep(0.02)
 
 
+def wait_until_in_engine(server, n: int, timeout: float = 5.0) -> None:
+    """Until ``n`` requests are in the engine (a fixed sleep races a slow client thread)."""
+    deadline = time.monotonic() + timeout
+    while server.state.engine.num_unfinished < n:
+        assert time.monotonic() < deadline, f"{server.state.engine.num_unfinished} of {n} requests in the engine"
+        time.sleep(0.01)
+
+
 def metric(text: str, name: str, **labels) -> float:
     total = 0.0
     for line in text.splitlines():

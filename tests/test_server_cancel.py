@@ -12,7 +12,8 @@ import pytest
 
 from inflight.entrypoints.openai.server_thread import ServerThread
 from test_async_engine import idle_wakeup_cpu_seconds, make_fake_engine, thread_cpu_seconds
-from test_server import C, MODEL, _reset, client, metric, server, wait_until_idle  # noqa: F401 (fixtures)
+from test_server import (C, MODEL, _reset, client, metric, server, wait_until_idle,  # noqa: F401 (fixtures)
+                         wait_until_in_engine)
 
 
 # ---------------------------------------------------------------- cancellation
@@ -106,9 +107,7 @@ def test_engine_crash_fails_requests_with_500_and_the_server_exits_non_zero():
         next(iter(stream))
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(client.completions.create, model=MODEL, prompt="Hi", max_tokens=50)
-            deadline = time.monotonic() + 5.0  # the crash must meet it in the engine, not before
-            while srv.state.engine.num_unfinished < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until_in_engine(srv, 2)  # the crash must meet it in the engine, not before
             engine.runner.crash = True
             with pytest.raises(openai.InternalServerError) as e:
                 pending.result()

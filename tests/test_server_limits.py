@@ -16,7 +16,7 @@ from inflight.entrypoints.openai.server_thread import ServerThread
 from test_async_engine import make_fake_engine
 from test_bad_requests import (C, CH, INVALID, MODEL, OVERLOADED, assert_error, chat, cmpl, good_requests_succeed,
                                post, server)  # noqa: F401  (server: the same module-scoped fake-engine server fixture)
-from test_server import wait_until_idle
+from test_server import wait_until_idle, wait_until_in_engine
 
 
 @pytest.fixture(autouse=True)
@@ -86,9 +86,7 @@ def test_concurrency_limit_sheds_load_with_retry_after(server):
         t.start()
     # NOTE: waits for both to be in the engine (a fixed sleep raced a slow thread start); each
     # then runs ~1 s more, in which the third must be refused
-    deadline = time.monotonic() + 5.0
-    while server.state.engine.num_unfinished < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until_in_engine(server, 2)
     assert server.state.engine.num_unfinished == 2
     with httpx.Client(base_url=server.base_url, timeout=30) as h:
         r = post(h, C, cmpl())
