@@ -240,6 +240,20 @@ def test_decode_long_contexts(backend, monkeypatch, num_seqs):
     torch.testing.assert_close(backend._decode(q, kc, vc, md, 0.125), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 200])
+@pytest.mark.parametrize("lens", [[129], [2, 128, 129, 257], [700, 64, 1]])
+def test_decode_parts_of_few_sequences(backend, monkeypatch, lens, window):
+    """Few decodes: each sequence's keys (those in its window) are cut into parts of at least
+    128 keys whose softmax states merge after; contexts one key past a part, a part of one
+    key, a single part."""
+    q, k, v, kc, vc, md = make_step(sum(lens), 9, 3, 64, 16, [(n - 1, 1) for n in lens])
+    q = q * 4
+    want = TorchAttentionBackend()._decode(q, kc, vc, md, 0.125, sliding_window=window)
+    no_fallback(monkeypatch)
+    got = backend._decode(q, kc, vc, md, 0.125, sliding_window=window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("heads,kv_heads,dim,block_size,window", [(9, 3, 64, 16, None), (9, 3, 64, 16, 37),
                                                                   (16, 1, 36, 5, None), (6, 2, 80, 5, 9)])
 def test_decode_items_of_whole_sequences(backend, monkeypatch, heads, kv_heads, dim, block_size, window):

@@ -118,15 +118,24 @@ static inline void af_start_rows(const float* q, int64_t q_stride, int R, int G,
 }
 
 /* An item's rows at the end: each unnormalized output over its sum into out, or with a prior
- * (the shared prefix's part of the same row) the two parts merged at their common max. */
+ * (the shared prefix's part of the same row) the two parts merged at their common max. With
+ * part (decode: one token), the item saw a part of the row's keys: each head's unnormalized
+ * output, max and sum go to part + head * (D + 2) instead, for af_merge_parts. */
 static inline void af_finish_rows(float* out, int64_t out_stride, int R, int G, int kh0, int nkh, int D,
-                                  const float* ob, const float* m, const float* l, const float* prior) {
+                                  const float* ob, const float* m, const float* l, const float* prior, float* part) {
     const int Dp = AF_PAD(D);
     for (int h = 0; h < nkh; h++)
         for (int r = 0; r < R; r++) {
             const int hr = h * R + r;
             float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)((kh0 + h) * G + r % G) * D;
             const float* o = ob + (int64_t)hr * Dp;
+            if (part) {
+                float* ps = part + (int64_t)((kh0 + h) * G + r % G) * (D + 2);
+                memcpy(ps, o, sizeof(float) * (size_t)D);
+                ps[D] = m[hr];
+                ps[D + 1] = l[hr];
+                continue;
+            }
             if (prior) {  /* the two parts' softmax sums, rescaled to their common max */
                 const float* pr = prior + (int64_t)((kh0 + h) * G + r % G) * (D + 2);
                 const float mx = fmaxf(pr[D], m[hr]), a1 = expf(pr[D] - mx), a2 = expf(m[hr] - mx);
@@ -147,15 +156,16 @@ static inline void af_finish_rows(float* out, int64_t out_stride, int R, int G, 
  * keys [0, k0) were scored elsewhere (aw_shared_prefix): this item reads keys from k0 on
  * and merges its rows with prior's (head h's unnormalized output, max and sum at
  * prior + h * (D + 2)); else k0 is 0. kv16: the pools hold bfloat16 (af_at), and then
- * the item's heads must fit the tile buffers (nkh * D <= AF_COPY_SPAN).
+ * the item's heads must fit the tile buffers (nkh * D <= AF_COPY_SPAN). part: see
+ * af_finish_rows (decode without prior; ctx + 1 is then the part's end, k0 its start).
  * NOTE: several kv heads per item read each key's rows of those heads together, one
  * contiguous run of the pool row: per-head items read a third of every row and the
  * hardware prefetcher fetches the rest anyway, so a decode from DRAM pays for it twice. */
 static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
                            int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
                            const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
-                           int64_t k0, const float* prior, float* scratch, int kv16) {
-    if (ntok * G >= AW_MIN_ROWS && !prior && aw_heads_fit(nkh, D)) {
+                           int64_t k0, const float* prior, float* part, float* scratch, int kv16) {
+    if (ntok * G >= AW_MIN_ROWS && !prior && !part && aw_heads_fit(nkh, D)) {
         aw_attend(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
                   tok_stride, scale, window, scratch, kv16);
         return;
@@ -209,7 +219,7 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
             af_tile(qb + (int64_t)h * R * Dp, ob + (int64_t)h * R * Dp, sb + (int64_t)h * R * AF_KT, m + h * R,
                     l + h * R, r0, r1, G, D, ctx, window, t0, nk, kp, vp, (int64_t)h * D);
     }
-    af_finish_rows(out, out_stride, R, G, kh0, nkh, D, ob, m, l, prior);
+    af_finish_rows(out, out_stride, R, G, kh0, nkh, D, ob, m, l, prior, part);
 }
 
 /* af_attend_from over every key (no prior) */
@@ -218,7 +228,7 @@ static inline void af_attend(const float* q, int64_t q_stride, float* out, int64
                              const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
                              float* scratch, int kv16) {
     af_attend_from(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
-                   tok_stride, scale, window, 0, NULL, scratch, kv16);
+                   tok_stride, scale, window, 0, NULL, NULL, scratch, kv16);
 }
 
 #endif

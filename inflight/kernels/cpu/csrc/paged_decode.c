@@ -18,7 +18,7 @@
 #include "bf16_simd.h"
 #include "decode_core.h"
 #include "attn_f32.h"
-#include "shared_prefix.h"
+#include "decode_f32.h"
 
 #define MAX_G 16
 #define MAX_D 256
@@ -87,61 +87,6 @@ void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, cons
         }                                                                                    \
         free(scores);                                                                        \
     }                                                                                        \
-}
-
-/* float32 on every ISA level: attn_f32.h's tiles with one query token per work item;
- * window > 0: the sliding window (paged_decode_f32_sw). A work item is a whole sequence
- * (every kv head in one pass over its keys) when there are enough sequences to keep the
- * threads busy, else one (sequence, kv head), so a lone long sequence still spreads.
- * Without a window, requests that share cached prefix blocks first score them together
- * (shared_prefix.h); their own items then read only the keys after the prefix. */
-static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                       const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
-                       int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-                       int64_t window, int kv16) {
-    const int G = num_heads / num_kv_heads, D = head_dim;
-    const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
-    /* a bf16 pool is always copied (widened), so a whole row must fit the tile buffers */
-    const int whole = num_seqs >= 4 * omp_get_max_threads() && num_heads <= AF_MAX_ROWS
-                      && (!kv16 || tok_stride <= AF_COPY_SPAN);
-    const int per = whole ? num_kv_heads : 1;  /* kv heads per item */
-    const int n_items = num_seqs * (num_kv_heads / per);
-    struct sp_plan plan = {0};
-    if (window == 0) plan = sp_make(block_tables, bt_stride, seq_lens, num_seqs, G, block_size);
-    /* the grouped requests' queries, gathered in plan order, and their prefix parts */
-    const int64_t row = (int64_t)num_heads * D, srow = (int64_t)num_heads * (D + 2);
-    const int grouped = plan.n_chunks ? plan.chunks[plan.n_chunks - 1].start + plan.chunks[plan.n_chunks - 1].n : 0;
-    float* qg = grouped ? malloc(sizeof(float) * (size_t)(grouped * row)) : NULL;
-    float* state = grouped ? malloc(sizeof(float) * (size_t)(grouped * srow)) : NULL;
-    for (int i = 0; i < grouped; i++) memcpy(qg + i * row, q + (int64_t)plan.order[i] * q_stride, sizeof(float) * (size_t)row);
-    const int n_shared = plan.n_chunks * num_kv_heads;
-    _Pragma("omp parallel")
-    {
-        float* scratch = (float*)malloc(sizeof(float) * (size_t)af_scratch_floats());
-        if (n_shared > 0) {  /* the same on every thread; without groups, no second barrier */
-            _Pragma("omp for schedule(dynamic, 1)")
-            for (int item = 0; item < n_shared; item++) {
-                const struct sp_chunk c = plan.chunks[item / num_kv_heads];
-                aw_shared_prefix(qg + c.start * row, row, c.n, c.prefix, G, item % num_kv_heads, D, k_cache,
-                                 v_cache, block_tables + (int64_t)plan.order[c.start] * bt_stride, block_size,
-                                 tok_stride, scale, state + c.start * srow, srow, scratch, kv16);
-            }  /* NOTE: the implicit barrier here: every prior is written before an item merges it */
-        }
-        _Pragma("omp for schedule(dynamic, 1)")
-        for (int item = 0; item < n_items; item++) {
-            const int s = item / (num_kv_heads / per), kh0 = item % (num_kv_heads / per) * per;
-            const int slot = plan.n_chunks ? plan.slot[s] : -1;
-            if (seq_lens[s] > 0)
-                af_attend_from(q + (int64_t)s * q_stride, q_stride, out + (int64_t)s * row, row, 1, seq_lens[s] - 1,
-                               G, kh0, per, D, k_cache, v_cache, block_tables + (int64_t)s * bt_stride, block_size,
-                               tok_stride, scale, window, slot >= 0 ? plan.k0[s] : 0,
-                               slot >= 0 ? state + slot * srow : NULL, scratch, kv16);
-        }
-        free(scratch);
-    }
-    free(qg);
-    free(state);
-    if (window == 0) sp_free(&plan);
 }
 
 /* Same arguments as paged_decode_bf16. */
