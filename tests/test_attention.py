@@ -105,10 +105,11 @@ def test_paged_decode_matches_dense(level, heads, kv_heads, block_size, dtype):
 @needs_c
 @pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("dim", [32, 48, 128])  # 48: not a multiple of 32, the generic C path
-@pytest.mark.parametrize("num_seqs", [1, 3, 12])  # few sequences split by kv head, many run whole
-def test_cpu_decode_bf16_head_dims_and_long_contexts(level, dim, num_seqs):
-    """Contexts up to 1,200 tokens cross many 16-token chunks of the online softmax."""
-    q, kc, vc, md = make_case(dim * 7 + num_seqs, num_seqs, 8, 2, dim, 16, torch.bfloat16, max_len=1200)
+@pytest.mark.parametrize("num_seqs", [1, 3, 12])  # few sequences cut into parts of keys, many run whole
+@pytest.mark.parametrize("block_size", [16, 5])  # 5: parts start at block boundaries, not at whole tiles
+def test_cpu_decode_bf16_head_dims_and_long_contexts(level, dim, num_seqs, block_size):
+    """Contexts up to 1,200 tokens cross many 16-token chunks and several parts of the keys."""
+    q, kc, vc, md = make_case(dim * 7 + num_seqs, num_seqs, 8, 2, dim, block_size, torch.bfloat16, max_len=1200)
     got = cpu_backend(level)._decode(q, kc, vc, md, dim ** -0.5)
     assert_bf16_close(got, expected_decode(q, kc, vc, md, dim ** -0.5))
 

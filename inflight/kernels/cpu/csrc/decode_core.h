@@ -171,13 +171,28 @@ static inline void pf_advance(struct pf_cursor* c, int n) {
 /* A thread's scratch for decode_seq_avx512: sbuf, G * ql rows of the padded length; rows,
  * that many cache offsets; next, the sequence to prefetch during the score and exp passes (used
  * when has_next); prefetched: this sequence's blocks were asked for while the previous
- * one ran, so it skips warm_blocks. */
+ * one ran, so it skips warm_blocks. part (ql 1): the keys are a part of the row's, so each
+ * query head's unnormalized output, max and sum go to part + head * (head_dim + 2) in float32
+ * instead of out (decode_f32.h's state layout, merged by dk_merge). */
 struct decode_scratch {
     float* sbuf;
     int64_t* rows;
     struct pf_cursor next;
     int has_next, prefetched;
+    float* part;
 };
+
+/* store_head's permutes, unnormalized in float32, then the row's max and sum */
+static inline void store_head_part(const __m512* acc, int nv, float mx, float l, float* ps) {
+    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i second = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int i = 0; i < nv; i++) {
+        _mm512_storeu_ps(ps + 32 * i, _mm512_permutex2var_ps(acc[2 * i], first, acc[2 * i + 1]));
+        _mm512_storeu_ps(ps + 32 * i + 16, _mm512_permutex2var_ps(acc[2 * i], second, acc[2 * i + 1]));
+    }
+    ps[32 * nv] = mx;
+    ps[32 * nv + 1] = l;
+}
 
 /* One request, kv heads [kh0, kh1), in three passes per kv head over its query rows
  * (ql query tokens x the G query heads of the kv head; token i sees the first
@@ -209,7 +224,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
     for (int kh = kh0; kh < kh1; kh++) {
         const uint16_t* kbase = k_cache + (int64_t)kh * head_dim;
         const uint16_t* vbase = v_cache + (int64_t)kh * head_dim;
-        float l[DECODE_MAX_ROWS];
+        float l[DECODE_MAX_ROWS], mxs[DECODE_MAX_ROWS];
         for (int r = 0; r < nr; r++) {
             const int i = r / G, g = r % G;
             const int64_t lr = len - (ql - 1 - i);  /* keys this row sees */
@@ -231,7 +246,8 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             }
             /* probabilities as bf16 (rounded, as flash attention does), written over
              * the front of the same row; zero up to the padded length */
-            const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+            mxs[r] = _mm512_reduce_max_ps(vmax);
+            const __m512 mx = _mm512_set1_ps(mxs[r]);
             __m512 sum = _mm512_setzero_ps();
             uint16_t* pb = (uint16_t*)sc;
             for (int64_t t0 = 0; t0 < lp; t0 += 16) {
@@ -256,7 +272,12 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             else for (int r = 0; r < n; r++) pv_group(nv, 1, vbase, rows, len, p + r, acc + r * 2 * nv);
             for (int r = 0; r < n; r++) {
                 const int i = (r0 + r) / G, g = (r0 + r) % G;
-                store_head(acc + r * 2 * nv, nv, 1.f / l[r0 + r], out + i * out_stride + (int64_t)(kh * G + g) * head_dim);
+                if (ws->part)
+                    store_head_part(acc + r * 2 * nv, nv, mxs[r0 + r], l[r0 + r],
+                                    ws->part + (int64_t)(kh * G + g) * (head_dim + 2));
+                else
+                    store_head(acc + r * 2 * nv, nv, 1.f / l[r0 + r],
+                               out + i * out_stride + (int64_t)(kh * G + g) * head_dim);
             }
         }
     }

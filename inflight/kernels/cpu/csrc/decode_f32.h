@@ -43,13 +43,14 @@ static inline int64_t dk_first_key(const int64_t* seq_lens, int s, int64_t windo
     return window > 0 && seq_lens[s] > window ? seq_lens[s] - window : 0;
 }
 
-/* Parts of about equal keys, DK_ITEMS_PER_THREAD * n_threads of them over the step */
-static struct dk_parts dk_make(const int64_t* seq_lens, int num_seqs, int n_threads, int64_t window) {
+/* Parts of about equal keys, DK_ITEMS_PER_THREAD * n_threads of them over the step, each
+ * starting at a multiple of align keys past the window's first key */
+static struct dk_parts dk_make(const int64_t* seq_lens, int num_seqs, int n_threads, int64_t window, int align) {
     const int target = DK_ITEMS_PER_THREAD * n_threads;
     int64_t total = 0;
     for (int s = 0; s < num_seqs; s++) total += seq_lens[s] > 0 ? seq_lens[s] - dk_first_key(seq_lens, s, window) : 0;
-    int64_t chunk = ((total + target - 1) / target + AF_KT - 1) / AF_KT * AF_KT;
-    chunk = chunk > DK_MIN_PART ? chunk : DK_MIN_PART;
+    int64_t chunk = (total + target - 1) / target;
+    chunk = ((chunk > DK_MIN_PART ? chunk : DK_MIN_PART) + align - 1) / align * align;
     /* NOTE: sum(ceil(len / chunk)) <= total / chunk + num_seqs <= target + num_seqs */
     struct dk_parts p = {0, 0, malloc(sizeof(struct dk_part) * (size_t)(target + num_seqs)),
                          malloc(sizeof(int) * (size_t)(num_seqs + 1))};
@@ -66,8 +67,9 @@ static struct dk_parts dk_make(const int64_t* seq_lens, int num_seqs, int n_thre
 }
 
 /* n parts' states of one sequence (num_heads rows of D + 2 floats each) merged into its output
- * row: each head's outputs rescaled to the parts' common max, over their rescaled sums */
-static void dk_merge(const float* states, int n, int num_heads, int D, float* out) {
+ * row, out or (a bf16 model) out16: each head's outputs rescaled to the parts' common max, over
+ * their rescaled sums */
+static void dk_merge(const float* states, int n, int num_heads, int D, float* out, uint16_t* out16) {
     const int64_t srow = (int64_t)num_heads * (D + 2);
     float acc[AF_MAX_D];
     for (int h = 0; h < num_heads; h++) {
@@ -81,7 +83,10 @@ static void dk_merge(const float* states, int n, int num_heads, int D, float* ou
             for (int d = 0; d < D; d++) acc[d] += ps[d] * a;
         }
         const float inv = 1.f / sum;
-        for (int d = 0; d < D; d++) out[(int64_t)h * D + d] = acc[d] * inv;
+        for (int d = 0; d < D; d++) {
+            if (out16) out16[(int64_t)h * D + d] = f32_to_bf16(acc[d] * inv);
+            else out[(int64_t)h * D + d] = acc[d] * inv;
+        }
     }
 }
 
@@ -94,7 +99,7 @@ static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_ca
     const int G = num_heads / num_kv_heads;
     const int64_t tok_stride = (int64_t)num_kv_heads * D, row = (int64_t)num_heads * D;
     const int64_t srow = (int64_t)num_heads * (D + 2);
-    const struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), window);
+    const struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), window, AF_KT);
     float* states = p.n_states ? malloc(sizeof(float) * (size_t)(p.n_states * srow)) : NULL;
     _Pragma("omp parallel")
     {
@@ -111,7 +116,7 @@ static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_ca
         for (int s = 0; s < num_seqs; s++)
             if (p.first[s + 1] - p.first[s] > 1)
                 dk_merge(states + p.item[p.first[s]].slot * srow, p.first[s + 1] - p.first[s], num_heads, D,
-                         out + (int64_t)s * row);
+                         out + (int64_t)s * row, NULL);
         free(scratch);
     }
     free(states);

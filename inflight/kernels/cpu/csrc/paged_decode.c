@@ -131,6 +131,49 @@ void paged_decode_f32_sw_kvbf16(const float* q, int64_t q_stride, const void* k_
                num_kv_heads, head_dim, block_size, scale, window, 1);
 }
 
+#if defined(INFLIGHT_ISA_AVX512_BF16)
+/* Few sequences: parts of whole rows (decode_f32.h), each a run of the sequence's blocks from
+ * a block boundary, their states merged after */
+static void decode_bf16_parts(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                              const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
+                              int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                              float scale) {
+    const int G = num_heads / num_kv_heads;
+    const int64_t tok_stride = (int64_t)num_kv_heads * head_dim, row = (int64_t)num_heads * head_dim;
+    const int64_t srow = (int64_t)num_heads * (head_dim + 2);
+    const struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), 0, block_size);
+    int64_t longest = 0;  /* sizes the per-thread buffers */
+    for (int i = 0; i < p.n; i++) longest = p.item[i].hi - p.item[i].lo > longest ? p.item[i].hi - p.item[i].lo : longest;
+    const int64_t lp = (longest + 31) & ~(int64_t)31;
+    float* states = p.n_states ? malloc(sizeof(float) * (size_t)(p.n_states * srow)) : NULL;
+    _Pragma("omp parallel")
+    {
+        float* sbuf = (float*)malloc(sizeof(float) * (size_t)G * (size_t)lp);
+        int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
+        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int i = 0; i < p.n; i++) {
+            const struct dk_part it = p.item[i];
+            ws.part = it.slot >= 0 ? states + it.slot * srow : NULL;
+            decode_seq_avx512(q + (int64_t)it.s * q_stride, q_stride, 1, k_cache, v_cache,
+                              block_tables + (int64_t)it.s * bt_stride + it.lo / block_size, it.hi - it.lo,
+                              out + (int64_t)it.s * row, row, G, 0, num_kv_heads, head_dim, block_size, tok_stride,
+                              scale, &ws);
+        }  /* NOTE: the implicit barrier here: every part's state is written before its sequence merges */
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int s = 0; s < num_seqs; s++)
+            if (p.first[s + 1] - p.first[s] > 1)
+                dk_merge(states + p.item[p.first[s]].slot * srow, p.first[s + 1] - p.first[s], num_heads, head_dim,
+                         NULL, out + (int64_t)s * row);
+        free(sbuf);
+        free(rows);
+    }
+    free(states);
+    free(p.item);
+    free(p.first);
+}
+#endif
+
 DEFINE_DECODE(paged_decode_bf16_generic, uint16_t, bf16_to_f32, f32_to_bf16)
 
 void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -141,11 +184,13 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
     if (head_dim % 32 == 0 && num_heads / num_kv_heads <= MAX_G && head_dim <= MAX_D) {
         const int G = num_heads / num_kv_heads;
         const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
-        /* Whole sequences per work item when there are enough of them (contiguous
-         * block reads); (sequence, kv head) items otherwise, so a lone long
-         * sequence still spreads over the cores. */
-        const int split = num_seqs < 8 ? num_kv_heads : 1;
-        const int per = num_kv_heads / split;
+        /* Whole sequences per work item when there are enough of them (contiguous block
+         * reads); else parts of them, so a lone long sequence still spreads over the cores */
+        if (num_seqs < DK_ITEMS_PER_THREAD * omp_get_max_threads()) {
+            decode_bf16_parts(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs,
+                              num_heads, num_kv_heads, head_dim, block_size, scale);
+            return;
+        }
         int64_t longest = 0;  /* sizes the per-thread buffers (max_len is only a hint) */
         for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
         const int64_t lp = (longest + 31) & ~(int64_t)31;
@@ -153,18 +198,17 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
          * knows its next one and prefetches it while it computes this one (longer ones would
          * evict this one's lines before its later passes read them again). Other items go to
          * whichever thread is free. */
-        const int round_robin = split == 1 && 2 * longest * tok_stride * 4 <= WARM_MAX_BYTES;
+        const int round_robin = 2 * longest * tok_stride * 4 <= WARM_MAX_BYTES;
         _Pragma("omp parallel")
         {
         /* per thread: G score rows and the sequence's cache row offsets */
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)G * (size_t)lp);
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
-        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0};
-#define DECODE_ITEM(item)                                                                                     \
-    decode_seq_avx512(q + (int64_t)((item) / split) * q_stride, q_stride, 1, k_cache, v_cache,                 \
-                      block_tables + (int64_t)((item) / split) * bt_stride, seq_lens[(item) / split],          \
-                      out + (int64_t)((item) / split) * num_heads * head_dim, (int64_t)num_heads * head_dim, G, \
-                      (item) % split * per, (item) % split * per + per, head_dim, block_size, tok_stride, scale, &ws)
+        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
+#define DECODE_ITEM(s)                                                                                          \
+    decode_seq_avx512(q + (int64_t)(s) * q_stride, q_stride, 1, k_cache, v_cache,                                \
+                      block_tables + (int64_t)(s) * bt_stride, seq_lens[s], out + (int64_t)(s) * num_heads * head_dim, \
+                      (int64_t)num_heads * head_dim, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, &ws)
         if (round_robin) {
             const int nt = omp_get_num_threads();
             _Pragma("omp for schedule(static, 1)")
@@ -178,7 +222,7 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
             }
         } else {
             _Pragma("omp for schedule(dynamic, 1)")
-            for (int item = 0; item < num_seqs * split; item++) DECODE_ITEM(item);
+            for (int s = 0; s < num_seqs; s++) DECODE_ITEM(s);
         }
 #undef DECODE_ITEM
         free(sbuf);

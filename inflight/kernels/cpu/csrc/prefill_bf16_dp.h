@@ -234,7 +234,7 @@ static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* 
         float* sbuf = (float*)malloc(sizeof(float) * PF_SBUF_ROWS * w.kpad);
         float* short_sbuf = w.short_rows ? (float*)malloc(sizeof(float) * (size_t)w.short_rows * w.short_lp) : NULL;
         int64_t* short_offsets = w.short_rows ? (int64_t*)malloc(sizeof(int64_t) * w.short_lp) : NULL;
-        struct decode_scratch short_ws = {short_sbuf, short_offsets, {0}, 0, 0};
+        struct decode_scratch short_ws = {short_sbuf, short_offsets, {0}, 0, 0, NULL};
         #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t i = 0; i < w.n2; i++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
