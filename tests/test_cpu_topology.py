@@ -1,5 +1,7 @@
 """Physical cores from sysfs, and the shares of them that data-parallel replicas and
 tensor-parallel ranks get: whole cores with their SMT siblings, a thread a core."""
+import os
+
 import torch
 
 from inflight.executor import worker
@@ -62,6 +64,28 @@ def test_fewer_cores_than_shares_splits_cpus_then_gives_up_pinning():
     one_core_two_threads = [(0, 1)]
     assert split_cores(2, one_core_two_threads) == [(1, [0]), (1, [1])]
     assert split_cores(3, one_core_two_threads) == [(1, []), (1, []), (1, [])]
+
+
+def with_nodes(sysfs: str, node_of: dict[int, int]) -> str:
+    """Add the ``cpuN/nodeM`` links sysfs shows on a NUMA host (folders do as well here)."""
+    for cpu, node in node_of.items():
+        os.makedirs(os.path.join(sysfs, f"cpu{cpu}", f"node{node}"))
+    return sysfs
+
+
+def test_cores_go_node_by_node_so_shares_stay_inside_a_node(tmp_path):
+    # two nodes numbered alternately (node 0 the even CPUs), no SMT
+    alternating = with_nodes(fake_sysfs(tmp_path / "alt", {c: str(c) for c in range(8)}), {c: c % 2 for c in range(8)})
+    cores = physical_cores(range(8), alternating)
+    assert cores == [(0,), (2,), (4,), (6,), (1,), (3,), (5,), (7,)]
+    assert split_cores(2, cores) == [(4, [0, 2, 4, 6]), (4, [1, 3, 5, 7])]
+    assert [cpus for _, cpus in split_cores(4, cores)] == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    # two sockets of two cores with SMT siblings a CPU count apart: already in node order
+    two_sockets = with_nodes(intel_style(tmp_path / "smt", 4), {c: c % 4 // 2 for c in range(8)})
+    assert physical_cores(range(8), two_sockets) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert split_cores(2, physical_cores(range(8), two_sockets)) == [(2, [0, 4, 1, 5]), (2, [2, 6, 3, 7])]
+    assert cpu_topology.numa_node(5, two_sockets) == 0 and cpu_topology.numa_node(3, two_sockets) == 1
+    assert cpu_topology.numa_node(0, str(tmp_path / "absent")) == -1
 
 
 def test_placements_and_rank_threads_follow_the_cores(tmp_path, monkeypatch):
