@@ -65,32 +65,35 @@ def instrument(engine, loop) -> dict[str, float]:
 
 class ByRows:
     """The timers' totals and the layer loop's ticks of each step, added up by the step's size
-    (the rows its layer loop ran; 0: no forward, or no C layer loop)."""
+    (the rows its layer loop ran; 0: no forward, or no C layer loop), with the decodes'
+    context keys (what decode attention reads)."""
 
     def __init__(self, engine, loop, totals: dict[str, float]):
-        self.loop, self.totals, self.rows = loop, totals, 0
+        self.loop, self.totals, self.rows, self.keys = loop, totals, 0, 0
         self.buckets: dict[int, dict] = {}
         step, run = engine.step, None if loop is None else loop.run
 
         def step_wrapper(*args, **kwargs):
-            self.rows = 0
+            self.rows = self.keys = 0
             before, ticks = dict(totals), None if loop is None else loop.ticks.clone()
             try:
                 return step(*args, **kwargs)
             finally:
                 self._add(before, ticks)
 
-        def run_wrapper(x, *args, **kwargs):
-            self.rows = x.shape[0]
-            return run(x, *args, **kwargs)
+        def run_wrapper(x, rope, kv_caches, md):
+            self.rows, self.keys = x.shape[0], int(md.seq_lens[:md.num_decodes].sum())
+            return run(x, rope, kv_caches, md)
         engine.step = step_wrapper
         if loop is not None:
             loop.run = run_wrapper
 
     def _add(self, before: dict[str, float], ticks) -> None:
         edge = ROW_EDGES[bisect.bisect_left(ROW_EDGES, self.rows)] if self.rows else 0
-        b = self.buckets.setdefault(edge, {"steps": 0, "totals": collections.defaultdict(float), "ticks": None})
+        b = self.buckets.setdefault(edge, {"steps": 0, "keys": 0, "totals": collections.defaultdict(float),
+                                           "ticks": None})
         b["steps"] += 1
+        b["keys"] += self.keys
         for key, sec in self.totals.items():
             b["totals"][key] += sec - before.get(key, 0.0)
         if ticks is not None:
@@ -125,7 +128,7 @@ def print_by_rows(by_rows: ByRows, wall: float) -> None:
         shares = {} if ticks is None else {n: int(t) / total for n, t in zip(KERNELS, ticks)}
         label = "no layer loop" if edge == 0 else f"{prev + 1}-{edge} rows"
         print(f"{label}: {b['steps']} steps, {step:.2f} s ({100 * step / wall:.1f}% of wall), "
-              f"{1000 * step / b['steps']:.1f} ms a step")
+              f"{1000 * step / b['steps']:.1f} ms a step, {b['keys'] / b['steps']:.0f} decode keys a step")
         print_parts(parts_of(b["totals"], shares), step, limit=8)
         prev = edge if edge else prev
 
