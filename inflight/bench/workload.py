@@ -1,5 +1,7 @@
 """Synthetic workloads of the same shapes as the project's reference sets
-(chat, decode, longprompt, prefix, smoke), reproducible from a seed.
+(chat, decode, longprompt, prefix, smoke), reproducible from a seed; and
+``longcontext``: a few streams over long contexts (one user's agent or RAG session),
+where decode attention, not the weights, sets the pace of each token.
 
 Prompts are whole-word vocabulary tokens, so a prompt of N words encodes to
 about N tokens; ``max_tokens`` is the exact output length (send with ignore_eos).
@@ -34,6 +36,7 @@ _SHAPES: dict[str, tuple[int, Callable, Callable, int]] = {
     "longprompt": (64, lambda r: _lognormal(r, 1000, 0.6, 256, 3072), lambda r: _lognormal(r, 57, 0.7, 12, 252), 0),
     "prefix": (96, lambda r: r.randint(16, 184), lambda r: _lognormal(r, 60, 0.6, 8, 212), 512),
     "smoke": (16, lambda r: r.randint(12, 76), lambda r: r.randint(8, 30), 0),
+    "longcontext": (4, lambda r: r.randint(3000, 6000), lambda r: 256, 0),
 }
 WORKLOADS = tuple(_SHAPES)
 
