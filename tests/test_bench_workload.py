@@ -4,12 +4,12 @@ from inflight.loader import load_tokenizer
 
 
 def test_longcontext_is_a_few_long_streams():
-    """Four prompts of 3,000-6,000 whole-word tokens, 256 output tokens each, seeded."""
+    """Four prompts of 1,500-3,500 whole-word tokens, 256 output tokens each, seeded."""
     tok = load_tokenizer()
     reqs = generate("longcontext", tok)
     assert "longcontext" in WORKLOADS and len(reqs) == 4
     for r in reqs:
-        assert 3000 <= len(r.prompt.split()) <= 6000 and r.max_tokens == 256
+        assert 1500 <= len(r.prompt.split()) <= 3500 and r.max_tokens == 256
         assert r.prompt_tokens == len(tok(r.prompt, add_special_tokens=False).input_ids)
         assert 0.9 * len(r.prompt.split()) <= r.prompt_tokens <= 1.2 * len(r.prompt.split())
     assert [r.prompt for r in generate("longcontext", tok)] == [r.prompt for r in reqs]

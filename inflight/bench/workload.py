@@ -36,7 +36,7 @@ _SHAPES: dict[str, tuple[int, Callable, Callable, int]] = {
     "longprompt": (64, lambda r: _lognormal(r, 1000, 0.6, 256, 3072), lambda r: _lognormal(r, 57, 0.7, 12, 252), 0),
     "prefix": (96, lambda r: r.randint(16, 184), lambda r: _lognormal(r, 60, 0.6, 8, 212), 512),
     "smoke": (16, lambda r: r.randint(12, 76), lambda r: r.randint(8, 30), 0),
-    "longcontext": (4, lambda r: r.randint(3000, 6000), lambda r: 256, 0),
+    "longcontext": (4, lambda r: r.randint(1500, 3500), lambda r: 256, 0),
 }
 WORKLOADS = tuple(_SHAPES)
 
