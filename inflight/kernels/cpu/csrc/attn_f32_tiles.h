@@ -34,48 +34,33 @@ static inline void af_tile_rows(const float* kbase, const float* vbase, const in
 
 /* n floats of K and of V copied a cache line at a time, that line of the next block's K and
  * V (pk / pv, may be NULL) prefetched as it goes: the loads of two blocks stay in flight,
- * where the hardware prefetcher stops at the end of each scattered block. */
-static inline void af_copy_lines(float* dk, const float* sk, float* dv, const float* sv, int64_t n,
-                                 const float* pk, const float* pv) {
-    const int line = 64 / (int)sizeof(float);
-    int64_t i = 0;
-    for (; i + line <= n; i += line) {
-        if (pk) {
-            __builtin_prefetch(pk + i);
-            __builtin_prefetch(pv + i);
-        }
-        for (int j = 0; j < line; j += VL) {
-            vf_store(dk + i + j, vf_load(sk + i + j));
-            vf_store(dv + i + j, vf_load(sv + i + j));
-        }
-    }
-    for (; i < n; i++) {
-        dk[i] = sk[i];
-        dv[i] = sv[i];
-    }
+ * where the hardware prefetcher stops at the end of each scattered block. NAME copies from
+ * a pool of T, each value widened to float32 (exactly) by LOAD (VL of them) or ONE. */
+#define AF_DEFINE_COPY_LINES(NAME, T, LOAD, ONE)                                                            \
+static inline void NAME(float* dk, const T* sk, float* dv, const T* sv, int64_t n, const T* pk, const T* pv) { \
+    const int line = 64 / (int)sizeof(T);                                                                   \
+    int64_t i = 0;                                                                                          \
+    for (; i + line <= n; i += line) {                                                                      \
+        if (pk) {                                                                                           \
+            __builtin_prefetch(pk + i);                                                                     \
+            __builtin_prefetch(pv + i);                                                                     \
+        }                                                                                                   \
+        for (int j = 0; j < line; j += VL) {                                                                \
+            vf_store(dk + i + j, LOAD(sk + i + j));                                                         \
+            vf_store(dv + i + j, LOAD(sv + i + j));                                                         \
+        }                                                                                                   \
+    }                                                                                                       \
+    for (; i < n; i++) {                                                                                    \
+        dk[i] = ONE(sk[i]);                                                                                 \
+        dv[i] = ONE(sv[i]);                                                                                 \
+    }                                                                                                       \
 }
 
-/* af_copy_lines from a bfloat16 pool (sk, sv, pk, pv hold bf16), each value widened to
- * float32 (exactly) as it is copied: half the bytes from DRAM for the same tile. */
-static inline void af_copy_lines_bf16(float* dk, const uint16_t* sk, float* dv, const uint16_t* sv, int64_t n,
-                                      const uint16_t* pk, const uint16_t* pv) {
-    const int line = 64 / (int)sizeof(uint16_t);
-    int64_t i = 0;
-    for (; i + line <= n; i += line) {
-        if (pk) {
-            __builtin_prefetch(pk + i);
-            __builtin_prefetch(pv + i);
-        }
-        for (int j = 0; j < line; j += VL) {
-            vf_store(dk + i + j, vf_load_bf16(sk + i + j));
-            vf_store(dv + i + j, vf_load_bf16(sv + i + j));
-        }
-    }
-    for (; i < n; i++) {
-        dk[i] = bf16_to_f32(sk[i]);
-        dv[i] = bf16_to_f32(sv[i]);
-    }
-}
+#define AF_SAME(x) (x)
+AF_DEFINE_COPY_LINES(af_copy_lines, float, vf_load, AF_SAME)
+/* from a bfloat16 pool: half the bytes from DRAM for the same tile */
+AF_DEFINE_COPY_LINES(af_copy_lines_bf16, uint16_t, vf_load_bf16, bf16_to_f32)
+#undef AF_SAME
 
 /* Element off of a pool that holds float32 (kv16 0) or bfloat16 (kv16 1) values. NOTE: a
  * bf16 pool travels as const float* like the float32 one; only this and the copies read it. */
