@@ -96,19 +96,28 @@ static inline __attribute__((always_inline)) void pv_group(const int nv, const i
 
 /* unpacklo/hi interleave within 128-bit lanes: lane 4k+r of the lo accumulator of
  * dims 32i.. holds dim 32i+8k+r, of the hi one dim 32i+8k+4+r; two lane permutes
- * put the dims back in order. */
-static inline void store_head(const __m512* acc, int nv, float inv, uint16_t* op) {
+ * put the dims back in order. The head's output over its sum l goes to op as bf16, or
+ * with part (decode_scratch) unnormalized in float32, then the row's max mx and l. */
+static inline void store_head(const __m512* acc, int nv, float mx, float l, uint16_t* op, float* part) {
     const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
     const __m512i second = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
-    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512 vinv = _mm512_set1_ps(1.f / l);
     for (int i = 0; i < nv; i++) {
         const __m512 a = _mm512_permutex2var_ps(acc[2 * i], first, acc[2 * i + 1]);
         const __m512 b = _mm512_permutex2var_ps(acc[2 * i], second, acc[2 * i + 1]);
-        store_bf16x16(op + 32 * i, _mm512_mul_ps(a, vinv), 0xFFFF);
-        store_bf16x16(op + 32 * i + 16, _mm512_mul_ps(b, vinv), 0xFFFF);
+        if (part) {
+            _mm512_storeu_ps(part + 32 * i, a);
+            _mm512_storeu_ps(part + 32 * i + 16, b);
+        } else {
+            store_bf16x16(op + 32 * i, _mm512_mul_ps(a, vinv), 0xFFFF);
+            store_bf16x16(op + 32 * i + 16, _mm512_mul_ps(b, vinv), 0xFFFF);
+        }
+    }
+    if (part) {
+        part[32 * nv] = mx;
+        part[32 * nv + 1] = l;
     }
 }
-
 
 /* K and V bytes of a sequence warm_blocks reads ahead at most (their sum): more than L2, as
  * the lines L2 evicts stay in L3; past about twice L2 reading ahead no longer paid */
@@ -181,18 +190,6 @@ struct decode_scratch {
     int has_next, prefetched;
     float* part;
 };
-
-/* store_head's permutes, unnormalized in float32, then the row's max and sum */
-static inline void store_head_part(const __m512* acc, int nv, float mx, float l, float* ps) {
-    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
-    const __m512i second = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
-    for (int i = 0; i < nv; i++) {
-        _mm512_storeu_ps(ps + 32 * i, _mm512_permutex2var_ps(acc[2 * i], first, acc[2 * i + 1]));
-        _mm512_storeu_ps(ps + 32 * i + 16, _mm512_permutex2var_ps(acc[2 * i], second, acc[2 * i + 1]));
-    }
-    ps[32 * nv] = mx;
-    ps[32 * nv + 1] = l;
-}
 
 /* One request, kv heads [kh0, kh1), in three passes per kv head over its query rows
  * (ql query tokens x the G query heads of the kv head; token i sees the first
@@ -272,12 +269,9 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             else for (int r = 0; r < n; r++) pv_group(nv, 1, vbase, rows, len, p + r, acc + r * 2 * nv);
             for (int r = 0; r < n; r++) {
                 const int i = (r0 + r) / G, g = (r0 + r) % G;
-                if (ws->part)
-                    store_head_part(acc + r * 2 * nv, nv, mxs[r0 + r], l[r0 + r],
-                                    ws->part + (int64_t)(kh * G + g) * (head_dim + 2));
-                else
-                    store_head(acc + r * 2 * nv, nv, 1.f / l[r0 + r],
-                               out + i * out_stride + (int64_t)(kh * G + g) * head_dim);
+                store_head(acc + r * 2 * nv, nv, mxs[r0 + r], l[r0 + r],
+                           out + i * out_stride + (int64_t)(kh * G + g) * head_dim,
+                           ws->part ? ws->part + (int64_t)(kh * G + g) * (head_dim + 2) : NULL);
             }
         }
     }
