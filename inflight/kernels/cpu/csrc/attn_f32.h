@@ -120,7 +120,7 @@ static inline void af_start_rows(const float* q, int64_t q_stride, int R, int G,
 /* An item's rows at the end: each unnormalized output over its sum into out, or with a prior
  * (the shared prefix's part of the same row) the two parts merged at their common max. With
  * part (decode: one token), the item saw a part of the row's keys: each head's unnormalized
- * output, max and sum go to part + head * (D + 2) instead, for af_merge_parts. */
+ * output, max and sum go to part + head * (D + 2) instead, for dk_merge (decode_f32.h). */
 static inline void af_finish_rows(float* out, int64_t out_stride, int R, int G, int kh0, int nkh, int D,
                                   const float* ob, const float* m, const float* l, const float* prior, float* part) {
     const int Dp = AF_PAD(D);

@@ -1,8 +1,10 @@
 /*
- * Paged decode attention for the CPU: one query token per sequence, reading K/V
- * straight from the block pool (no gather copy). Parallel over (sequence, kv head)
- * with OpenMP. Scores go to a per-thread buffer, then softmax, then the weighted
- * sum of V: K and V are each read once.
+ * Paged decode attention for the CPU: one query token per sequence, reading K/V from
+ * the block pool. float32 on every level is decode_f32.h's; bf16 at the avx512_bf16
+ * level is decode_core.h's, over whole sequences, or with few sequences over parts of
+ * their keys merged after (as decode_f32.h does). The portable bf16 path here
+ * (DEFINE_DECODE) is parallel over (sequence, kv head) with OpenMP: scores go to a
+ * per-thread buffer, then softmax, then the weighted sum of V.
  *
  * Layouts: q [num_seqs, num_heads, head_dim] with rows q_stride elements apart (a view
  * into the fused qkv output), out the same but contiguous; caches [num_blocks, block_size,
