@@ -90,6 +90,23 @@ static void dk_merge(const float* states, int n, int num_heads, int D, float* ou
     }
 }
 
+/* Inside a parallel region, after every part's state is written: each sequence of several
+ * parts merged into its output row (out or out16, rows `row` elements apart) */
+static void dk_merge_parts(const struct dk_parts* p, const float* states, int num_seqs, int num_heads, int D,
+                           float* out, uint16_t* out16) {
+    const int64_t srow = (int64_t)num_heads * (D + 2), row = (int64_t)num_heads * D;
+    _Pragma("omp for schedule(dynamic, 1)")
+    for (int s = 0; s < num_seqs; s++)
+        if (p->first[s + 1] - p->first[s] > 1)
+            dk_merge(states + p->item[p->first[s]].slot * srow, p->first[s + 1] - p->first[s], num_heads, D,
+                     out16 ? NULL : out + s * row, out16 ? out16 + s * row : NULL);
+}
+
+static void dk_free(struct dk_parts* p) {
+    free(p->item);
+    free(p->first);
+}
+
 /* Few sequences and no shared-prefix groups: items are parts of whole rows. A part is a plain
  * causal run of keys [lo, hi) (its query placed at hi - 1): the window only moved lo. */
 static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
@@ -99,7 +116,7 @@ static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_ca
     const int G = num_heads / num_kv_heads;
     const int64_t tok_stride = (int64_t)num_kv_heads * D, row = (int64_t)num_heads * D;
     const int64_t srow = (int64_t)num_heads * (D + 2);
-    const struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), window, AF_KT);
+    struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), window, AF_KT);
     float* states = p.n_states ? malloc(sizeof(float) * (size_t)(p.n_states * srow)) : NULL;
     _Pragma("omp parallel")
     {
@@ -112,16 +129,11 @@ static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_ca
                            block_size, tok_stride, scale, 0, it.lo, NULL,
                            it.slot >= 0 ? states + it.slot * srow : NULL, scratch, kv16);
         }  /* NOTE: the implicit barrier here: every part's state is written before its sequence merges */
-        _Pragma("omp for schedule(dynamic, 1)")
-        for (int s = 0; s < num_seqs; s++)
-            if (p.first[s + 1] - p.first[s] > 1)
-                dk_merge(states + p.item[p.first[s]].slot * srow, p.first[s + 1] - p.first[s], num_heads, D,
-                         out + (int64_t)s * row, NULL);
+        dk_merge_parts(&p, states, num_seqs, num_heads, D, out, NULL);
         free(scratch);
     }
     free(states);
-    free(p.item);
-    free(p.first);
+    dk_free(&p);
 }
 
 /* The float32 decode of every variant; window > 0: the sliding window (paged_decode_f32_sw). */

@@ -143,7 +143,7 @@ static void decode_bf16_parts(const uint16_t* q, int64_t q_stride, const uint16_
     const int G = num_heads / num_kv_heads;
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim, row = (int64_t)num_heads * head_dim;
     const int64_t srow = (int64_t)num_heads * (head_dim + 2);
-    const struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), 0, block_size);
+    struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), 0, block_size);
     int64_t longest = 0;  /* sizes the per-thread buffers */
     for (int i = 0; i < p.n; i++) longest = p.item[i].hi - p.item[i].lo > longest ? p.item[i].hi - p.item[i].lo : longest;
     const int64_t lp = (longest + 31) & ~(int64_t)31;
@@ -162,17 +162,12 @@ static void decode_bf16_parts(const uint16_t* q, int64_t q_stride, const uint16_
                               out + (int64_t)it.s * row, row, G, 0, num_kv_heads, head_dim, block_size, tok_stride,
                               scale, &ws);
         }  /* NOTE: the implicit barrier here: every part's state is written before its sequence merges */
-        _Pragma("omp for schedule(dynamic, 1)")
-        for (int s = 0; s < num_seqs; s++)
-            if (p.first[s + 1] - p.first[s] > 1)
-                dk_merge(states + p.item[p.first[s]].slot * srow, p.first[s + 1] - p.first[s], num_heads, head_dim,
-                         NULL, out + (int64_t)s * row);
+        dk_merge_parts(&p, states, num_seqs, num_heads, head_dim, NULL, out);
         free(sbuf);
         free(rows);
     }
     free(states);
-    free(p.item);
-    free(p.first);
+    dk_free(&p);
 }
 #endif
 
