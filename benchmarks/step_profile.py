@@ -118,14 +118,11 @@ def print_parts(parts: dict[str, float], whole: float, limit: int = 99) -> None:
 
 
 def print_by_rows(by_rows: ByRows, wall: float) -> None:
-    from inflight.kernels.cpu.layer_loop import KERNELS
     prev = 0
     for edge in sorted(by_rows.buckets):
         b = by_rows.buckets[edge]
         step = b["totals"]["step"]
-        ticks = b["ticks"]
-        total = 0 if ticks is None else max(int(ticks.sum()), 1)
-        shares = {} if ticks is None else {n: int(t) / total for n, t in zip(KERNELS, ticks)}
+        shares = {} if b["ticks"] is None else by_rows.loop.profile_shares(b["ticks"])
         label = "no layer loop" if edge == 0 else f"{prev + 1}-{edge} rows"
         print(f"{label}: {b['steps']} steps, {step:.2f} s ({100 * step / wall:.1f}% of wall), "
               f"{1000 * step / b['steps']:.1f} ms a step, {b['keys'] / b['steps']:.0f} decode keys a step")

@@ -176,10 +176,12 @@ class CpuLayerLoop:
         """Start (zeroed) or stop adding each kernel's time-stamp-counter ticks to ``self.ticks``."""
         self.ticks = torch.zeros(len(KERNELS), dtype=torch.int64) if on else None
 
-    def profile_shares(self) -> dict[str, float]:
-        """Each kernel's share of the layer loop's time since ``profile()``."""
-        total = max(int(self.ticks.sum()), 1)
-        return {name: int(t) / total for name, t in zip(KERNELS, self.ticks)}
+    def profile_shares(self, ticks: Optional[torch.Tensor] = None) -> dict[str, float]:
+        """Each kernel's share of the layer loop's time since ``profile()``, or of ``ticks``
+        (a difference of two readings of ``self.ticks``)."""
+        ticks = self.ticks if ticks is None else ticks
+        total = max(int(ticks.sum()), 1)
+        return {name: int(t) / total for name, t in zip(KERNELS, ticks)}
 
     def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
         k = kv_caches[0][0]
