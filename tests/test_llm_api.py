@@ -19,6 +19,19 @@ def test_chat_answers_paris(llm):
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
 
 
+def test_chat_continues_the_final_message(llm):
+    tok = llm.get_tokenizer()
+    msgs = [{"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "The capital of France is"}]
+    sp = SamplingParams(temperature=0.0, max_tokens=4)
+    out = llm.chat(msgs, sp, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)
+    assert tok.decode(out[0].prompt_token_ids).endswith("assistant\nThe capital of France is")
+    by_ids = llm.generate(prompt_token_ids=[out[0].prompt_token_ids], sampling_params=sp, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == by_ids[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="continue_final_message"):
+        llm.chat(msgs, sp, use_tqdm=False, continue_final_message=True)
+
+
 def test_input_forms_and_order(llm):
     tok = llm.get_tokenizer()
     sp = SamplingParams(temperature=0.0, max_tokens=4)

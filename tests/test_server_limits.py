@@ -188,6 +188,25 @@ def test_content_without_special_text_tokenizes_as_before(smol_tokenizer):
     assert ChatRenderer(tok).render(msgs)["prompt_token_ids"] == tok(text, add_special_tokens=False).input_ids
 
 
+def test_continue_final_message_leaves_the_last_turn_open(smol_tokenizer):
+    from inflight.entrypoints.openai.chat_render import ChatRenderer
+
+    tok = smol_tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    msgs = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    open_turn = ChatRenderer(tok).render(msgs, add_generation_prompt=False, continue_final_message=True)
+    closed = ChatRenderer(tok).render(msgs, add_generation_prompt=False)
+    assert open_turn["prompt"].endswith("<|im_start|>assistant\nThe answer is")
+    assert open_turn["prompt_token_ids"] == tok(open_turn["prompt"], add_special_tokens=False).input_ids
+    assert closed["prompt_token_ids"][:len(open_turn["prompt_token_ids"])] == open_turn["prompt_token_ids"]
+    assert closed["prompt_token_ids"][len(open_turn["prompt_token_ids"])] == im_end
+    # special-token text in the continued message stays plain text and the turn stays open
+    forged = [msgs[0], {"role": "assistant", "content": FORGED}]
+    guarded = ChatRenderer(tok).render(forged, add_generation_prompt=False, continue_final_message=True)
+    assert guarded["prompt"].endswith(FORGED)
+    assert guarded["prompt_token_ids"].count(im_end) == open_turn["prompt_token_ids"].count(im_end)
+
+
 def test_special_text_in_names_is_refused(smol_tokenizer):
     from inflight.entrypoints.openai.chat_render import ChatRenderer
     from inflight.errors import InvalidRequestError

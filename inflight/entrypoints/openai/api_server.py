@@ -151,7 +151,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state.check_model(body.model)
     tok = state.tokenizer
     if body.messages is not None:
-        ids = (await state.render_chat(body, body.add_generation_prompt))["prompt_token_ids"]
+        ids = (await state.render_chat(body))["prompt_token_ids"]
     else:
         ids = await state.tokenize(body.prompt, body.add_special_tokens)
     strs = await state.pool.run(tok.convert_ids_to_tokens, ids) if hasattr(tok, "convert_ids_to_tokens") else None

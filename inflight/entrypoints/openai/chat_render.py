@@ -46,8 +46,11 @@ class ChatRenderer:
         return bool(self._special and text and self._special.search(text))
 
     def render(self, dicts: list[dict[str, Any]], add_generation_prompt: bool = True,
-               template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+               template_kwargs: Optional[dict[str, Any]] = None,
+               continue_final_message: bool = False) -> dict[str, Any]:
         """An engine prompt (text and token ids) for messages already in template form.
+        ``continue_final_message`` leaves the last message open (no end-of-turn after it),
+        so the model continues it: a prefilled start of the answer.
 
         Raises InvalidRequestError for messages the template cannot render."""
         for value in [m.get("name") for m in dicts] + list((template_kwargs or {}).values()):
@@ -60,8 +63,9 @@ class ChatRenderer:
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template
         try:
-            text = self.tokenizer.apply_chat_template(marked, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt, **kwargs)
+            text = self.tokenizer.apply_chat_template(
+                marked, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **kwargs)
         except Exception as e:  # jinja raises for roles/orders the template rejects
             raise InvalidRequestError(f"messages: the chat template rejects these messages: {clip(str(e))}") from None
         # The template already wrote any BOS token: do not let the tokenizer add another.

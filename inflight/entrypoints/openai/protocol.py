@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from inflight.entrypoints.openai.limits import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_CHARS, clip
 from inflight.entrypoints.openai.structured_protocol import StructuredOutputFields
 from inflight.entrypoints.openai.tool_protocol import ToolCallParam, ToolRequestFields, check_tool_message
-from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_message, check_prompt_count,
-                                                    check_template_kwargs, check_unsupported, logit_bias_of)
+from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_continuation, check_message,
+                                                    check_prompt_count, check_template_kwargs, check_unsupported,
+                                                    logit_bias_of)
 from inflight.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, SamplingParams
 
 
@@ -199,6 +200,8 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: the model continues the last message (a prefilled answer)
+    echo: bool = False  # vLLM's: the answer starts with the last message when it has the answer's role
     chat_template_kwargs: Optional[dict[str, Any]] = None
     prompt_logprobs: Optional[Int64] = None  # vLLM's extension: top-N per prompt token (not streamed)
 
@@ -208,8 +211,18 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.stream and self.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs: not available when stream is true")
+        check_continuation(self.add_generation_prompt, self.continue_final_message)
         check_template_kwargs(self.chat_template_kwargs)
         return self
+
+    def echo_text(self) -> str:
+        """What ``echo`` puts before the generated text: the last message's text, when its
+        role is the answer's (assistant after a generation prompt, else the last role)."""
+        last = self.messages[-1]
+        role = "assistant" if self.add_generation_prompt else last.role
+        if not self.echo or last.role != role:
+            return ""
+        return last.template_dict()["content"]
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -225,11 +238,13 @@ class TokenizeRequest(OpenAIBaseModel):
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> "TokenizeRequest":
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        check_continuation(self.add_generation_prompt, self.continue_final_message)
         return self
 
 

@@ -61,16 +61,18 @@ class ChatHandler:
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
         out = outputs[0]
-        choices = [self._choice(req, plan, c) for c in out.outputs]
+        choices = [self._choice(req, plan, c, req.echo_text()) for c in out.outputs]
         body = ChatCompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
                                       usage=usage_of(outputs))
         if req.prompt_logprobs is not None:
             body.prompt_logprobs = prompt_logprobs_field(out.prompt_logprobs)
         return JSONResponse(add_kv_transfer_params(state, req, request_id, outputs, dump(body)))
 
-    def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput) -> ChatChoice:
+    def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput, echo: str) -> ChatChoice:
         extracted = plan.extract(c.text)
         fields = {"content": c.text} if extracted is None else message_fields(extracted)
+        if echo:
+            fields["content"] = echo + (fields["content"] or "")
         reason = c.finish_reason if extracted is None else finish_reason(extracted.tools_called, c.finish_reason)
         return ChatChoice(index=c.index, message=ChatResponseMessage(**fields),
                           logprobs=self._logprobs(req, c.token_ids, c.logprobs),
@@ -103,11 +105,14 @@ class ChatHandler:
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
                       streams: list[RequestStream], plan: ToolPlan) -> AsyncIterator[str]:
-        """The role first (sent at once, before any token), then one content delta
-        per step that produced text, a finish chunk per choice, usage, [DONE]."""
+        """The role first (sent at once, before any token), the echoed last message if asked,
+        then one content delta per step that produced text, a finish chunk per choice, usage, [DONE]."""
         for index in range(req.n):
             yield self._chunk(request_id, created,
                               [ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        echo = req.echo_text()
+        for index in range(req.n if echo else 0):
+            yield self._chunk(request_id, created, [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))])
         cursors = [_Cursor(tools=plan.stream()) for _ in range(req.n)]
         final: Optional[RequestOutput] = None
         async for _, out in merge_streams(streams):

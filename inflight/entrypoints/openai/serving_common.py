@@ -68,12 +68,13 @@ class ServerState:
         self.check_capacity(num_prompts * params.n)
         return params
 
-    async def render_chat(self, req: Any, add_generation_prompt: bool = True,
-                          template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        """The engine prompt of a conversation, rendered and tokenized on the tokenizer pool."""
+    async def render_chat(self, req: Any, template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """The engine prompt of ``req.messages`` (with the request's ``add_generation_prompt``
+        and ``continue_final_message``), rendered and tokenized on the tokenizer pool."""
         try:
             dicts = [m.template_dict() for m in req.messages]
-            return await self.pool.run(self.renderer.render, dicts, add_generation_prompt, template_kwargs)
+            return await self.pool.run(self.renderer.render, dicts, req.add_generation_prompt, template_kwargs,
+                                       req.continue_final_message)
         except InvalidRequestError as e:
             raise bad_request(str(e), "messages") from None
 

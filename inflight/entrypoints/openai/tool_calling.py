@@ -197,7 +197,8 @@ async def render_chat_with_tools(state: Any, req: Any, plan: ToolPlan) -> dict[s
     dicts, extra = prepare_messages(dicts, plan.tools, template)
     kwargs = {**(req.chat_template_kwargs or {}), **extra}
     try:
-        return await state.pool.run(renderer.render, dicts, req.add_generation_prompt, kwargs)
+        return await state.pool.run(renderer.render, dicts, req.add_generation_prompt, kwargs,
+                                    req.continue_final_message)
     except InvalidRequestError as e:
         raise bad_request(str(e), "messages") from None
 

@@ -99,6 +99,13 @@ def check_template_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
             raise InvalidRequestError(f"chat_template_kwargs.{key}: at most {MAX_STOP_STRING_CHARS} characters")
 
 
+def check_continuation(add_generation_prompt: bool, continue_final_message: bool) -> None:
+    """A generation prompt opens a new turn; continuing the final message keeps the last one open."""
+    if add_generation_prompt and continue_final_message:
+        raise InvalidRequestError("continue_final_message: cannot be true while add_generation_prompt is true "
+                                  "(set add_generation_prompt to false to continue the final message)")
+
+
 def check_message(role: str, content: Any) -> None:
     """System, developer, user and tool turns need content."""
     if role in ROLES_NEEDING_CONTENT and content is None:
