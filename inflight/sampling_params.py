@@ -49,6 +49,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: Optional[StructuredOutputsParams] = None  # JSON schema, regex, choice or grammar
     logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before sampling
+    allowed_token_ids: Optional[list[int]] = None  # only these may be sampled (deduplicated, sorted)
     # vLLM's extra_args: settings for engine plug-ins, e.g. {"kv_transfer_params": ...} for disaggregation
     extra_args: Optional[dict[str, Any]] = None
 
@@ -68,6 +69,7 @@ class SamplingParams:
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise InvalidRequestError("structured_outputs must be a StructuredOutputsParams")
         self._validate_logit_bias()
+        self._validate_allowed_token_ids()
 
     def _validate_types(self) -> None:
         # NaN compares false against every bound, so finiteness is checked before the ranges.
@@ -100,14 +102,17 @@ class SamplingParams:
                 raise InvalidRequestError(f"stop_token_ids must be non-negative integers, got {_short(t)}")
 
     def verify_vocab(self, vocab_size: int) -> None:
-        """Raise InvalidRequestError unless every stop token id and logit_bias key is inside the vocabulary
-        (the engine would otherwise never see them, silently)."""
+        """Raise InvalidRequestError unless every stop token id, logit_bias key and allowed token id
+        is inside the vocabulary (the engine would otherwise never see them, silently)."""
         for t in self.stop_token_ids:
             if not t < vocab_size:
                 raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size}), got {t}")
         for t in self.logit_bias or ():
             if not t < vocab_size:
                 raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab_size}), got {t}")
+        if self.allowed_token_ids and not self.allowed_token_ids[-1] < vocab_size:
+            raise InvalidRequestError(f"allowed_token_ids must be in [0, {vocab_size}), "
+                                      f"got {self.allowed_token_ids[-1]}")
 
     def _validate_ranges(self) -> None:
         if self.n < 1:
@@ -152,6 +157,17 @@ class SamplingParams:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS:
                 raise InvalidRequestError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, "
                                           f"{MAX_LOGIT_BIAS:g}], got {_short(v)} for token {t}")
+
+    def _validate_allowed_token_ids(self) -> None:
+        ids = self.allowed_token_ids
+        if ids is None:
+            return
+        if not isinstance(ids, (list, tuple)) or not ids:
+            raise InvalidRequestError("allowed_token_ids must be a non-empty list of token ids")
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT64_MAX:
+                raise InvalidRequestError(f"allowed_token_ids must be non-negative token ids, got {_short(t)}")
+        self.allowed_token_ids = sorted(set(ids))
 
     @property
     def greedy(self) -> bool:

@@ -123,6 +123,27 @@ CASES = [
     (CH, chat(guided_decoding_backend="outlines"), 400, INVALID),
     (C, cmpl(suffix="x"), 400, INVALID),
     (C, cmpl(best_of=3), 400, INVALID),
+    # vLLM's fields that change the output and are not implemented: a 400, never ignored
+    (C, cmpl(use_beam_search=True), 400, INVALID),
+    (C, cmpl(length_penalty=0.5), 400, INVALID),
+    (CH, chat(bad_words=["the"]), 400, INVALID),
+    (C, cmpl(logits_processors=["my.module:Processor"]), 400, INVALID),
+    (C, cmpl(return_tokens_as_token_ids=True), 400, INVALID),
+    (CH, chat(add_special_tokens=True), 400, INVALID),
+    (C, cmpl(spaces_between_special_tokens=False), 400, INVALID),
+    (C, cmpl(prompt_embeds="AAAA"), 400, INVALID),
+    # allowed_token_ids: a non-empty list inside the vocabulary
+    (C, cmpl(allowed_token_ids=[]), 400, INVALID),
+    (C, cmpl(allowed_token_ids=[257]), 400, INVALID),
+    (CH, chat(allowed_token_ids=[-1]), 400, INVALID),
+    (CH, chat(allowed_token_ids="5"), 400, INVALID),
+    # truncate_prompt_tokens: -1 or 1..max_model_len (128)
+    (C, cmpl(truncate_prompt_tokens=0), 400, INVALID),
+    (C, cmpl(truncate_prompt_tokens=-2), 400, INVALID),
+    (CH, chat(truncate_prompt_tokens=129), 400, INVALID),
+    # continue_final_message leaves the last turn open: no generation prompt after it
+    (CH, chat(continue_final_message=True), 400, INVALID),
+    (TOK, {"messages": U, "continue_final_message": True}, 400, INVALID),
     (C, cmpl(prompt_logprobs=21), 400, INVALID),
     (C, cmpl(prompt_logprobs=-1), 400, INVALID),
     (C, cmpl(prompt_logprobs=1, stream=True), 400, INVALID),
@@ -261,6 +282,11 @@ def test_limits_are_named_in_errors(server):
         assert post(h, CH, chat(logit_bias={"1": 101})).json()["error"]["param"] == "logit_bias"
         assert "[0, 257)" in post(h, C, cmpl(logit_bias={"300": 1})).json()["error"]["message"]
         assert post(h, C, cmpl(prompt_logprobs=1, stream=True)).json()["error"]["param"] == "prompt_logprobs"
+        err = post(h, C, cmpl(truncate_prompt_tokens=129)).json()["error"]
+        assert err["param"] == "truncate_prompt_tokens" and "128" in err["message"]
+        assert "[0, 257)" in post(h, CH, chat(allowed_token_ids=[1, 300])).json()["error"]["message"]
+        assert post(h, CH, chat(continue_final_message=True)).json()["error"]["param"] == "continue_final_message"
+        assert post(h, C, cmpl(use_beam_search=True)).json()["error"]["param"] == "use_beam_search"
         err = post(h, C, cmpl(structured_outputs={"json": "{not json"})).json()["error"]
         assert err["param"] == "structured_outputs.json" and "not valid JSON" in err["message"]
         # vLLM 0.12 removed the guided_* fields: the error names what replaces each
@@ -273,8 +299,12 @@ def test_limits_are_named_in_errors(server):
 def test_harmless_values_of_unsupported_fields_are_accepted(server):
     with httpx.Client(base_url=server.base_url, timeout=30) as h:
         for extra in ({"tool_choice": "none"}, {"tools": []}, {"response_format": {"type": "text"}},
-                      {"logit_bias": {}}, {"logit_bias": None}, {"chat_template_kwargs": {"enable_thinking": False}}):
+                      {"logit_bias": {}}, {"logit_bias": None}, {"chat_template_kwargs": {"enable_thinking": False}},
+                      {"use_beam_search": False}, {"length_penalty": 1}, {"bad_words": []},
+                      {"add_special_tokens": False}, {"spaces_between_special_tokens": True},
+                      {"return_tokens_as_token_ids": False}, {"vllm_xargs": None}):
             assert post(h, CH, chat(**extra)).status_code == 200, extra
+        assert post(h, C, cmpl(add_special_tokens=False)).status_code == 200
         r = post(h, CH, {"messages": [{"role": "developer", "content": "Be brief."}, *U, {"role": "assistant"}]})
         assert r.status_code == 200, r.text
     wait_until_idle(server)
@@ -296,6 +326,8 @@ def test_a_batch_counts_whole_against_max_waiting_requests(server):
     {"stop_token_ids": [-1]}, {"stop_token_ids": list(range(65))}, {"logprobs": 21}, {"prompt_logprobs": 21},
     {"prompt_logprobs": -1}, {"logit_bias": {1: 101}}, {"logit_bias": {-1: 1}}, {"logit_bias": {"1": 1}},
     {"logit_bias": {i: 1 for i in range(301)}}, {"logit_bias": {1: float("nan")}},
+    {"allowed_token_ids": []}, {"allowed_token_ids": [-1]}, {"allowed_token_ids": [True]},
+    {"allowed_token_ids": "12"},
 ])
 def test_sampling_params_check_the_same_for_offline_use(kwargs):
     from inflight.errors import InvalidRequestError

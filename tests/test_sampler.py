@@ -284,3 +284,21 @@ def test_cuda_matches_cpu_for_greedy_and_seeded():
     gpu_out = Sampler()(logits.to(cuda), SamplingMetadata.from_rows(rs, 64, cuda))
     assert gpu_out.sampled_token_ids[:2] == cpu_out.sampled_token_ids[:2]  # CPU generator: same noise
     assert [t for t, _, _ in gpu_out.logprobs[0]] == [t for t, _, _ in cpu_out.logprobs[0]]
+
+
+def test_allowed_token_ids_restrict_their_rows_only():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    allowed = [7, 3, 41]
+    rows = [row(temperature=0.0, allowed_token_ids=allowed), row(temperature=0.0),
+            row(temperature=1.0, seed=5, allowed_token_ids=[9, 9, 12]), row(temperature=0.0, logprobs=2)]
+    md = SamplingMetadata.from_rows(rows, 50, CPU)
+    assert not md.greedy_only and rows[2].params.allowed_token_ids == [9, 12]  # deduplicated
+    tokens = Sampler()(logits, md).sampled_token_ids
+    assert tokens[0] == allowed[int(logits[0, allowed].argmax())]
+    assert tokens[1] == int(logits[1].argmax()) and tokens[3] == int(logits[3].argmax())
+    draws = {Sampler(torch.Generator().manual_seed(s))(logits[:1], SamplingMetadata.from_rows(
+        [row(temperature=1.0, allowed_token_ids=[9, 12])], 50, CPU)).sampled_token_ids[0] for s in range(40)}
+    assert draws == {9, 12}
+    # a bias still moves tokens within the allowed set, never outside it
+    biased = [row(temperature=0.0, allowed_token_ids=[1, 2], logit_bias={2: 100.0, 30: 100.0})]
+    assert sample(logits[:1], biased).sampled_token_ids == [2]

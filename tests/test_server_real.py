@@ -90,34 +90,6 @@ def test_cached_tokens_when_a_prefix_repeats(client):
     assert r.usage.prompt_tokens_details.cached_tokens >= 32
 
 
-def test_chat_continues_a_prefilled_answer_and_echoes_it(server, client):
-    start = "The answer is"
-    msgs = USER + [{"role": "assistant", "content": start}]
-    kw = dict(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
-    cont = {"continue_final_message": True, "add_generation_prompt": False}
-    r = client.chat.completions.create(**kw, extra_body=cont)
-    with httpx.Client(base_url=server.base_url) as h:
-        ids = h.post("/tokenize", json={"messages": msgs, **cont}).json()["tokens"]
-        text = h.post("/detokenize", json={"tokens": ids}).json()["prompt"]
-    assert text.endswith("<|im_start|>assistant\n" + start)  # the turn stays open
-    assert r.usage.prompt_tokens == len(ids)
-    # the same tokens through the completions endpoint give the same greedy continuation
-    ref = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0).choices[0].text
-    assert r.choices[0].message.content == ref
-    echoed = client.chat.completions.create(**kw, extra_body={**cont, "echo": True})
-    assert echoed.choices[0].message.content == start + ref
-    chunks = list(client.chat.completions.create(**kw, stream=True, extra_body={**cont, "echo": True}))
-    assert chunks[1].choices[0].delta.content == start
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == start + ref
-    # echo after a generation prompt: the answer's role (assistant) is not the last message's (user)
-    plain = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, temperature=0)
-    again = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, temperature=0,
-                                           extra_body={"echo": True})
-    assert again.choices[0].message.content == plain.choices[0].message.content
-    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
-        client.chat.completions.create(**kw, extra_body={"continue_final_message": True})
-
-
 def test_bad_input_is_400_and_the_server_keeps_serving(server, client):
     bad = [dict(prompt=PROMPT, temperature=-1), dict(prompt=PROMPT, max_tokens=100_000),
            dict(prompt="hello " * 1000, max_tokens=600)]  # cannot fit the 91-block KV pool

@@ -124,6 +124,7 @@ class LLMEngine:
         vocab = self.arch.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        params.verify_vocab(vocab)  # ids past the vocabulary would fail the sampler's scatter: the whole step
         total = len(ids) + (params.max_tokens or 0)
         if len(ids) >= self.max_model_len or total > self.max_model_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "

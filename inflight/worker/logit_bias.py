@@ -1,8 +1,10 @@
-"""OpenAI's ``logit_bias`` for a whole batch of sampling rows at once.
+"""OpenAI's ``logit_bias`` and vLLM's ``allowed_token_ids`` for a whole batch of sampling rows at once.
 
 Every row's (token id, bias) pairs go into two padded [rows, longest] tensors;
 one ``scatter_add_`` adds them all to the float32 logits. Padding adds 0.0 to
-token 0, which changes nothing (and leaves a banned -inf at -inf).
+token 0, which changes nothing (and leaves a banned -inf at -inf). The rows with
+allowed ids get a mask from one ``scatter_`` (padding lands in a spare column),
+and every other token of theirs goes to -inf.
 """
 from __future__ import annotations
 
@@ -16,25 +18,47 @@ from inflight.sampling_params import SamplingParams
 
 @dataclass
 class LogitBias:
-    """The batch's biases: ``token_ids[i, j]`` gets ``values[i, j]`` added in row ``i``."""
+    """The batch's biases (``token_ids[i, j]`` gets ``values[i, j]`` added in row ``i``) and
+    allowed ids (row ``allowed_rows[a]`` may sample only ``allowed_ids[a]``)."""
 
-    token_ids: torch.Tensor  # [B, L] long, padded with 0
-    values: torch.Tensor  # [B, L] float32, padded with 0.0
+    token_ids: Optional[torch.Tensor]  # [B, L] long, padded with 0; None when no row has a bias
+    values: Optional[torch.Tensor]  # [B, L] float32, padded with 0.0
+    allowed_rows: Optional[torch.Tensor] = None  # [A] the rows with allowed_token_ids
+    allowed_ids: Optional[torch.Tensor] = None  # [A, L] long, padded with the vocabulary size
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], device: torch.device) -> Optional["LogitBias"]:
-        """None when no row has a bias (the sampler then skips the step)."""
-        if not any(p.logit_bias for p in params):
+    def from_params(cls, params: list[SamplingParams], device: torch.device,
+                    vocab_size: int) -> Optional["LogitBias"]:
+        """None when no row has a bias or allowed ids (the sampler then skips the step)."""
+        biased = any(p.logit_bias for p in params)
+        allowed = [i for i, p in enumerate(params) if p.allowed_token_ids]
+        if not (biased or allowed):
             return None
-        width = max(len(p.logit_bias or ()) for p in params)
-        ids = [[0] * width for _ in params]
-        vals = [[0.0] * width for _ in params]
-        for i, p in enumerate(params):
-            for j, (t, v) in enumerate((p.logit_bias or {}).items()):
-                ids[i][j], vals[i][j] = t, float(v)
-        return cls(torch.tensor(ids, dtype=torch.long, device=device),
-                   torch.tensor(vals, dtype=torch.float32, device=device))
+        out = cls(None, None)
+        if biased:
+            width = max(len(p.logit_bias or ()) for p in params)
+            ids = [[0] * width for _ in params]
+            vals = [[0.0] * width for _ in params]
+            for i, p in enumerate(params):
+                for j, (t, v) in enumerate((p.logit_bias or {}).items()):
+                    ids[i][j], vals[i][j] = t, float(v)
+            out.token_ids = torch.tensor(ids, dtype=torch.long, device=device)
+            out.values = torch.tensor(vals, dtype=torch.float32, device=device)
+        if allowed:
+            lists = [params[i].allowed_token_ids for i in allowed]
+            width = max(len(ids) for ids in lists)
+            out.allowed_rows = torch.tensor(allowed, dtype=torch.long, device=device)
+            out.allowed_ids = torch.tensor([ids + [vocab_size] * (width - len(ids)) for ids in lists],
+                                           dtype=torch.long, device=device)
+        return out
 
     def apply(self, logits: torch.Tensor) -> None:
-        """Add the biases to float32 ``logits`` [B, vocab], in place."""
-        logits.scatter_add_(1, self.token_ids, self.values)
+        """Mask the tokens outside each row's allowed ids, then add the biases; float32
+        ``logits`` [B, vocab], in place."""
+        if self.allowed_rows is not None:
+            V = logits.shape[1]
+            keep = torch.zeros(len(self.allowed_rows), V + 1, dtype=torch.bool, device=logits.device)
+            keep.scatter_(1, self.allowed_ids, True)
+            logits[self.allowed_rows] = logits[self.allowed_rows].masked_fill_(~keep[:, :V], float("-inf"))
+        if self.token_ids is not None:
+            logits.scatter_add_(1, self.token_ids, self.values)

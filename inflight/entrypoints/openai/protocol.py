@@ -64,6 +64,9 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     # vLLM's cache_salt: only requests with the same salt share prefix-cache blocks (and see cached_tokens)
     cache_salt: Optional[Annotated[SafeStr, Field(min_length=1, max_length=1024)]] = None
     logit_bias: Optional[dict[str, float]] = None  # token id (as a string) -> bias in [-100, 100]
+    allowed_token_ids: Optional[list[Int64]] = None  # vLLM's: only these token ids may be sampled
+    # vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len)
+    truncate_prompt_tokens: Optional[Int64] = Field(default=None, ge=-1)
     # vLLM's: {"do_remote_decode": true} asks a prefill instance to keep the KV for a decode
     # instance; the answer's kv_transfer_params, sent to a decode instance, say where to pull it
     kv_transfer_params: Optional[dict[str, Any]] = None
@@ -98,6 +101,7 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=self.structured_outputs_params(),
             logit_bias=logit_bias_of(self.logit_bias), prompt_logprobs=prompt_logprobs,
+            allowed_token_ids=self.allowed_token_ids,
             extra_args={"kv_transfer_params": self.kv_transfer_params} if self.kv_transfer_params else None,
         )
 
@@ -113,6 +117,7 @@ class CompletionRequest(SamplingRequest):
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     prompt_logprobs: Optional[Int64] = None  # vLLM's extension: top-N per prompt token (not streamed)
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's own (a BOS token, for models that have one)
 
     @model_validator(mode="after")
     def _check_prompt(self) -> "CompletionRequest":

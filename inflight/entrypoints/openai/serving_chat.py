@@ -23,6 +23,7 @@ from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_gra
                                                       finish_reason, message_fields, plan_tools,
                                                       render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ToolCallStream
+from inflight.entrypoints.openai.validation import truncated
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -51,7 +52,8 @@ class ChatHandler:
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
         await compile_tool_grammar(state, params, plan)
-        prompt = await render_chat_with_tools(state, req, plan)
+        prompt = truncated(await render_chat_with_tools(state, req, plan), req.truncate_prompt_tokens,
+                           state.max_model_len)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
                                      req.structured_outputs_field())

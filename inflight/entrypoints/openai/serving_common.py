@@ -18,7 +18,7 @@ from inflight.entrypoints.openai.chat_render import ChatRenderer, TokenizerPool
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, param_of
 from inflight.entrypoints.openai.limits import ServerLimits, clip
 from inflight.entrypoints.openai.responses import UsageInfo
-from inflight.entrypoints.openai.validation import check_server_limits
+from inflight.entrypoints.openai.validation import check_server_limits, check_truncation
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
@@ -63,6 +63,7 @@ class ServerState:
         try:
             params = req.to_sampling_params()
             check_server_limits(req, params, self.limits.max_n, self.vocab_size)
+            check_truncation(req.truncate_prompt_tokens, self.max_model_len)
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
         self.check_capacity(num_prompts * params.n)

@@ -18,7 +18,7 @@ from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionL
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
-from inflight.entrypoints.openai.validation import check_token_prompt
+from inflight.entrypoints.openai.validation import check_token_prompt, truncated
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 
@@ -49,7 +49,7 @@ class CompletionHandler:
         raw_prompts = req.prompts()
         params = state.admit(req, len(raw_prompts))
         check_kv_transfer(req, len(raw_prompts))
-        prompts = [await self._engine_prompt(p) for p in raw_prompts]
+        prompts = [await self._engine_prompt(p, req) for p in raw_prompts]
         request_id, created = random_id("cmpl"), int(time.time())
         streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt,
                                      req.structured_outputs_field())
@@ -66,19 +66,22 @@ class CompletionHandler:
                                   usage=usage_of(outputs))
         return JSONResponse(add_kv_transfer_params(state, req, request_id, outputs, dump(body)))
 
-    async def _engine_prompt(self, prompt: Union[str, list[int]]) -> dict[str, Any]:
-        """Text and token ids, tokenized here (on the tokenizer pool) rather than on the step thread."""
+    async def _engine_prompt(self, prompt: Union[str, list[int]], req: CompletionRequest) -> dict[str, Any]:
+        """Text and token ids, tokenized here (on the tokenizer pool) rather than on the step
+        thread; only the last ``truncate_prompt_tokens`` when set."""
         state = self.state
         if isinstance(prompt, str):
-            ids = await state.tokenize(prompt)
+            ids = await state.tokenize(prompt, req.add_special_tokens)
             text: Optional[str] = prompt
         else:
             ids, text = prompt, None
+        engine_prompt = truncated({"prompt": text, "prompt_token_ids": ids}, req.truncate_prompt_tokens,
+                                  state.max_model_len)
         try:
-            check_token_prompt(ids, state.max_model_len, state.vocab_size)
+            check_token_prompt(engine_prompt["prompt_token_ids"], state.max_model_len, state.vocab_size)
         except InvalidRequestError as e:
             raise bad_request(str(e), "prompt") from None
-        return {"prompt": text, "prompt_token_ids": ids}
+        return engine_prompt
 
     def _prompt_text(self, out: RequestOutput) -> str:
         if out.prompt is not None:

@@ -35,7 +35,14 @@ TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
 # Fields that change the output which this server does not implement: accepting
 # them silently would answer something other than what was asked.
 _UNSUPPORTED = ("tools", "functions", "function_call", "tool_choice",
-                "suffix", "best_of", "chat_template", "documents")
+                "suffix", "best_of", "chat_template", "documents",
+                "use_beam_search", "length_penalty", "bad_words", "logits_processors", "vllm_xargs",
+                "return_tokens_as_token_ids", "return_token_ids", "spaces_between_special_tokens",
+                "add_special_tokens", "mm_processor_kwargs", "prompt_embeds")
+# The value of each that asks for nothing beyond what the server does anyway (vLLM's defaults;
+# a chat prompt gets no added special tokens: the template writes them).
+_DEFAULTS = {"use_beam_search": False, "length_penalty": 1.0, "return_tokens_as_token_ids": False,
+             "return_token_ids": False, "spaces_between_special_tokens": True, "add_special_tokens": False}
 
 # vLLM's structured-output fields before 0.12, which removed them (it now ignores them,
 # so the output silently goes unconstrained): a 400 naming what replaces each.
@@ -53,7 +60,8 @@ def _harmless(name: str, value: Any, req: Any) -> bool:
         return value == "none"
     if name == "best_of":
         return value == getattr(req, "n", 1)
-    return False
+    default = _DEFAULTS.get(name)
+    return default is not None and isinstance(value, bool) == isinstance(default, bool) and value == default
 
 
 def check_unsupported(req: Any) -> None:
@@ -125,6 +133,23 @@ def check_server_limits(req: Any, params: Any, max_n: int, vocab_size: Optional[
         raise InvalidRequestError(f"n: at most {max_n} (--max-n), got {req.n}")
     if vocab_size is not None:
         params.verify_vocab(vocab_size)
+
+
+def check_truncation(keep: Optional[int], max_model_len: int) -> None:
+    """vLLM's ``truncate_prompt_tokens``: -1 (max_model_len) or 1 to max_model_len tokens."""
+    if keep is not None and not (keep == -1 or 1 <= keep <= max_model_len):
+        raise InvalidRequestError(f"truncate_prompt_tokens must be -1 or in [1, {max_model_len}] "
+                                  f"(max_model_len), got {keep}")
+
+
+def truncated(prompt: dict[str, Any], keep: Optional[int], max_model_len: int) -> dict[str, Any]:
+    """The engine prompt with only its last ``keep`` tokens (-1: max_model_len), as vLLM
+    truncates on the left; a cut prompt loses its text (echo decodes the kept ids)."""
+    keep = max_model_len if keep == -1 else keep
+    ids = prompt["prompt_token_ids"]
+    if keep is None or len(ids) <= keep:
+        return prompt
+    return {**prompt, "prompt": None, "prompt_token_ids": ids[-keep:]}
 
 
 def check_token_prompt(ids: list[int], max_model_len: int, vocab_size: Optional[int]) -> None:

@@ -1,0 +1,91 @@
+"""vLLM's request fields beyond OpenAI's, on the real embedded SmolLM2-135M through the
+openai client: a chat answer continued from a prefilled start (continue_final_message,
+echo), truncate_prompt_tokens and allowed_token_ids."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from test_server import wait_until_idle
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2"
+USER = [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from inflight.engine.llm_engine import LLMEngine
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    engine = LLMEngine.from_kwargs(dtype="float32", kv_cache_memory=32 * 2**20, max_num_seqs=8, max_model_len=512)
+    with ServerThread(engine, MODEL, log_stats=False) as srv:
+        srv.tokenizer = engine.tokenizer
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_chat_continues_a_prefilled_answer_and_echoes_it(server, client):
+    start = "The answer is"
+    msgs = USER + [{"role": "assistant", "content": start}]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+    cont = {"continue_final_message": True, "add_generation_prompt": False}
+    r = client.chat.completions.create(**kw, extra_body=cont)
+    with httpx.Client(base_url=server.base_url) as h:
+        ids = h.post("/tokenize", json={"messages": msgs, **cont}).json()["tokens"]
+        text = h.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\n" + start)  # the turn stays open
+    assert r.usage.prompt_tokens == len(ids)
+    # the same tokens through the completions endpoint give the same greedy continuation
+    ref = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0).choices[0].text
+    assert r.choices[0].message.content == ref
+    echoed = client.chat.completions.create(**kw, extra_body={**cont, "echo": True})
+    assert echoed.choices[0].message.content == start + ref
+    chunks = list(client.chat.completions.create(**kw, stream=True, extra_body={**cont, "echo": True}))
+    assert chunks[1].choices[0].delta.content == start
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == start + ref
+    # echo after a generation prompt: the answer's role (assistant) is not the last message's (user)
+    plain = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, temperature=0,
+                                           extra_body={"echo": True})
+    assert again.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        client.chat.completions.create(**kw, extra_body={"continue_final_message": True})
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(server, client):
+    tok = server.tokenizer
+    prompt = "one two three four five six seven eight"
+    ids = tok(prompt).input_ids
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                  extra_body={"truncate_prompt_tokens": 3})
+    ref = client.completions.create(model=MODEL, prompt=ids[-3:], max_tokens=3, temperature=0)
+    assert r.usage.prompt_tokens == 3 and r.choices[0].text == tok.decode(ids[-3:]) + ref.choices[0].text
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0,
+                                      extra_body={"truncate_prompt_tokens": len(ids) + 5})
+    assert whole.usage.prompt_tokens == len(ids)  # shorter than the limit: untouched
+    chat = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0,
+                                          extra_body={"truncate_prompt_tokens": 4})
+    assert chat.usage.prompt_tokens == 4
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):  # -1 keeps max_model_len: no room left
+        client.completions.create(model=MODEL, prompt="hi " * 600, max_tokens=2,
+                                  extra_body={"truncate_prompt_tokens": -1})
+    wait_until_idle(server)
+
+
+def test_allowed_token_ids_are_the_only_tokens_sampled(server, client):
+    tok = server.tokenizer
+    allowed = sorted({tok(w, add_special_tokens=False).input_ids[0] for w in (" yes", " no", " maybe")})
+    for temperature in (0.0, 1.0):
+        r = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=6,
+                                      temperature=temperature, seed=1, logprobs=0,
+                                      extra_body={"allowed_token_ids": allowed})
+        tokens = r.choices[0].logprobs.tokens
+        assert len(tokens) == 6 and set(tokens) <= {tok.decode([t]) for t in allowed}, (temperature, tokens)
+    wait_until_idle(server)
