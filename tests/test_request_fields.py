@@ -89,3 +89,22 @@ def test_allowed_token_ids_are_the_only_tokens_sampled(server, client):
         tokens = r.choices[0].logprobs.tokens
         assert len(tokens) == 6 and set(tokens) <= {tok.decode([t]) for t in allowed}, (temperature, tokens)
     wait_until_idle(server)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_continuous_usage_stats_count_every_chunk(client, endpoint):
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    if endpoint == "chat":
+        chunks = list(client.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=0,
+                                                     stream=True, stream_options=opts, extra_body={"ignore_eos": True}))
+    else:
+        chunks = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0,
+                                                stream=True, stream_options=opts, extra_body={"ignore_eos": True}))
+    final = chunks[-1].usage
+    assert not chunks[-1].choices and final.completion_tokens == 6
+    counts = [c.usage.completion_tokens for c in chunks[:-1]]
+    assert all(c.usage.prompt_tokens == final.prompt_tokens for c in chunks[:-1])
+    assert counts == sorted(counts) and counts[-1] == 6 and len(counts) >= 6
+    plain = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=2, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == 2

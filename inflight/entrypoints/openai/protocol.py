@@ -82,6 +82,11 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's ``continuous_usage_stats``: every chunk carries the counts so far."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
                         prompt_logprobs: Optional[int] = None) -> SamplingParams:
         """The engine's SamplingParams; raises ValueError (-> 400) on out-of-range values."""

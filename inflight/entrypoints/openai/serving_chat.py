@@ -14,7 +14,8 @@ from inflight.entrypoints.openai.kv_transfer import add_kv_transfer_params, chec
 from inflight.entrypoints.openai.protocol import ChatCompletionRequest
 from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChunk, ChatCompletionResponse,
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
-                                                   DeltaMessage, TokenLogprob, TopLogprob, dump, random_id)
+                                                   DeltaMessage, TokenLogprob, TopLogprob, UsageInfo, dump,
+                                                   random_id)
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
@@ -58,7 +59,8 @@ class ChatHandler:
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
                                      req.structured_outputs_field())
         if req.stream:
-            return stream_response(streams, self._events(req, request_id, created, streams, plan))
+            num_prompt = len(prompt["prompt_token_ids"])
+            return stream_response(streams, self._events(req, request_id, created, streams, plan, num_prompt))
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
@@ -106,15 +108,21 @@ class ChatHandler:
                                              choices=choices, usage=usage))
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
-                      streams: list[RequestStream], plan: ToolPlan) -> AsyncIterator[str]:
+                      streams: list[RequestStream], plan: ToolPlan, num_prompt: int) -> AsyncIterator[str]:
         """The role first (sent at once, before any token), the echoed last message if asked,
-        then one content delta per step that produced text, a finish chunk per choice, usage, [DONE]."""
+        then one content delta per step that produced text, a finish chunk per choice, usage, [DONE].
+        Under continuous_usage_stats every chunk carries the counts so far."""
+
+        def so_far(num_tokens: int) -> Optional[UsageInfo]:
+            return UsageInfo.of(num_prompt, num_tokens, 0) if req.continuous_usage else None
+
         for index in range(req.n):
-            yield self._chunk(request_id, created,
-                              [ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+            yield self._chunk(request_id, created, [ChatStreamChoice(
+                index=index, delta=DeltaMessage(role="assistant", content=""))], so_far(0))
         echo = req.echo_text()
         for index in range(req.n if echo else 0):
-            yield self._chunk(request_id, created, [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))])
+            yield self._chunk(request_id, created, [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))],
+                              so_far(0))
         cursors = [_Cursor(tools=plan.stream()) for _ in range(req.n)]
         final: Optional[RequestOutput] = None
         async for _, out in merge_streams(streams):
@@ -123,7 +131,7 @@ class ChatHandler:
                 choices = [self._delta(req, c, cur)] if cur.tools is None else self._tool_deltas(req, c, cur)
                 for choice in choices:
                     if choice is not None:
-                        yield self._chunk(request_id, created, [choice])
+                        yield self._chunk(request_id, created, [choice], so_far(len(c.token_ids)))
             if out.finished:
                 final = out
         if req.include_usage and final is not None:

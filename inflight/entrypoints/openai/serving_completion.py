@@ -14,7 +14,7 @@ from inflight.entrypoints.openai.kv_transfer import add_kv_transfer_params, chec
 from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                                    CompletionResponseChoice, CompletionStreamResponse,
-                                                   PromptTokenLogprob, dump, random_id)
+                                                   PromptTokenLogprob, UsageInfo, dump, random_id)
 from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
                                                         merge_streams, safe_logprob, sse_model, stream_response,
                                                         unless_disconnected, usage_of)
@@ -131,8 +131,9 @@ class CompletionHandler:
 
     async def _events(self, req: CompletionRequest, request_id: str, created: int,
                       streams: list[RequestStream]) -> AsyncIterator[str]:
-        """One SSE chunk per step in which a choice produced text, its final chunk
-        carrying finish_reason, then usage if asked, then [DONE]."""
+        """One SSE chunk per step in which a choice produced text (with the counts so far
+        under continuous_usage_stats), its final chunk carrying finish_reason, then usage
+        if asked, then [DONE]."""
         cursors: dict[int, _Cursor] = {}
         finals: dict[int, RequestOutput] = {}
         async for i, out in merge_streams(streams):
@@ -142,8 +143,10 @@ class CompletionHandler:
                 index = i * req.n + c.index
                 choice = self._delta(req, index, out, c, cursors.setdefault(index, _Cursor()))
                 if choice is not None:
+                    usage = UsageInfo.of(len(out.prompt_token_ids), len(c.token_ids), out.num_cached_tokens) \
+                        if req.continuous_usage else None
                     chunk = CompletionStreamResponse(id=request_id, created=created, model=self.state.model_name,
-                                                     choices=[choice])
+                                                     choices=[choice], usage=usage)
                     yield sse_model(chunk)
             if out.finished:
                 finals[i] = out
