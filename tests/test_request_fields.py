@@ -108,3 +108,40 @@ def test_continuous_usage_stats_count_every_chunk(client, endpoint):
     plain = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=2, stream=True,
                                            stream_options={"include_usage": True}))
     assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == 2
+
+
+def test_return_token_ids_streamed_and_not(server, client):
+    tok = server.tokenizer
+    prompt = "The sky is"
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, extra_body={"return_token_ids": True})
+    r = client.completions.create(**kw).choices[0]
+    assert r.prompt_token_ids == tok(prompt).input_ids and tok.decode(r.token_ids) == r.text and len(r.token_ids) == 5
+    chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True)]
+    assert chunks[0].prompt_token_ids == r.prompt_token_ids
+    assert all(c.prompt_token_ids is None for c in chunks[1:])
+    assert [t for c in chunks for t in c.token_ids] == r.token_ids
+    ckw = dict(model=MODEL, messages=USER, max_tokens=5, temperature=0, extra_body={"return_token_ids": True})
+    whole = client.chat.completions.create(**ckw)
+    with httpx.Client(base_url=server.base_url) as h:
+        assert whole.prompt_token_ids == h.post("/tokenize", json={"messages": USER}).json()["tokens"]
+    ids = whole.choices[0].token_ids
+    assert ids and tok.decode(ids, skip_special_tokens=True) == whole.choices[0].message.content
+    streamed = list(client.chat.completions.create(**ckw, stream=True))
+    assert streamed[0].prompt_token_ids == whole.prompt_token_ids
+    assert [t for c in streamed for t in (c.choices[0].token_ids or [])] == ids
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).choices[0]
+    assert plain.token_ids is None and plain.prompt_token_ids is None
+
+
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client):
+    r = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=3, temperature=0, logprobs=2,
+                                  extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})
+    c = r.choices[0]
+    assert c.logprobs.tokens == [f"token_id:{t}" for t in c.token_ids]
+    assert all(k.startswith("token_id:") for top in c.logprobs.top_logprobs for k in top)
+    chat = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3, temperature=0, logprobs=True,
+                                          top_logprobs=2, extra_body={"return_tokens_as_token_ids": True,
+                                                                      "return_token_ids": True})
+    content = chat.choices[0].logprobs.content
+    assert [e.token for e in content] == [f"token_id:{t}" for t in chat.choices[0].token_ids]
+    assert all(t.token.startswith("token_id:") for e in content for t in e.top_logprobs)

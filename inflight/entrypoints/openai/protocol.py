@@ -65,6 +65,8 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     cache_salt: Optional[Annotated[SafeStr, Field(min_length=1, max_length=1024)]] = None
     logit_bias: Optional[dict[str, float]] = None  # token id (as a string) -> bias in [-100, 100]
     allowed_token_ids: Optional[list[Int64]] = None  # vLLM's: only these token ids may be sampled
+    return_token_ids: bool = False  # vLLM's: the prompt's and the output's token ids in the answer
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
     # vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len)
     truncate_prompt_tokens: Optional[Int64] = Field(default=None, ge=-1)
     # vLLM's: {"do_remote_decode": true} asks a prefill instance to keep the KV for a decode

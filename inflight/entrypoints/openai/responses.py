@@ -64,6 +64,9 @@ class CompletionChoice(BaseModel):
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    # vLLM's return_token_ids: the prompt's ids (streamed: in a choice's first chunk) and the generated ids
+    prompt_token_ids: Optional[list[int]] = None
+    token_ids: Optional[list[int]] = None
 
 
 class CompletionResponseChoice(CompletionChoice):
@@ -131,6 +134,7 @@ class ChatChoice(BaseModel):
     logprobs: Optional[ChatLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    token_ids: Optional[list[int]] = None  # vLLM's return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -143,6 +147,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
     prompt_logprobs: PromptLogprobsField = None  # vLLM's extension, when asked
+    prompt_token_ids: Optional[list[int]] = None  # vLLM's return_token_ids
 
 
 class _NoNulls(BaseModel):
@@ -185,6 +190,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: Optional[ChatLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    token_ids: Optional[list[int]] = None  # vLLM's return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(BaseModel):
@@ -196,6 +202,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: Optional[UsageInfo] = None
+    prompt_token_ids: Optional[list[int]] = None  # vLLM's return_token_ids: in the first chunk
 
 
 # ---------------------------------------------------------- models, tokenizer

@@ -59,8 +59,8 @@ class ChatHandler:
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
                                      req.structured_outputs_field())
         if req.stream:
-            num_prompt = len(prompt["prompt_token_ids"])
-            return stream_response(streams, self._events(req, request_id, created, streams, plan, num_prompt))
+            return stream_response(streams, self._events(req, request_id, created, streams, plan,
+                                                         prompt["prompt_token_ids"]))
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
@@ -70,6 +70,8 @@ class ChatHandler:
                                       usage=usage_of(outputs))
         if req.prompt_logprobs is not None:
             body.prompt_logprobs = prompt_logprobs_field(out.prompt_logprobs)
+        if req.return_token_ids:
+            body.prompt_token_ids = out.prompt_token_ids
         return JSONResponse(add_kv_transfer_params(state, req, request_id, outputs, dump(body)))
 
     def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput, echo: str) -> ChatChoice:
@@ -80,7 +82,8 @@ class ChatHandler:
         reason = c.finish_reason if extracted is None else finish_reason(extracted.tools_called, c.finish_reason)
         return ChatChoice(index=c.index, message=ChatResponseMessage(**fields),
                           logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                          finish_reason=reason, stop_reason=c.stop_reason)
+                          finish_reason=reason, stop_reason=c.stop_reason,
+                          token_ids=list(c.token_ids) if req.return_token_ids else None)
 
     def _logprobs(self, req: ChatCompletionRequest, token_ids: list[int],
                   logprobs: Optional[list[dict[int, Logprob]]]) -> Optional[ChatLogProbs]:
@@ -90,6 +93,8 @@ class ChatHandler:
         top_n = req.top_logprobs or 0
 
         def text_of(tok: int, lp: Logprob) -> str:
+            if req.return_tokens_as_token_ids:
+                return f"token_id:{tok}"
             return lp.decoded_token if lp.decoded_token is not None else decode([tok])
 
         content = []
@@ -103,22 +108,25 @@ class ChatHandler:
                                          bytes=list(text_of(t, lp).encode())) for t, lp in ranked]))
         return ChatLogProbs(content=content)
 
-    def _chunk(self, request_id: str, created: int, choices: list[ChatStreamChoice], usage=None) -> str:
+    def _chunk(self, request_id: str, created: int, choices: list[ChatStreamChoice], usage=None,
+               prompt_token_ids: Optional[list[int]] = None) -> str:
         return sse_model(ChatCompletionChunk(id=request_id, created=created, model=self.state.model_name,
-                                             choices=choices, usage=usage))
+                                             choices=choices, usage=usage, prompt_token_ids=prompt_token_ids))
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
-                      streams: list[RequestStream], plan: ToolPlan, num_prompt: int) -> AsyncIterator[str]:
-        """The role first (sent at once, before any token), the echoed last message if asked,
-        then one content delta per step that produced text, a finish chunk per choice, usage, [DONE].
-        Under continuous_usage_stats every chunk carries the counts so far."""
+                      streams: list[RequestStream], plan: ToolPlan, prompt_ids: list[int]) -> AsyncIterator[str]:
+        """The role first (sent at once, before any token; the prompt's ids with it under
+        return_token_ids), the echoed last message if asked, then one content delta per step
+        that produced text, a finish chunk per choice, usage, [DONE]. Under
+        continuous_usage_stats every chunk carries the counts so far."""
 
         def so_far(num_tokens: int) -> Optional[UsageInfo]:
-            return UsageInfo.of(num_prompt, num_tokens, 0) if req.continuous_usage else None
+            return UsageInfo.of(len(prompt_ids), num_tokens, 0) if req.continuous_usage else None
 
         for index in range(req.n):
             yield self._chunk(request_id, created, [ChatStreamChoice(
-                index=index, delta=DeltaMessage(role="assistant", content=""))], so_far(0))
+                index=index, delta=DeltaMessage(role="assistant", content=""))], so_far(0),
+                prompt_ids if req.return_token_ids and index == 0 else None)
         echo = req.echo_text()
         for index in range(req.n if echo else 0):
             yield self._chunk(request_id, created, [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))],
@@ -149,7 +157,8 @@ class ChatHandler:
         logprobs = self._logprobs(req, token_ids, (c.logprobs or [])[cur.tokens_sent:])
         cur.text_sent, cur.tokens_sent, cur.done = len(c.text), len(c.token_ids), c.finish_reason is not None
         return ChatStreamChoice(index=c.index, delta=DeltaMessage(content=text), logprobs=logprobs,
-                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                token_ids=list(token_ids) if req.return_token_ids else None)
 
     def _tool_deltas(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> list[ChatStreamChoice]:
         """The unsent part of a choice whose output is parsed for tool calls: content
@@ -159,13 +168,15 @@ class ChatHandler:
         parsed = cur.tools.feed(c.text[cur.text_sent:])
         if c.finish_reason is not None:
             parsed.extend(cur.tools.finish())
-        logprobs = self._logprobs(req, c.token_ids[cur.tokens_sent:], (c.logprobs or [])[cur.tokens_sent:])
+        token_ids = list(c.token_ids[cur.tokens_sent:])
+        logprobs = self._logprobs(req, token_ids, (c.logprobs or [])[cur.tokens_sent:])
         cur.text_sent, cur.tokens_sent, cur.done = len(c.text), len(c.token_ids), c.finish_reason is not None
         choices = [ChatStreamChoice(index=c.index, delta=d) for d in delta_messages(parsed)]
-        if not choices and (logprobs or cur.done):
+        if not choices and (logprobs or cur.done or (req.return_token_ids and token_ids)):
             choices = [ChatStreamChoice(index=c.index, delta=DeltaMessage())]
         if choices:
             choices[0].logprobs = logprobs
+            choices[0].token_ids = token_ids if req.return_token_ids else None
         if cur.done:
             choices[-1].finish_reason = finish_reason(cur.tools.tools_called, c.finish_reason)
             choices[-1].stop_reason = c.stop_reason

@@ -95,22 +95,25 @@ class CompletionHandler:
         if req.logprobs is not None:
             echo_ids = out.prompt_token_ids if req.echo else []
             logprobs = self._logprobs(echo_ids, _echo_entries(echo_ids, out.prompt_logprobs),
-                                      c.token_ids, c.logprobs or [], 0)
+                                      c.token_ids, c.logprobs or [], 0, req.return_tokens_as_token_ids)
         plp = prompt_logprobs_field(out.prompt_logprobs) if req.prompt_logprobs is not None else None
+        ids = req.return_token_ids
         return CompletionResponseChoice(index=index, text=prefix + c.text, logprobs=logprobs,
                                         finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                                        prompt_logprobs=plp)
+                                        prompt_logprobs=plp, prompt_token_ids=out.prompt_token_ids if ids else None,
+                                        token_ids=list(c.token_ids) if ids else None)
 
     def _logprobs(self, echo_ids: list[int], echo_logprobs: PromptLogprobs, token_ids: list[int],
-                  logprobs: list[dict[int, Logprob]], offset: int) -> CompletionLogProbs:
+                  logprobs: list[dict[int, Logprob]], offset: int, as_ids: bool = False) -> CompletionLogProbs:
         """Legacy logprobs: the echoed prompt's (None for its first token, which
-        nothing predicts), then the generated tokens'."""
+        nothing predicts), then the generated tokens'. ``as_ids`` (vLLM's
+        return_tokens_as_token_ids) names tokens "token_id:N"; offsets stay the text's."""
         result = CompletionLogProbs()
         decode = self.state.tokenizer.decode
         for tok, entry in zip(list(echo_ids) + list(token_ids), list(echo_logprobs) + list(logprobs)):
             if entry is None:
                 text = decode([tok])
-                result.tokens.append(text)
+                result.tokens.append(f"token_id:{tok}" if as_ids else text)
                 result.token_logprobs.append(None)
                 result.top_logprobs.append(None)
                 result.text_offset.append(offset)
@@ -118,11 +121,12 @@ class CompletionHandler:
                 continue
             sampled = entry.get(tok) or next(iter(entry.values()))
             text = sampled.decoded_token if sampled.decoded_token is not None else decode([tok])
-            result.tokens.append(text)
+            result.tokens.append(f"token_id:{tok}" if as_ids else text)
             result.token_logprobs.append(safe_logprob(sampled.logprob))
             top: dict[str, float] = {}
             for t, lp in entry.items():
-                key = lp.decoded_token if lp.decoded_token is not None else decode([t])
+                key = f"token_id:{t}" if as_ids else lp.decoded_token if lp.decoded_token is not None \
+                    else decode([t])
                 top[key] = max(top.get(key, -9999.0), safe_logprob(lp.logprob))
             result.top_logprobs.append(top)
             result.text_offset.append(offset)
@@ -176,12 +180,16 @@ class CompletionHandler:
         logprobs: Any = None
         if req.logprobs is not None:
             logprobs = self._logprobs(echo_ids, _echo_entries(echo_ids, out.prompt_logprobs), token_ids,
-                                      (c.logprobs or [])[cur.tokens_sent:], cur.chars_sent)
+                                      (c.logprobs or [])[cur.tokens_sent:], cur.chars_sent,
+                                      req.return_tokens_as_token_ids)
         cur.text_sent, cur.tokens_sent = len(c.text), len(c.token_ids)
         cur.chars_sent += len(prefix) + len(text)
-        cur.started, cur.done = True, c.finish_reason is not None
+        first, cur.started, cur.done = not cur.started, True, c.finish_reason is not None
+        ids = req.return_token_ids
         return CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
-                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                prompt_token_ids=out.prompt_token_ids if ids and first else None,
+                                token_ids=list(token_ids) if ids else None)
 
 
 def _echo_entries(echo_ids: list[int], prompt_logprobs: PromptLogprobs | None) -> PromptLogprobs:

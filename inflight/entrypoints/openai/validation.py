@@ -37,12 +37,12 @@ TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
 _UNSUPPORTED = ("tools", "functions", "function_call", "tool_choice",
                 "suffix", "best_of", "chat_template", "documents",
                 "use_beam_search", "length_penalty", "bad_words", "logits_processors", "vllm_xargs",
-                "return_tokens_as_token_ids", "return_token_ids", "spaces_between_special_tokens",
+                "spaces_between_special_tokens",
                 "add_special_tokens", "mm_processor_kwargs", "prompt_embeds")
 # The value of each that asks for nothing beyond what the server does anyway (vLLM's defaults;
 # a chat prompt gets no added special tokens: the template writes them).
-_DEFAULTS = {"use_beam_search": False, "length_penalty": 1.0, "return_tokens_as_token_ids": False,
-             "return_token_ids": False, "spaces_between_special_tokens": True, "add_special_tokens": False}
+_DEFAULTS = {"use_beam_search": False, "length_penalty": 1.0, "spaces_between_special_tokens": True,
+             "add_special_tokens": False}
 
 # vLLM's structured-output fields before 0.12, which removed them (it now ignores them,
 # so the output silently goes unconstrained): a 400 naming what replaces each.
