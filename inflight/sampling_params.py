@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from inflight.errors import InvalidRequestError
@@ -50,6 +50,9 @@ class SamplingParams:
     structured_outputs: Optional[StructuredOutputsParams] = None  # JSON schema, regex, choice or grammar
     logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before sampling
     allowed_token_ids: Optional[list[int]] = None  # only these may be sampled (deduplicated, sorted)
+    bad_words: Optional[list[str]] = None  # never generated (each word with and without a leading space)
+    # set by the engine from bad_words with its tokenizer (vLLM's _bad_words_token_ids)
+    bad_words_token_ids: Optional[list[list[int]]] = field(default=None, repr=False)
     # vLLM's extra_args: settings for engine plug-ins, e.g. {"kv_transfer_params": ...} for disaggregation
     extra_args: Optional[dict[str, Any]] = None
 
@@ -94,6 +97,11 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_STRING_CHARS:
                 raise InvalidRequestError(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters long")
+        words = self.bad_words
+        if words is not None and (not isinstance(words, list) or len(words) > MAX_STOP_STRINGS or not all(
+                isinstance(w, str) and 1 <= len(w.strip()) and len(w) <= MAX_STOP_STRING_CHARS for w in words)):
+            raise InvalidRequestError(f"bad_words must be a list of at most {MAX_STOP_STRINGS} words of 1 to "
+                                      f"{MAX_STOP_STRING_CHARS} characters")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise InvalidRequestError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, "
                              f"got {len(self.stop_token_ids)}")
@@ -183,3 +191,17 @@ def _short(value: Any, limit: int = 50) -> str:
     """A value for an error message, never longer than ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def bad_words_token_ids(tokenizer: Any, words: list[str]) -> list[list[int]]:
+    """The token sequences of ``words`` the sampler bans, as vLLM finds them: each word
+    as written, and with a leading space where that tokenizes to a different first
+    token in as many tokens (a word starting the text, and one inside it)."""
+    out: list[list[int]] = []
+    for word in words:
+        bare = tokenizer(word.lstrip(), add_special_tokens=False).input_ids
+        spaced = tokenizer(" " + word.lstrip(), add_special_tokens=False).input_ids
+        out.append(bare)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return out

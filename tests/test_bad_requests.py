@@ -126,7 +126,8 @@ CASES = [
     # vLLM's fields that change the output and are not implemented: a 400, never ignored
     (C, cmpl(use_beam_search=True), 400, INVALID),
     (C, cmpl(length_penalty=0.5), 400, INVALID),
-    (CH, chat(bad_words=["the"]), 400, INVALID),
+    (CH, chat(bad_words=["x"] * 17), 400, INVALID),
+    (CH, chat(bad_words=["  "]), 400, INVALID),
     (C, cmpl(logits_processors=["my.module:Processor"]), 400, INVALID),
     (C, cmpl(vllm_xargs={"my_plugin": 1}), 400, INVALID),
     (CH, chat(add_special_tokens=True), 400, INVALID),
@@ -300,7 +301,7 @@ def test_harmless_values_of_unsupported_fields_are_accepted(server):
     with httpx.Client(base_url=server.base_url, timeout=30) as h:
         for extra in ({"tool_choice": "none"}, {"tools": []}, {"response_format": {"type": "text"}},
                       {"logit_bias": {}}, {"logit_bias": None}, {"chat_template_kwargs": {"enable_thinking": False}},
-                      {"use_beam_search": False}, {"length_penalty": 1}, {"bad_words": []},
+                      {"use_beam_search": False}, {"length_penalty": 1}, {"bad_words": ["zz"]},
                       {"add_special_tokens": False}, {"spaces_between_special_tokens": True},
                       {"return_tokens_as_token_ids": False}, {"vllm_xargs": None}):
             assert post(h, CH, chat(**extra)).status_code == 200, extra
@@ -327,7 +328,7 @@ def test_a_batch_counts_whole_against_max_waiting_requests(server):
     {"prompt_logprobs": -1}, {"logit_bias": {1: 101}}, {"logit_bias": {-1: 1}}, {"logit_bias": {"1": 1}},
     {"logit_bias": {i: 1 for i in range(301)}}, {"logit_bias": {1: float("nan")}},
     {"allowed_token_ids": []}, {"allowed_token_ids": [-1]}, {"allowed_token_ids": [True]},
-    {"allowed_token_ids": "12"},
+    {"allowed_token_ids": "12"}, {"bad_words": "the"}, {"bad_words": [""]}, {"bad_words": ["x" * 257]},
 ])
 def test_sampling_params_check_the_same_for_offline_use(kwargs):
     from inflight.errors import InvalidRequestError

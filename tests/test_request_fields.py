@@ -145,3 +145,26 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client):
     content = chat.choices[0].logprobs.content
     assert [e.token for e in content] == [f"token_id:{t}" for t in chat.choices[0].token_ids]
     assert all(t.token.startswith("token_id:") for e in content for t in e.top_logprobs)
+
+
+def test_bad_words_are_never_generated(server, client):
+    from inflight.sampling_params import bad_words_token_ids
+
+    tok = server.tokenizer
+    kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
+              extra_body={"return_token_ids": True})
+    greedy = client.completions.create(**kw).choices[0]
+    word = greedy.text.split()[0].strip(".,")  # the answer's first word, " Paris" in one or more tokens
+    banned = bad_words_token_ids(tok, [word])
+    r = client.completions.create(**{**kw, "extra_body": {"return_token_ids": True, "bad_words": [word]}})
+    ids = r.choices[0].token_ids
+    assert ids != greedy.token_ids
+    for seq in banned:
+        assert not any(ids[i:i + len(seq)] == seq for i in range(len(ids))), (word, seq, ids)
+    ckw = dict(model=MODEL, messages=USER, max_tokens=14, temperature=0)
+    assert "4" in client.chat.completions.create(**ckw).choices[0].message.content
+    chat = client.chat.completions.create(**ckw, extra_body={"return_token_ids": True, "bad_words": ["4", "four"]})
+    out = chat.choices[0].token_ids
+    for seq in bad_words_token_ids(tok, ["4", "four"]):
+        assert not any(out[i:i + len(seq)] == seq for i in range(len(out))), (seq, out)
+    wait_until_idle(server)

@@ -132,7 +132,9 @@ def test_only_plain_greedy_requests_draft():
     sampled.sampling_params = SamplingParams(temperature=0.8, max_tokens=20, ignore_eos=True)
     penalized = make_request("pen", 10, 20)
     penalized.sampling_params = SamplingParams(temperature=0, repetition_penalty=1.2, max_tokens=20, ignore_eos=True)
-    _, _, log = run([sampled, penalized], model, SpeculativeConfig())
+    banning = make_request("bad", 10, 20)  # a bad word's ban depends on the tokens before each draft position
+    banning.sampling_params = SamplingParams(temperature=0, bad_words=["x"], max_tokens=20, ignore_eos=True)
+    _, _, log = run([sampled, penalized, banning], model, SpeculativeConfig())
     assert not any(s.spec_token_ids for so in log for s in so.scheduled)
 
 

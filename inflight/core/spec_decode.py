@@ -62,10 +62,10 @@ class NgramProposer:
 def can_speculate(req: Request) -> bool:
     """Plain greedy requests only: argmax of the raw logits at every draft position.
 
-    Penalties and min_tokens depend on the tokens before each position, and
+    Penalties, bad words and min_tokens depend on the tokens before each position, and
     logprobs are reported per step, so requests using them decode one token a step."""
     p = req.sampling_params
-    return (p.greedy and not p.needs_penalties and p.logprobs is None
+    return (p.greedy and not p.needs_penalties and p.logprobs is None and not p.bad_words
             and req.num_output_tokens >= p.min_tokens)
 
 

@@ -16,7 +16,7 @@ from inflight.distributed.kv_transfer.factory import start_step
 from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
-from inflight.sampling_params import SamplingParams
+from inflight.sampling_params import SamplingParams, bad_words_token_ids
 from inflight.structured_output.manager import StructuredOutputManager
 from inflight.structured_output.masks import GrammarMasks
 
@@ -97,6 +97,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
         self._validate(ids, params)
+        if params.bad_words:
+            params = replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
         if params.max_tokens is None:
             params = replace(params, max_tokens=self.max_model_len - len(ids))
         arrival = arrival_time if arrival_time is not None else time.time()

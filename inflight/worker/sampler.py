@@ -104,7 +104,7 @@ class SamplingMetadata:
                  presence_penalty=None, output_tokens=None,
                  num_logprobs=[p.logprobs for p in ps] if want_lp else None,
                  max_num_logprobs=min(V, max((p.logprobs or 0 for p in ps), default=0)),
-                 logit_bias=LogitBias.from_params(ps, device, V))
+                 logit_bias=LogitBias.from_params(ps, device, V, [r.output_token_ids for r in rows]))
         if any(p.repetition_penalty != 1.0 for p in ps):
             md.repetition_penalty = torch.tensor([p.repetition_penalty for p in ps], dtype=f32, device=device)
             md.seen_tokens = _padded([_in_vocab(r.prompt_token_ids + r.output_token_ids, V)

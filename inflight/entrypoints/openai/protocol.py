@@ -65,6 +65,7 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     cache_salt: Optional[Annotated[SafeStr, Field(min_length=1, max_length=1024)]] = None
     logit_bias: Optional[dict[str, float]] = None  # token id (as a string) -> bias in [-100, 100]
     allowed_token_ids: Optional[list[Int64]] = None  # vLLM's: only these token ids may be sampled
+    bad_words: Optional[list[SafeStr]] = None  # vLLM's: words never generated
     return_token_ids: bool = False  # vLLM's: the prompt's and the output's token ids in the answer
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
     # vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len)
@@ -108,7 +109,7 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
             include_stop_str_in_output=self.include_stop_str_in_output,
             structured_outputs=self.structured_outputs_params(),
             logit_bias=logit_bias_of(self.logit_bias), prompt_logprobs=prompt_logprobs,
-            allowed_token_ids=self.allowed_token_ids,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             extra_args={"kv_transfer_params": self.kv_transfer_params} if self.kv_transfer_params else None,
         )
 

@@ -36,7 +36,7 @@ TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
 # them silently would answer something other than what was asked.
 _UNSUPPORTED = ("tools", "functions", "function_call", "tool_choice",
                 "suffix", "best_of", "chat_template", "documents",
-                "use_beam_search", "length_penalty", "bad_words", "logits_processors", "vllm_xargs",
+                "use_beam_search", "length_penalty", "logits_processors", "vllm_xargs",
                 "spaces_between_special_tokens",
                 "add_special_tokens", "mm_processor_kwargs", "prompt_embeds")
 # The value of each that asks for nothing beyond what the server does anyway (vLLM's defaults;
