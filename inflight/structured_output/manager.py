@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from inflight.errors import InvalidRequestError
 from inflight.structured_output.params import StructuredOutputsParams
+from inflight.structured_output.reasoning_gate import ReasoningGate
 
 if TYPE_CHECKING:  # the grammar library is imported on first use: seconds an engine without it never pays
     from inflight.structured_output.backend import GrammarBackend, GrammarState
@@ -76,8 +77,12 @@ class StructuredOutputManager:
         return await asyncio.wrap_future(self._pool.submit(self.compile, params))
 
     def new_state(self, params: StructuredOutputsParams) -> "GrammarState":
-        """A matcher at the start of ``params``'s grammar, for one request."""
-        return self.backend().new_state(self.compile(params))
+        """A matcher at the start of ``params``'s grammar, for one request (behind a
+        reasoning gate when the grammar starts after the thinking)."""
+        state = self.backend().new_state(self.compile(params))
+        if params.after_reasoning is None:
+            return state
+        return ReasoningGate(state, params.after_reasoning, params.optional_reasoning_start)
 
     def shutdown(self) -> None:
         if self._pool is not None:

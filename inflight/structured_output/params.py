@@ -25,6 +25,11 @@ class StructuredOutputsParams:
     choice: Optional[list[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    # Set by a server with --reasoning-parser (a reasoning model's thinking is free): the
+    # end-of-thinking token id after which the constraint starts (None: from the first token),
+    # and the start-of-thinking id when the model thinks only if it opens with that token.
+    after_reasoning: Optional[int] = None
+    optional_reasoning_start: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.json_object is False:
@@ -33,6 +38,10 @@ class StructuredOutputsParams:
         if len(given) != 1:
             raise InvalidRequestError("structured_outputs must set exactly one of json, regex, choice, grammar, "
                                       f"json_object; got {', '.join(given) or 'none'}")
+        for name in ("after_reasoning", "optional_reasoning_start"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InvalidRequestError(f"structured_outputs.{name}: must be a token id")
         self._validate()
 
     @property

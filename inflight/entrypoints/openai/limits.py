@@ -31,6 +31,7 @@ class ServerLimits:
     chat_template: Optional[str] = None
     allow_special_tokens_in_content: bool = False
     tool_call_parser: str = "hermes"
+    reasoning_parser: Optional[str] = None
     exclude_tools_when_tool_choice_none: bool = False
 
 
@@ -65,6 +66,11 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='accepted as in `vllm serve`; tool_choice "auto" is always on here, '
                         "its calls read by --tool-call-parser")
+    from inflight.reasoning import REASONING_PARSERS
+
+    p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                   help="split a thinking model's <think>...</think> from its chat answers into message.reasoning; "
+                        "structured output then starts after the thinking (default: no parsing)")
     p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='leave the tools out of the prompt when tool_choice is "none" (default: shown, not parsed)')
 
@@ -80,7 +86,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                         timeout_keep_alive=args.timeout_keep_alive, tokenizer_timeout_s=args.tokenizer_timeout,
                         chat_template=template, allow_special_tokens_in_content=args.allow_special_tokens_in_content,
-                        tool_call_parser=args.tool_call_parser,
+                        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none)
 
 

@@ -214,6 +214,7 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM's: the model continues the last message (a prefilled answer)
+    include_reasoning: bool = True  # vLLM's: with --reasoning-parser, the thinking in message.reasoning
     echo: bool = False  # vLLM's: the answer starts with the last message when it has the answer's role
     chat_template_kwargs: Optional[dict[str, Any]] = None
     prompt_logprobs: Optional[Int64] = None  # vLLM's extension: top-N per prompt token (not streamed)

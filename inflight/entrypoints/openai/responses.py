@@ -126,6 +126,9 @@ class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    # a thinking model's reasoning (--reasoning-parser): vLLM's name, and the older one clients still read
+    reasoning: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
 
 class ChatChoice(BaseModel):
@@ -178,6 +181,8 @@ class DeltaMessage(BaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
     tool_calls: Optional[list[DeltaToolCall]] = None
+    reasoning: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:

@@ -25,8 +25,10 @@ from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_gra
                                                       render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ToolCallStream
 from inflight.entrypoints.openai.validation import truncated
+from inflight.entrypoints.openai.chat_reasoning import gate_grammar, split_thinking
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
+from inflight.reasoning import ReasoningStream
 
 
 @dataclass
@@ -35,6 +37,7 @@ class _Cursor:
     tokens_sent: int = 0
     done: bool = False
     tools: Optional[ToolCallStream] = None  # parsing state of the choice's tool calls
+    thinking: Optional[ReasoningStream] = None  # split state of its reasoning and content (--reasoning-parser)
 
 
 class ChatHandler:
@@ -55,17 +58,20 @@ class ChatHandler:
         await compile_tool_grammar(state, params, plan)
         prompt = truncated(await render_chat_with_tools(state, req, plan), req.truncate_prompt_tokens,
                            state.max_model_len)
+        prompt_text = prompt["prompt"] if prompt["prompt"] is not None else \
+            state.tokenizer.decode(prompt["prompt_token_ids"], skip_special_tokens=False)
+        params = gate_grammar(state, params, prompt_text)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
                                      req.structured_outputs_field())
         if req.stream:
             return stream_response(streams, self._events(req, request_id, created, streams, plan,
-                                                         prompt["prompt_token_ids"]))
+                                                         prompt["prompt_token_ids"], prompt_text))
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
         out = outputs[0]
-        choices = [self._choice(req, plan, c, req.echo_text()) for c in out.outputs]
+        choices = [self._choice(req, plan, c, prompt_text) for c in out.outputs]
         body = ChatCompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
                                       usage=usage_of(outputs))
         if req.prompt_logprobs is not None:
@@ -74,11 +80,17 @@ class ChatHandler:
             body.prompt_token_ids = out.prompt_token_ids
         return JSONResponse(add_kv_transfer_params(state, req, request_id, outputs, dump(body)))
 
-    def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput, echo: str) -> ChatChoice:
-        extracted = plan.extract(c.text)
-        fields = {"content": c.text} if extracted is None else message_fields(extracted)
-        if echo:
-            fields["content"] = echo + (fields["content"] or "")
+    def _choice(self, req: ChatCompletionRequest, plan: ToolPlan, c: CompletionOutput,
+                prompt_text: str) -> ChatChoice:
+        thinking, text = None, c.text
+        if self.state.reasoning is not None:  # vLLM: no content (null) when nothing follows the thinking
+            thinking, text = self.state.reasoning.extract(c.text, prompt_text)
+        extracted = plan.extract(text or "")
+        fields = {"content": text} if extracted is None else message_fields(extracted)
+        if req.echo_text():
+            fields["content"] = req.echo_text() + (fields["content"] or "")
+        if thinking is not None and req.include_reasoning:
+            fields["reasoning"] = fields["reasoning_content"] = thinking
         reason = c.finish_reason if extracted is None else finish_reason(extracted.tools_called, c.finish_reason)
         return ChatChoice(index=c.index, message=ChatResponseMessage(**fields),
                           logprobs=self._logprobs(req, c.token_ids, c.logprobs),
@@ -114,7 +126,8 @@ class ChatHandler:
                                              choices=choices, usage=usage, prompt_token_ids=prompt_token_ids))
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
-                      streams: list[RequestStream], plan: ToolPlan, prompt_ids: list[int]) -> AsyncIterator[str]:
+                      streams: list[RequestStream], plan: ToolPlan, prompt_ids: list[int],
+                      prompt_text: str) -> AsyncIterator[str]:
         """The role first (sent at once, before any token; the prompt's ids with it under
         return_token_ids), the echoed last message if asked, then one content delta per step
         that produced text, a finish chunk per choice, usage, [DONE]. Under
@@ -131,53 +144,50 @@ class ChatHandler:
         for index in range(req.n if echo else 0):
             yield self._chunk(request_id, created, [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))],
                               so_far(0))
-        cursors = [_Cursor(tools=plan.stream()) for _ in range(req.n)]
+        reasoning = self.state.reasoning
+        cursors = [_Cursor(tools=plan.stream(), thinking=reasoning.stream(prompt_text) if reasoning else None)
+                   for _ in range(req.n)]
         final: Optional[RequestOutput] = None
         async for _, out in merge_streams(streams):
             for c in out.outputs:
-                cur = cursors[c.index]
-                choices = [self._delta(req, c, cur)] if cur.tools is None else self._tool_deltas(req, c, cur)
-                for choice in choices:
-                    if choice is not None:
-                        yield self._chunk(request_id, created, [choice], so_far(len(c.token_ids)))
+                for choice in self._deltas(req, c, cursors[c.index]):
+                    yield self._chunk(request_id, created, [choice], so_far(len(c.token_ids)))
             if out.finished:
                 final = out
         if req.include_usage and final is not None:
             yield self._chunk(request_id, created, [], usage_of([final]))
         yield SSE_DONE
 
-    def _delta(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> Optional[ChatStreamChoice]:
-        """The unsent part of one choice (from cumulative fields: see serving_completion._delta)."""
-        if cur.done:
-            return None
-        text = c.text[cur.text_sent:]
-        if not (text or c.finish_reason):
-            return None
-        token_ids = c.token_ids[cur.tokens_sent:]
-        logprobs = self._logprobs(req, token_ids, (c.logprobs or [])[cur.tokens_sent:])
-        cur.text_sent, cur.tokens_sent, cur.done = len(c.text), len(c.token_ids), c.finish_reason is not None
-        return ChatStreamChoice(index=c.index, delta=DeltaMessage(content=text), logprobs=logprobs,
-                                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                                token_ids=list(token_ids) if req.return_token_ids else None)
-
-    def _tool_deltas(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> list[ChatStreamChoice]:
-        """The unsent part of a choice whose output is parsed for tool calls: content
-        and call pieces as separate chunks, logprobs on the first, finish on the last."""
-        if cur.done or not (c.text[cur.text_sent:] or c.finish_reason):
+    def _deltas(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> list[ChatStreamChoice]:
+        """The unsent part of one choice (from cumulative fields: see serving_completion._delta):
+        its thinking first, then content or, when tools are parsed, content and call pieces as
+        separate chunks; logprobs and token ids on the first, finish on the last. Text held
+        back (a tag or a call still open) waits, with its tokens, for a later chunk."""
+        done = c.finish_reason is not None
+        if cur.done or not (c.text[cur.text_sent:] or done):
             return []
-        parsed = cur.tools.feed(c.text[cur.text_sent:])
-        if c.finish_reason is not None:
-            parsed.extend(cur.tools.finish())
+        thinking, text = split_thinking(cur.thinking, c.text[cur.text_sent:], done)
+        cur.text_sent = len(c.text)
+        if cur.tools is None:
+            deltas = [DeltaMessage(content=text)] if text else []
+        else:
+            parsed = cur.tools.feed(text)
+            if done:
+                parsed.extend(cur.tools.finish())
+            deltas = delta_messages(parsed)
+        if thinking and req.include_reasoning:
+            deltas.insert(0, DeltaMessage(reasoning=thinking, reasoning_content=thinking))
         token_ids = list(c.token_ids[cur.tokens_sent:])
         logprobs = self._logprobs(req, token_ids, (c.logprobs or [])[cur.tokens_sent:])
-        cur.text_sent, cur.tokens_sent, cur.done = len(c.text), len(c.token_ids), c.finish_reason is not None
-        choices = [ChatStreamChoice(index=c.index, delta=d) for d in delta_messages(parsed)]
-        if not choices and (logprobs or cur.done or (req.return_token_ids and token_ids)):
-            choices = [ChatStreamChoice(index=c.index, delta=DeltaMessage())]
-        if choices:
-            choices[0].logprobs = logprobs
-            choices[0].token_ids = token_ids if req.return_token_ids else None
-        if cur.done:
-            choices[-1].finish_reason = finish_reason(cur.tools.tools_called, c.finish_reason)
-            choices[-1].stop_reason = c.stop_reason
+        if not deltas:
+            if not (logprobs or done or (req.return_token_ids and token_ids)):
+                return []
+            deltas = [DeltaMessage(content="") if cur.tools is None else DeltaMessage()]
+        cur.tokens_sent, cur.done = len(c.token_ids), done
+        choices = [ChatStreamChoice(index=c.index, delta=d) for d in deltas]
+        choices[0].logprobs = logprobs
+        choices[0].token_ids = token_ids if req.return_token_ids else None
+        if done:
+            reason = c.finish_reason if cur.tools is None else finish_reason(cur.tools.tools_called, c.finish_reason)
+            choices[-1].finish_reason, choices[-1].stop_reason = reason, c.stop_reason
         return choices

@@ -21,6 +21,7 @@ from inflight.entrypoints.openai.responses import UsageInfo
 from inflight.entrypoints.openai.validation import check_server_limits, check_truncation
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
+from inflight.reasoning import get_reasoning_parser
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,13 @@ class ServerState:
         self.renderer = ChatRenderer(self.tokenizer, self.limits.chat_template,
                                      self.limits.allow_special_tokens_in_content)
         self.pool = TokenizerPool(self.limits.tokenizer_timeout_s)
+        name = self.limits.reasoning_parser
+        self.reasoning = get_reasoning_parser(name) if name else None
+        # <think> and </think> ids: structured output starts after the thinking only where each is one token
+        self.reasoning_tags = self.reasoning.tag_token_ids(self.tokenizer) if self.reasoning else None
+        if self.reasoning and self.reasoning_tags is None:
+            logger.warning("--reasoning-parser %s: <think> and </think> are not single tokens of this tokenizer; "
+                           "structured output will constrain the thinking too", name)
 
     def check_model(self, name: Optional[str]) -> None:
         """404 for a model this server does not serve (an absent name means ours)."""
