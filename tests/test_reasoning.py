@@ -215,3 +215,17 @@ def test_the_server_gates_the_grammar_as_the_prompt_leaves_the_thinking():
     assert gate(R1, "assistant:", tags=None) == (None, None)  # tags of several tokens: no gate
     assert gate(None, "assistant:") == (None, None)
     assert gate(R1, "assistant:", p=SamplingParams()) is None  # nothing to gate
+
+
+def test_the_responses_api_puts_the_thinking_in_a_reasoning_item(server, client):
+    server.engine.runner.script = "<think>Two and two.</think>It is 4."
+    r = client.responses.create(model="m", input="2+2?", max_output_tokens=100)
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "Two and two." and r.output_text == "It is 4."
+    events = list(client.responses.create(model="m", input="2+2?", max_output_tokens=100, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "Two and two."
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "It is 4."
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].response.output[0].type == "reasoning"

@@ -2,7 +2,8 @@
 
 The request becomes a chat request (protocol_responses.py) and runs through the
 chat path's admission, template, tools and structured output. One builder turns
-the output into output items (``message`` with ``output_text``, ``function_call``)
+the output into output items (``reasoning`` under --reasoning-parser, ``message`` with
+``output_text``, ``function_call``)
 and, when streaming, into the Responses events, each with its
 ``sequence_number``; the non-streamed body is what the same builder ends with.
 """
@@ -16,6 +17,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from inflight.entrypoints.openai.chat_reasoning import gate_grammar, split_thinking
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, param_of
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_common import (ServerState, add_requests, final_outputs, merge_streams,
@@ -26,6 +28,7 @@ from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_gra
 from inflight.entrypoints.openai.tool_parsers import ParsedDelta, ToolCallStream
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
+from inflight.reasoning import ReasoningStream
 
 
 def _id(prefix: str) -> str:
@@ -78,6 +81,18 @@ class ResponseBuilder:
                 events += self._arguments(part.arguments)
         return events
 
+    def reason(self, text: str) -> list[dict[str, Any]]:
+        """The events of a piece of thinking (--reasoning-parser): a ``reasoning`` item."""
+        if not text:
+            return []
+        events: list[dict[str, Any]] = []
+        if self._open is None or self._open["type"] != "reasoning":
+            events += self._close() + self._open_item({"type": "reasoning", "id": _id("rs"), "summary": [],
+                                                       "content": [], "status": "in_progress"})
+        self._text += text
+        return events + [self._event("response.reasoning_text.delta", item_id=self._open["id"],
+                                     output_index=self._index, content_index=0, delta=text)]
+
     def _open_item(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self._open, self._text = item, ""
         self._index = len(self.response["output"])
@@ -102,13 +117,16 @@ class ResponseBuilder:
             events = [self._event("response.output_text.done", **common, content_index=0, text=self._text,
                                   logprobs=[]),
                       self._event("response.content_part.done", **common, content_index=0, part=part)]
+        elif item["type"] == "reasoning":
+            item["content"] = [{"type": "reasoning_text", "text": self._text}]
+            events = [self._event("response.reasoning_text.done", **common, content_index=0, text=self._text)]
         else:
             events = [self._event("response.function_call_arguments.done", **common, name=item["name"],
                                   arguments=item["arguments"])]
         self.response["output"].append(item)
         return events + [self._event("response.output_item.done", output_index=self._index, item=item)]
 
-    def finish(self, out: RequestOutput) -> list[dict[str, Any]]:
+    def finish(self, out: RequestOutput, reasoning_tokens: int = 0) -> list[dict[str, Any]]:
         """Close the last item; ``response.completed`` (or ``response.incomplete`` at the token limit)."""
         c = out.outputs[0]
         incomplete = c.finish_reason == "length"
@@ -118,7 +136,7 @@ class ResponseBuilder:
             status="incomplete" if incomplete else "completed",
             incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
             usage={"input_tokens": prompt, "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
-                   "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                   "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                    "total_tokens": prompt + completion})
         kind = "response.incomplete" if incomplete else "response.completed"
         return events + [self._event(kind, response=self._snapshot())]
@@ -149,33 +167,48 @@ class ResponsesHandler:
             raise
         await compile_tool_grammar(state, params, plan)
         prompt = await render_chat_with_tools(state, chat, plan)
+        params = gate_grammar(state, params, prompt["prompt"])
         builder = ResponseBuilder(self._base(req, chat))
         field = chat.structured_outputs_field().replace("response_format", "text.format")
         streams = await add_requests(state, builder.response["id"], [prompt], params, req.priority,
                                      grammar_field=field)
+        thinking = state.reasoning.stream(prompt["prompt"]) if state.reasoning else None
         if req.stream:
-            return stream_response(streams, self._events(builder, plan, streams))
+            return stream_response(streams, self._events(builder, plan, streams, thinking))
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
         out = outputs[0]
-        tools = plan.stream()
-        builder.add(_parse(tools, out.outputs[0].text, True))
-        builder.finish(out)
+        reasoning, content = split_thinking(thinking, out.outputs[0].text, True)
+        builder.reason(reasoning)
+        builder.add(_parse(plan.stream(), content, True))
+        builder.finish(out, self._reasoning_tokens(out, reasoning))
         return JSONResponse(builder.response)
 
-    async def _events(self, builder: ResponseBuilder, plan: ToolPlan, streams: list) -> AsyncIterator[str]:
+    async def _events(self, builder: ResponseBuilder, plan: ToolPlan, streams: list,
+                      thinking: Optional[ReasoningStream]) -> AsyncIterator[str]:
         for event in builder.start():
             yield _sse(event)
-        tools, sent = plan.stream(), 0
+        tools, sent, reasoned = plan.stream(), 0, ""
         async for _, out in merge_streams(streams):
             c = out.outputs[0]
-            for event in builder.add(_parse(tools, c.text[sent:], out.finished)):
+            reasoning, content = split_thinking(thinking, c.text[sent:], out.finished)
+            reasoned += reasoning
+            for event in builder.reason(reasoning) + builder.add(_parse(tools, content, out.finished)):
                 yield _sse(event)
             sent = len(c.text)
             if out.finished:
-                for event in builder.finish(out):
+                for event in builder.finish(out, self._reasoning_tokens(out, reasoned)):
                     yield _sse(event)
+
+    def _reasoning_tokens(self, out: RequestOutput, reasoning: str) -> int:
+        """The output tokens up to the end of the thinking (all of them if it never ended)."""
+        ids, tags = list(out.outputs[0].token_ids), self.state.reasoning_tags
+        if not reasoning:
+            return 0
+        if tags is None or tags[1] not in ids:
+            return len(ids) if tags is not None else 0
+        return ids.index(tags[1]) + 1
 
     def _base(self, req: ResponsesRequest, chat: Any) -> dict[str, Any]:
         fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
