@@ -229,3 +229,16 @@ def test_the_responses_api_puts_the_thinking_in_a_reasoning_item(server, client)
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "It is 4."
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].response.output[0].type == "reasoning"
+
+
+def test_think_tags_gate_only_where_each_is_one_token():
+    from inflight.loader import load_tokenizer
+
+    try:
+        tok = load_tokenizer(None)
+    except Exception as e:  # the embedded model is an optional install
+        pytest.skip(f"embedded SmolLM2 tokenizer unavailable: {e}")
+    assert R1.tag_token_ids(tok) is None  # SmolLM2 spells <think> in several tokens
+    tok.add_tokens(["<think>", "</think>"])  # as Qwen3's and DeepSeek-R1's vocabularies have them
+    start, end = R1.tag_token_ids(tok)
+    assert tok.convert_ids_to_tokens([start, end]) == ["<think>", "</think>"]
