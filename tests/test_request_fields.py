@@ -118,7 +118,7 @@ def test_return_token_ids_streamed_and_not(server, client):
     assert r.prompt_token_ids == tok(prompt).input_ids and tok.decode(r.token_ids) == r.text and len(r.token_ids) == 5
     chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True)]
     assert chunks[0].prompt_token_ids == r.prompt_token_ids
-    assert all(c.prompt_token_ids is None for c in chunks[1:])
+    assert all("prompt_token_ids" not in c.model_extra for c in chunks[1:])
     assert [t for c in chunks for t in c.token_ids] == r.token_ids
     ckw = dict(model=MODEL, messages=USER, max_tokens=5, temperature=0, extra_body={"return_token_ids": True})
     whole = client.chat.completions.create(**ckw)
@@ -128,9 +128,9 @@ def test_return_token_ids_streamed_and_not(server, client):
     assert ids and tok.decode(ids, skip_special_tokens=True) == whole.choices[0].message.content
     streamed = list(client.chat.completions.create(**ckw, stream=True))
     assert streamed[0].prompt_token_ids == whole.prompt_token_ids
-    assert [t for c in streamed for t in (c.choices[0].token_ids or [])] == ids
+    assert [t for c in streamed for t in c.choices[0].model_extra.get("token_ids", [])] == ids
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).choices[0]
-    assert plain.token_ids is None and plain.prompt_token_ids is None
+    assert "token_ids" not in plain.model_extra and "prompt_token_ids" not in plain.model_extra  # opt-in fields
 
 
 def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client):

@@ -12,6 +12,10 @@ def random_id(prefix: str) -> str:
     """OpenAI-style object id, e.g. ``cmpl-3f2a...``."""
     return f"{prefix}-{uuid.uuid4().hex}"
 
+# vLLM's fields a request opts into (return_token_ids, a reasoning parser): left out of the JSON
+# when unset, so every other answer keeps OpenAI's shape and streams no extra bytes per chunk.
+OptIn = Field(default=None, exclude_if=lambda value: value is None)
+
 
 class PromptTokensDetails(BaseModel):
     """How many prompt tokens were served from the prefix cache."""
@@ -65,8 +69,8 @@ class CompletionChoice(BaseModel):
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     # vLLM's return_token_ids: the prompt's ids (streamed: in a choice's first chunk) and the generated ids
-    prompt_token_ids: Optional[list[int]] = None
-    token_ids: Optional[list[int]] = None
+    prompt_token_ids: Optional[list[int]] = OptIn
+    token_ids: Optional[list[int]] = OptIn
 
 
 class CompletionResponseChoice(CompletionChoice):
@@ -127,8 +131,8 @@ class ChatResponseMessage(BaseModel):
     content: Optional[str] = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     # a thinking model's reasoning (--reasoning-parser): vLLM's name, and the older one clients still read
-    reasoning: Optional[str] = None
-    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = OptIn
+    reasoning_content: Optional[str] = OptIn
 
 
 class ChatChoice(BaseModel):
@@ -137,7 +141,7 @@ class ChatChoice(BaseModel):
     logprobs: Optional[ChatLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
-    token_ids: Optional[list[int]] = None  # vLLM's return_token_ids
+    token_ids: Optional[list[int]] = OptIn  # vLLM's return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -150,7 +154,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Optional[UsageInfo] = None
     prompt_logprobs: PromptLogprobsField = None  # vLLM's extension, when asked
-    prompt_token_ids: Optional[list[int]] = None  # vLLM's return_token_ids
+    prompt_token_ids: Optional[list[int]] = OptIn  # vLLM's return_token_ids
 
 
 class _NoNulls(BaseModel):
@@ -195,7 +199,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: Optional[ChatLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
-    token_ids: Optional[list[int]] = None  # vLLM's return_token_ids: this chunk's
+    token_ids: Optional[list[int]] = OptIn  # vLLM's return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(BaseModel):
@@ -207,7 +211,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: Optional[UsageInfo] = None
-    prompt_token_ids: Optional[list[int]] = None  # vLLM's return_token_ids: in the first chunk
+    prompt_token_ids: Optional[list[int]] = OptIn  # vLLM's return_token_ids: in the first chunk
 
 
 # ---------------------------------------------------------- models, tokenizer

@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inflight.engine.async_engine import RequestStream
+from inflight.entrypoints.openai.chat_reasoning import gate_grammar, split_thinking
 from inflight.entrypoints.openai.errors import bad_request, param_of
 from inflight.entrypoints.openai.kv_transfer import add_kv_transfer_params, check_kv_transfer
 from inflight.entrypoints.openai.protocol import ChatCompletionRequest
@@ -25,7 +26,6 @@ from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_gra
                                                       render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ToolCallStream
 from inflight.entrypoints.openai.validation import truncated
-from inflight.entrypoints.openai.chat_reasoning import gate_grammar, split_thinking
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 from inflight.reasoning import ReasoningStream
