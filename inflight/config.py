@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from inflight.distributed.kv_transfer.config import KVTransferConfig
 from inflight.json_config import parse_json_config
@@ -19,6 +19,9 @@ class ModelConfig:
     max_model_len: Optional[int] = None
     seed: int = 0
     served_model_name: Optional[str] = None
+    # sampling defaults from the model's generation_config.json: "auto" | "vllm" (none) | a path
+    generation_config: str = "auto"
+    override_generation_config: Optional[Union[str, dict]] = None  # JSON text or dict, over the file's
 
 
 @dataclass

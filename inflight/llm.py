@@ -27,6 +27,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` uses without sampling params: the model's generation config
+        recommendations (``generation_config="auto"``), else SamplingParams()."""
+        return SamplingParams(**getattr(self.llm_engine, "default_sampling_params", {}))
+
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  *, prompt_token_ids: Optional[Sequence[Sequence[int]]] = None, use_tqdm: bool = True,
@@ -79,10 +84,9 @@ class LLM:
             return [prompts]  # one token-id list
         return prompts
 
-    @staticmethod
-    def _params_for(sp, n: int) -> list[SamplingParams]:
+    def _params_for(self, sp, n: int) -> list[SamplingParams]:
         if sp is None:
-            return [SamplingParams()] * n
+            return [self.get_default_sampling_params()] * n
         if isinstance(sp, SamplingParams):
             return [sp] * n
         sp = list(sp)

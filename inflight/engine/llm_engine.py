@@ -13,6 +13,7 @@ from inflight.core.outputs import SchedulerOutput
 from inflight.core.request import Request, RequestStatus
 from inflight.core.scheduler import Scheduler
 from inflight.distributed.kv_transfer.factory import start_step
+from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
@@ -42,6 +43,9 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = tuple(loaded.eos_token_ids)
         self.model_source = loaded.source
+        mc = config.model_config
+        self.default_sampling_params = default_sampling_params(loaded.source, mc.generation_config,
+                                                               mc.override_generation_config)
         # uni: the runner in this process; mp / ray: a worker per tensor-parallel rank
         self.executor = Executor.get_class(config.parallel_config)(config, loaded.hf_config, loaded.weights)
         del loaded

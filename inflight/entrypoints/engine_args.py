@@ -10,6 +10,9 @@ from inflight.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerC
 _HELP = {
     "model": "HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     "dtype": "auto | float32 | bfloat16 | float16",
+    "generation_config": "sampling defaults for unset request fields: auto (the model folder's "
+                         "generation_config.json) | vllm (none) | a folder",
+    "override_generation_config": 'JSON over those defaults, e.g. \'{"temperature": 0.5}\'',
     "max_model_len": "longest prompt + output in tokens (default: the model's)",
     "kv_cache_memory": "bytes for the KV pool on CPU (default 2 GiB)",
     "max_num_seqs": "most requests running at once (default: the platform's; CPU 256, CUDA 256)",

@@ -21,6 +21,7 @@ from inflight.engine.dp.replica_handle import ReplicaHandle
 from inflight.engine.dp.router import PrefixAwareRouter
 from inflight.engine.dp.serving_view import ServingView
 from inflight.engine.dp.wire import AbortCommand, AddCommand, OutputDecoder, StepReport
+from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.protocol import EngineClient
 from inflight.errors import InvalidRequestError
 from inflight.sampling_params import SamplingParams
@@ -74,7 +75,9 @@ class DPEngineClient(EngineClient):
         atexit.register(self._kill_replicas)
         info = infos[0]
         self.engine = ServingView(tokenizer, info.max_model_len, info.model_source,
-                                  SimpleNamespace(vocab_size=info.vocab_size), info.eos_token_ids)
+                                  SimpleNamespace(vocab_size=info.vocab_size), info.eos_token_ids,
+                                  default_sampling_params(info.model_source, kwargs.get("generation_config", "auto"),
+                                                          kwargs.get("override_generation_config")))
         self.block_size = info.block_size
         self.router = PrefixAwareRouter(data_parallel_size, info.block_size, balance_abs_threshold)
         self.metrics = DPMetrics(kwargs.get("served_model_name") or "model", data_parallel_size,

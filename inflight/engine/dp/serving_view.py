@@ -1,7 +1,7 @@
 """What the server reads from a data-parallel engine besides requests."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
@@ -16,6 +16,7 @@ class ServingView:
     model_source: Optional[str]
     arch: Any
     eos_token_ids: tuple[int, ...]
+    default_sampling_params: dict = field(default_factory=dict)  # the generation config the replicas read
 
     def __post_init__(self) -> None:
         from inflight.structured_output.manager import StructuredOutputManager

@@ -60,7 +60,8 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        max_model_len=engine.max_model_len, metrics=metrics,
                        model_root=getattr(engine, "model_source", None), api_key=api_key,
                        max_waiting_requests=max_waiting_requests, limits=limits or ServerLimits(),
-                       vocab_size=_vocab_size(engine))
+                       vocab_size=_vocab_size(engine),
+                       default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}))
 
 
 def _vocab_size(engine: Any) -> Optional[int]:

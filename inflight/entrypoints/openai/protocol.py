@@ -91,18 +91,26 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
-                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
-        """The engine's SamplingParams; raises ValueError (-> 400) on out-of-range values."""
+                        prompt_logprobs: Optional[int] = None,
+                        defaults: Optional[dict[str, Any]] = None) -> SamplingParams:
+        """The engine's SamplingParams; raises ValueError (-> 400) on out-of-range values.
+        ``defaults`` (the model's generation config) fill the fields the request leaves
+        unset, and cap max_tokens, as vLLM does."""
+        d = defaults or {}
 
         def pick(value: Any, default: Any) -> Any:
             return default if value is None else value
 
+        if d.get("max_tokens") is not None:
+            max_tokens = d["max_tokens"] if max_tokens is None else min(max_tokens, d["max_tokens"])
+
         return SamplingParams(
-            n=self.n, temperature=pick(self.temperature, 1.0), top_p=pick(self.top_p, 1.0),
-            top_k=pick(self.top_k, 0), min_p=pick(self.min_p, 0.0), seed=self.seed,
+            n=self.n, temperature=pick(self.temperature, d.get("temperature", 1.0)),
+            top_p=pick(self.top_p, d.get("top_p", 1.0)), top_k=pick(self.top_k, d.get("top_k", 0)),
+            min_p=pick(self.min_p, d.get("min_p", 0.0)), seed=self.seed,
             presence_penalty=pick(self.presence_penalty, 0.0),
             frequency_penalty=pick(self.frequency_penalty, 0.0),
-            repetition_penalty=pick(self.repetition_penalty, 1.0),
+            repetition_penalty=pick(self.repetition_penalty, d.get("repetition_penalty", 1.0)),
             max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
@@ -152,12 +160,13 @@ class CompletionRequest(SamplingRequest):
         """``echo`` with ``max_tokens=0``: the prompt (and its logprobs) back, nothing generated."""
         return self.echo and self.max_tokens == 0
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, defaults: Optional[dict[str, Any]] = None) -> SamplingParams:
         # As vLLM: echo with logprobs reports the prompt's; max_tokens=0 runs one token, never shown.
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is None and self.echo:
             prompt_logprobs = self.logprobs
-        return self.sampling_params(1 if self.echo_only else self.max_tokens, self.logprobs, prompt_logprobs)
+        return self.sampling_params(1 if self.echo_only else self.max_tokens, self.logprobs, prompt_logprobs,
+                                    defaults)
 
 
 class ContentPart(OpenAIBaseModel):
@@ -238,10 +247,14 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
             return ""
         return last.template_dict()["content"]
 
-    def to_sampling_params(self) -> SamplingParams:
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self.sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None,
-                                    self.prompt_logprobs)
+    def to_sampling_params(self, defaults: Optional[dict[str, Any]] = None) -> SamplingParams:
+        return self.sampling_params(self.requested_max_tokens, (self.top_logprobs or 0) if self.logprobs else None,
+                                    self.prompt_logprobs, defaults)
+
+    @property
+    def requested_max_tokens(self) -> Optional[int]:
+        """max_completion_tokens, or the older max_tokens; None: the rest of the context."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class TokenizeRequest(OpenAIBaseModel):

@@ -60,7 +60,8 @@ class ChatHandler:
                            state.max_model_len)
         prompt_text = prompt["prompt"] if prompt["prompt"] is not None else \
             state.tokenizer.decode(prompt["prompt_token_ids"], skip_special_tokens=False)
-        params = gate_grammar(state, params, prompt_text)
+        params = gate_grammar(state, state.fit_default_max_tokens(req, params, len(prompt["prompt_token_ids"])),
+                              prompt_text)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
                                      req.structured_outputs_field())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 from fastapi import Request
@@ -43,6 +43,8 @@ class ServerState:
     max_waiting_requests: Optional[int] = None
     limits: ServerLimits = field(default_factory=ServerLimits)
     vocab_size: Optional[int] = None
+    # the model's recommended sampling defaults (--generation-config), as SamplingParams keywords
+    default_sampling: dict[str, Any] = field(default_factory=dict)
     # Requests admitted whose adds are not yet queued: counted against max_waiting_requests.
     reserved: int = 0
 
@@ -69,13 +71,20 @@ class ServerState:
         SamplingParams; invalid values become a 400 naming the field."""
         self.check_model(req.model)
         try:
-            params = req.to_sampling_params()
+            params = req.to_sampling_params(self.default_sampling)
             check_server_limits(req, params, self.limits.max_n, self.vocab_size)
             check_truncation(req.truncate_prompt_tokens, self.max_model_len)
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
         self.check_capacity(num_prompts * params.n)
         return params
+
+    def fit_default_max_tokens(self, req: Any, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """A chat request that set no max_tokens gets the generation config's, cut to the
+        context the prompt leaves (the engine fills in the rest of the context without one)."""
+        if req.requested_max_tokens is not None or params.max_tokens is None:
+            return params
+        return replace(params, max_tokens=max(1, min(params.max_tokens, self.max_model_len - num_prompt_tokens)))
 
     async def render_chat(self, req: Any, template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """The engine prompt of ``req.messages`` (with the request's ``add_generation_prompt``

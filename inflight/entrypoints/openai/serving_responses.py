@@ -167,7 +167,8 @@ class ResponsesHandler:
             raise
         await compile_tool_grammar(state, params, plan)
         prompt = await render_chat_with_tools(state, chat, plan)
-        params = gate_grammar(state, params, prompt["prompt"])
+        params = gate_grammar(state, state.fit_default_max_tokens(chat, params, len(prompt["prompt_token_ids"])),
+                              prompt["prompt"])
         builder = ResponseBuilder(self._base(req, chat))
         field = chat.structured_outputs_field().replace("response_format", "text.format")
         streams = await add_requests(state, builder.response["id"], [prompt], params, req.priority,
