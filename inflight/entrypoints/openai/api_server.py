@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import inflight
 from inflight.engine.async_engine import AsyncLLMEngine
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, install_error_handlers
+from inflight.entrypoints.openai.http_options import HttpOptions, fastapi_kwargs, install_http_options
 from inflight.entrypoints.openai.limits import ServerLimits
 from inflight.entrypoints.openai.middleware import RequestGuard, timed_h11_protocol
 from inflight.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -43,7 +44,9 @@ def default_model_name(model: Optional[str]) -> str:
 
 def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                 max_waiting_requests: Optional[int] = None, log_stats: bool = True,
-                log_interval_s: float = 5.0, limits: Optional[ServerLimits] = None) -> ServerState:
+                log_interval_s: float = 5.0, limits: Optional[ServerLimits] = None,
+                response_role: str = "assistant", log_requests: bool = False,
+                max_log_len: Optional[int] = None) -> ServerState:
     """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one, or a DPEngineClient)
     for serving: metrics observer, async engine, settings.
 
@@ -61,7 +64,8 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        model_root=getattr(engine, "model_source", None), api_key=api_key,
                        max_waiting_requests=max_waiting_requests, limits=limits or ServerLimits(),
                        vocab_size=_vocab_size(engine),
-                       default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}))
+                       default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}),
+                       response_role=response_role, log_requests=log_requests, max_log_len=max_log_len)
 
 
 def _vocab_size(engine: Any) -> Optional[int]:
@@ -171,10 +175,13 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     return JSONResponse(dump(DetokenizeResponse(prompt=text)))
 
 
-def build_app(state: ServerState, shutdown_grace_s: float = 5.0, health_stall_timeout_s: float = 60.0) -> FastAPI:
+def build_app(state: ServerState, shutdown_grace_s: float = 5.0, health_stall_timeout_s: float = 60.0,
+              http: Optional[HttpOptions] = None) -> FastAPI:
     """The app: starts the step thread on startup; on shutdown stops admitting,
     lets running requests finish for ``shutdown_grace_s``, aborts the rest.
-    ``/health`` fails after ``health_stall_timeout_s`` seconds of pending work without a finished step."""
+    ``/health`` fails after ``health_stall_timeout_s`` seconds of pending work without a finished step.
+    ``http``: CORS, root path and docs pages (default: vLLM's)."""
+    http = http or HttpOptions()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -185,13 +192,14 @@ def build_app(state: ServerState, shutdown_grace_s: float = 5.0, health_stall_ti
             await state.engine.shutdown(shutdown_grace_s)
             state.pool.shutdown()
 
-    app = FastAPI(title="inflight", version=inflight.__version__, lifespan=lifespan)
+    app = FastAPI(title="inflight", version=inflight.__version__, lifespan=lifespan, **fastapi_kwargs(http))
     app.state.server = state
     app.state.health_stall_timeout_s = health_stall_timeout_s
     install_error_handlers(app)
     app.include_router(public)
     app.include_router(protected)
     app.add_middleware(RequestGuard, limits=state.limits)
+    install_http_options(app, http)  # outermost: a browser's preflight is answered before the guard
     return app
 
 

@@ -12,6 +12,7 @@ logger = logging.getLogger(__name__)
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``serve`` subcommand (flags spelled as in ``vllm serve``)."""
     from inflight.entrypoints.engine_args import add_engine_args
+    from inflight.entrypoints.openai.http_options import add_http_args
     from inflight.entrypoints.openai.limits import add_limit_args
 
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
@@ -32,6 +33,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     add_limit_args(p)
+    add_http_args(p)
     add_engine_args(p)
     p.set_defaults(handler=run_serve)
     return p
@@ -42,11 +44,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from inflight.engine.async_engine import AsyncLLMEngine
     from inflight.engine.llm_engine import LLMEngine
     from inflight.entrypoints.engine_args import engine_kwargs_from_args
+    from inflight.entrypoints.openai.http_options import http_options_from_args, uvicorn_kwargs
     from inflight.entrypoints.openai.limits import limits_from_args
     from inflight.entrypoints.openai.api_server import (build_app, build_state, default_model_name,
                                                         make_uvicorn_server)
 
     limits = limits_from_args(args)  # before loading: a bad --chat-template fails fast
+    http = http_options_from_args(args)
     kwargs = engine_kwargs_from_args(args)
     kwargs["model"] = args.model
     model_name = args.served_model_name or default_model_name(args.model)
@@ -61,10 +65,12 @@ def run_serve(args: argparse.Namespace) -> int:
     state = build_state(async_engine, model_name, api_key=args.api_key,
                         max_waiting_requests=args.max_waiting_requests,
                         log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval,
-                        limits=limits)
-    app = build_app(state, shutdown_grace_s=args.shutdown_timeout, health_stall_timeout_s=args.health_stall_timeout)
+                        limits=limits, response_role=args.response_role, log_requests=args.enable_log_requests,
+                        max_log_len=args.max_log_len)
+    app = build_app(state, shutdown_grace_s=args.shutdown_timeout, health_stall_timeout_s=args.health_stall_timeout,
+                    http=http)
     server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,
-                                 shutdown_grace_s=args.shutdown_timeout)
+                                 shutdown_grace_s=args.shutdown_timeout, **uvicorn_kwargs(http))
     logger.info("serving %s as %r on http://%s:%d/v1", engine.model_source, model_name, args.host, args.port)
     # uvicorn re-raises the signal that stopped it once it has shut down, through the
     # handlers it found installed; no-op ones make a graceful stop exit with status 0.

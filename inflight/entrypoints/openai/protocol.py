@@ -238,12 +238,15 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
         check_template_kwargs(self.chat_template_kwargs)
         return self
 
-    def echo_text(self) -> str:
+    def answer_role(self, response_role: str = "assistant") -> str:
+        """The answer's role, as vLLM's: --response-role after a generation prompt, else the last message's."""
+        return response_role if self.add_generation_prompt else self.messages[-1].role
+
+    def echo_text(self, response_role: str = "assistant") -> str:
         """What ``echo`` puts before the generated text: the last message's text, when its
-        role is the answer's (assistant after a generation prompt, else the last role)."""
+        role is the answer's."""
         last = self.messages[-1]
-        role = "assistant" if self.add_generation_prompt else last.role
-        if not self.echo or last.role != role:
+        if not self.echo or last.role != self.answer_role(response_role):
             return ""
         return last.template_dict()["content"]
 

@@ -6,6 +6,7 @@ import time
 from typing import Any, Optional
 
 from inflight.entrypoints.openai.api_server import build_app, build_state, make_uvicorn_server
+from inflight.entrypoints.openai.http_options import HttpOptions, uvicorn_kwargs
 from inflight.entrypoints.openai.serving_common import ServerState
 
 
@@ -17,11 +18,13 @@ class ServerThread:
     """
 
     def __init__(self, engine: Any, model_name: str, host: str = "127.0.0.1", port: int = 0,
-                 shutdown_grace_s: float = 1.0, health_stall_timeout_s: float = 60.0, **state_kwargs: Any) -> None:
+                 shutdown_grace_s: float = 1.0, health_stall_timeout_s: float = 60.0,
+                 http: Optional[HttpOptions] = None, **state_kwargs: Any) -> None:
         self.state: ServerState = build_state(engine, model_name, **state_kwargs)
-        self.app = build_app(self.state, shutdown_grace_s=shutdown_grace_s, health_stall_timeout_s=health_stall_timeout_s)
+        self.app = build_app(self.state, shutdown_grace_s=shutdown_grace_s,
+                             health_stall_timeout_s=health_stall_timeout_s, http=http)
         self.server = make_uvicorn_server(self.app, host, port, log_level="warning",
-                                          shutdown_grace_s=shutdown_grace_s)
+                                          shutdown_grace_s=shutdown_grace_s, **uvicorn_kwargs(http or HttpOptions()))
         self.host = host
         self.port: Optional[int] = None
         self._thread = threading.Thread(target=self.server.run, name="inflight-uvicorn", daemon=True)

@@ -88,12 +88,14 @@ class ChatHandler:
             thinking, text = self.state.reasoning.extract(c.text, prompt_text)
         extracted = plan.extract(text or "")
         fields = {"content": text} if extracted is None else message_fields(extracted)
-        if req.echo_text():
-            fields["content"] = req.echo_text() + (fields["content"] or "")
+        echo = req.echo_text(self.state.response_role)
+        if echo:
+            fields["content"] = echo + (fields["content"] or "")
         if thinking is not None and req.include_reasoning:
             fields["reasoning"] = fields["reasoning_content"] = thinking
         reason = c.finish_reason if extracted is None else finish_reason(extracted.tools_called, c.finish_reason)
-        return ChatChoice(index=c.index, message=ChatResponseMessage(**fields),
+        return ChatChoice(index=c.index, message=ChatResponseMessage(role=req.answer_role(self.state.response_role),
+                                                                     **fields),
                           logprobs=self._logprobs(req, c.token_ids, c.logprobs),
                           finish_reason=reason, stop_reason=c.stop_reason,
                           token_ids=list(c.token_ids) if req.return_token_ids else None)
@@ -139,9 +141,10 @@ class ChatHandler:
 
         for index in range(req.n):
             yield self._chunk(request_id, created, [ChatStreamChoice(
-                index=index, delta=DeltaMessage(role="assistant", content=""))], so_far(0),
+                index=index, delta=DeltaMessage(role=req.answer_role(self.state.response_role), content=""))],
+                so_far(0),
                 prompt_ids if req.return_token_ids and index == 0 else None)
-        echo = req.echo_text()
+        echo = req.echo_text(self.state.response_role)
         for index in range(req.n if echo else 0):
             yield self._chunk(request_id, created, [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))],
                               so_far(0))

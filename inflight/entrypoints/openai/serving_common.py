@@ -45,6 +45,9 @@ class ServerState:
     vocab_size: Optional[int] = None
     # the model's recommended sampling defaults (--generation-config), as SamplingParams keywords
     default_sampling: dict[str, Any] = field(default_factory=dict)
+    response_role: str = "assistant"  # vLLM's --response-role
+    log_requests: bool = False  # vLLM's --enable-log-requests, prompts cut to max_log_len
+    max_log_len: Optional[int] = None
     # Requests admitted whose adds are not yet queued: counted against max_waiting_requests.
     reserved: int = 0
 
@@ -133,6 +136,8 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
         await compile_grammar(state, params, grammar_field)
     new = len(prompts) * params.n
     state.check_capacity(new)
+    if state.log_requests:
+        log_request(base_id, prompts, params, state.max_log_len)
     state.reserved += new
     ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
     try:
@@ -149,6 +154,15 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
             raise bad_request(clip(str(errors[0]), 500), "prompt") from None
         raise engine_error(errors[0])
     return streams
+
+
+def log_request(request_id: str, prompts: list[Any], params: SamplingParams, max_len: Optional[int]) -> None:
+    """vLLM's request log line: the prompts (text and ids, cut to ``max_len``) and the params."""
+    for p in prompts:
+        text, ids = (p.get("prompt"), p.get("prompt_token_ids")) if isinstance(p, dict) else (p, None)
+        if max_len is not None:
+            text, ids = text[:max_len] if text else text, ids[:max_len] if ids else ids
+        logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id, text, params, ids)
 
 
 async def compile_grammar(state: ServerState, params: SamplingParams, field: str = "structured_outputs") -> None:

@@ -1,0 +1,61 @@
+"""vllm serve's HTTP flags: CORS, root path, docs pages, response role, request logs."""
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+from inflight.entrypoints.openai.http_options import HttpOptions
+from inflight.entrypoints.openai.server_thread import ServerThread
+from test_async_engine import SCRIPT, make_fake_engine
+from test_server import wait_until_idle
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    http = HttpOptions(allowed_origins=["https://app.example"], root_path="/api", disable_fastapi_docs=True)
+    with ServerThread(make_fake_engine(), "m", log_stats=False, http=http, response_role="bot",
+                      log_requests=True, max_log_len=4) as srv:
+        yield srv
+
+
+def test_cors_answers_the_allowed_origin_only(server):
+    with httpx.Client(base_url=server.base_url) as h:
+        pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+        ok = h.options("/v1/completions", headers={"Origin": "https://app.example", **pre})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example"
+        bad = h.options("/v1/completions", headers={"Origin": "https://evil.example", **pre})
+        assert "access-control-allow-origin" not in bad.headers
+        r = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers={"Origin": "https://app.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_docs_pages_are_off_and_the_root_path_is_announced(server):
+    with httpx.Client(base_url=server.base_url) as h:
+        assert h.get("/docs").status_code == 404 and h.get("/openapi.json").status_code == 404
+    assert server.server.config.root_path == "/api"
+    with httpx.Client(base_url=server.base_url) as h:  # a proxy strips the prefix; the app still answers
+        assert h.get("/v1/models").json()["data"][0]["id"] == "m"
+
+
+def test_the_answer_role_and_the_request_log(server, caplog):
+    with caplog.at_level(logging.INFO, logger="inflight.entrypoints.openai.serving_common"), \
+            httpx.Client(base_url=server.base_url) as h:
+        r = h.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 3}).json()
+        assert r["choices"][0]["message"]["role"] == "bot"
+        lines = h.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 3, "stream": True}).text
+        assert '"delta":{"role":"bot"' in lines
+        h.post("/v1/completions", json={"prompt": "Hello there", "max_tokens": 2})
+    logged = [rec.getMessage() for rec in caplog.records if "Received request" in rec.getMessage()]
+    assert len(logged) == 3 and "prompt: 'Hell'" in logged[-1] and "prompt_token_ids: [72, 101, 108, 108]" in logged[-1]
+    wait_until_idle(server)
+
+
+def test_vllm_defaults_allow_every_origin():
+    with ServerThread(make_fake_engine(), "m", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        r = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers={"Origin": "https://x.example"})
+        assert r.headers["access-control-allow-origin"] == "*" and r.json()["choices"][0]["text"] == SCRIPT[:2]
+        assert h.get("/docs").status_code == 200
