@@ -67,7 +67,19 @@ def _bad_bodies(model: str) -> list[tuple[str, Any]]:
         (CHAT, {"model": model, "max_tokens": 4}),  # no messages
         (CHAT, {"model": model, "messages": [], "max_tokens": 4}),
         (CHAT, {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": -3}),
+        (COMPLETIONS, {**base, "allowed_token_ids": []}),
+        (COMPLETIONS, {**base, "truncate_prompt_tokens": 0}),
+        (COMPLETIONS, {**base, "bad_words": ["x"] * 100}),
+        (CHAT, {"model": model, "messages": [{"role": "user", "content": "Hi"}], "continue_final_message": True}),
     ]
+
+
+# vLLM's request fields that change how a request is sampled or answered, mixed into good
+# requests: none of them changes how many tokens an ignore_eos request gets.
+_EXTRAS: list[dict[str, Any]] = [
+    {"bad_words": ["the", "and"]}, {"allowed_token_ids": list(range(30, 90))}, {"truncate_prompt_tokens": 12},
+    {"return_token_ids": True}, {"logit_bias": {"28": 5.0}}, {"stop": ["zzz"], "include_stop_str_in_output": True},
+]
 
 
 def plan_jobs(prompts: list[WorkloadRequest], num_requests: int, model: str, seed: int = 0,
@@ -95,11 +107,17 @@ def plan_jobs(prompts: list[WorkloadRequest], num_requests: int, model: str, see
         chat = rng.random() < 0.5
         if chat:
             body["messages"] = [{"role": "user", "content": text}]
+            if rng.random() < 0.2:  # an answer continued from a prefilled start
+                body["messages"].append({"role": "assistant", "content": "Sure,"})
+                body.update(continue_final_message=True, add_generation_prompt=False, echo=rng.random() < 0.5)
         else:
             body["prompt"] = text
+        if rng.random() < 0.3:
+            body.update(rng.choice(_EXTRAS))
         stream = rng.random() < 0.5
         if stream:
-            body.update(stream=True, stream_options={"include_usage": True})
+            body.update(stream=True, stream_options={"include_usage": True,
+                                                     "continuous_usage_stats": rng.random() < 0.3})
         kind = "disconnect" if r < bad_frac + disconnect_frac else "good"
         jobs.append(Job(i, kind, CHAT if chat else COMPLETIONS, body, n, stream,
                         drop_after_s=rng.uniform(0.0, 2.0), drop_after_chunks=rng.randint(0, n)))
