@@ -156,6 +156,7 @@ def test_side_endpoints(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     with httpx.Client(base_url=server.base_url) as h:
         assert h.get("/health").status_code == 200
+        assert h.get("/ping").status_code == 200 and h.post("/ping").status_code == 200  # vLLM's alias
         assert h.get("/version").json()["version"]
         tok = h.post("/tokenize", json={"prompt": "Hi"}).json()
         assert tok["tokens"] == [72, 105] and tok["count"] == 2 and tok["max_model_len"] == 128

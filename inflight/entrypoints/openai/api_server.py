@@ -104,6 +104,7 @@ public = APIRouter()
 
 
 @public.get("/health")
+@public.api_route("/ping", methods=["GET", "POST"])  # vLLM's alias (SageMaker's health route)
 async def health(request: Request) -> Response:
     """200 while the engine loop is alive and making progress; 503 once it died or
     stopped, or while work has waited ``--health-stall-timeout`` seconds for a step to end."""
