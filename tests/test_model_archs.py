@@ -1,4 +1,4 @@
-"""Qwen3 and Phi-3 from HF folders: greedy float32 tokens equal transformers' on tiny
+"""Qwen3, Phi-3 and Granite from HF folders: greedy float32 tokens equal transformers' on tiny
 random-weight checkpoints, alone, batched, in tiny chunks, under preemption and
 prefix-cached, on the CPU fast path (the default) and on the plain-torch reference."""
 from __future__ import annotations
@@ -41,11 +41,15 @@ def _hf_greedy(model, ids: list[int]) -> list[int]:
     return new[: new.index(2) + 1] if 2 in new else new
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3"])
+# Granite's four scalars far from 1, so a missed or doubled one changes the tokens
+GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.4, logits_scaling=4.0)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "granite"])
 def checkpoint(request, tmp_path_factory, tokenizer):
     """(arch, HF folder, transformers' greedy tokens for every prompt)."""
     folder = tmp_path_factory.mktemp(request.param)
-    model = tiny_model(request.param, seed=3).eval()
+    model = tiny_model(request.param, seed=3, **(GRANITE if request.param == "granite" else {})).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return request.param, str(folder), [_hf_greedy(model, p) for p in PROMPTS]

@@ -26,6 +26,7 @@ CONFIG_CLASSES = {
     "qwen2": transformers.Qwen2Config,
     "qwen3": transformers.Qwen3Config,
     "phi3": transformers.Phi3Config,
+    "granite": transformers.GraniteConfig,
 }
 
 

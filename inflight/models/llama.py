@@ -1,5 +1,6 @@
-"""Llama-shaped decoder on a flattened token batch: Llama, SmolLM2, Mistral and Qwen2
-here; Qwen3 (per-head q/k norm) and Phi-3 (fused checkpoint projections) reuse it."""
+"""Llama-shaped decoder on a flattened token batch: Llama, SmolLM2, Mistral, Qwen2 and
+Granite (four scalars) here; Qwen3 (per-head q/k norm) and Phi-3 (fused checkpoint
+projections) reuse it."""
 from __future__ import annotations
 
 from typing import Optional
@@ -35,7 +36,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.qk_norm = QKNorm(self.nh, self.nkv, self.hd) if cfg.qk_norm else None
         self.backend = backend
-        self.scale = self.hd ** -0.5
+        self.scale = cfg.attention_multiplier if cfg.attention_multiplier is not None else self.hd ** -0.5
         # per layer: Qwen2/Qwen3 with use_sliding_window window only the layers from max_window_layers on
         self.sliding_window = cfg.layer_sliding_window(layer)
 
@@ -102,6 +103,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if self.cfg.embedding_multiplier != 1.0:
+            x = x * self.cfg.embedding_multiplier
         rope = self.rope.lookup(positions, x.dtype)
         # NOTE: the C layer loop reads one block table for every layer: layer groups run op by op
         if self.layer_loop is not None and md.per_layer is None and self.layer_loop.can_run(x, kv_caches):
@@ -152,6 +155,21 @@ class LlamaForCausalLM(nn.Module):
         tensor) pairs) into the parameters, fusing shards as the architecture's spec
         says; every parameter must be set."""
         load_checkpoint(self, arch_spec(self.cfg.architecture).stacked, weights)
+        self._fold_scalars()
+
+    @torch.no_grad()
+    def _fold_scalars(self) -> None:
+        """Granite's residual multiplier into each layer's o_proj and down_proj, its logits
+        scaling into the final norm: the same products, no op of their own (so the packed
+        linears and the C layer loop run it as they run Llama)."""
+        m, s = self.cfg.residual_multiplier, self.cfg.logits_scaling
+        for layer in self.layers if m != 1.0 else ():
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                proj.weight.mul_(m)
+                if getattr(proj, "bias", None) is not None:
+                    proj.bias.mul_(m)
+        if s != 1.0:
+            self.norm.weight.div_(s)
 
 
 def head_argmax(head: Optional[nn.Module], hidden: torch.Tensor, vocab_size: int,
@@ -165,6 +183,11 @@ def head_argmax(head: Optional[nn.Module], hidden: torch.Tensor, vocab_size: int
     return head.argmax(hidden, grammar)
 
 
+def _check_granite(c) -> None:
+    if getattr(c, "mlp_bias", False) or getattr(c, "attention_bias", False):
+        raise ValueError("Granite with attention_bias or mlp_bias is not supported")
+
+
 def _weight(norm: Optional[RMSNorm]) -> Optional[torch.Tensor]:
     return None if norm is None else norm.weight
 
@@ -174,4 +197,5 @@ ARCHITECTURES = (
     # llama.cpp files Mistral under "llama"; the GGUF reader tells them apart by name.
     ArchSpec("MistralForCausalLM", "mistral", LlamaForCausalLM, gguf_permute_qk=True),
     ArchSpec("Qwen2ForCausalLM", "qwen2", LlamaForCausalLM, attention_bias=True, gguf_arch="qwen2"),
+    ArchSpec("GraniteForCausalLM", "granite", LlamaForCausalLM, check_config=_check_granite),
 )

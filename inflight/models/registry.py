@@ -63,6 +63,13 @@ class ModelArchConfig:
     attn_logit_softcapping: Optional[float] = None  # scores -> cap * tanh(scores / cap) before softmax
     final_logit_softcapping: Optional[float] = None  # the same on the output logits
     rope_local_base_freq: Optional[float] = None  # RoPE base of the sliding-window layers (Gemma 3)
+    # Granite's scalars: embeddings times the first, each layer's attention and MLP outputs times
+    # the second before the residual add, attention scaled by the third (None: head_dim ** -0.5),
+    # logits divided by the last
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: Optional[float] = None
+    logits_scaling: float = 1.0
 
     def layer_sliding_window(self, layer: int) -> Optional[int]:
         """Layer ``layer``'s attention window (None: global attention)."""
@@ -227,8 +234,12 @@ def _extra_fields(c: Any) -> dict[str, Any]:
     types = list(getattr(c, "layer_types", None) or _max_window_layer_types(c))
     mixed = "sliding_attention" in types and getattr(c, "sliding_window", None)
     # values keep their JSON types: normalize_hf_config writes them back into the config dict
+    scalars = {k: float(getattr(c, k)) for k in ("embedding_multiplier", "residual_multiplier", "logits_scaling")
+               if getattr(c, k, None) is not None}
+    if getattr(c, "attention_multiplier", None) is not None:
+        scalars["attention_multiplier"] = float(c.attention_multiplier)
     return dict(layer_types=types if mixed else None, hidden_activation=getattr(c, "hidden_activation", None),
-                rope_local_base_freq=local_theta, **opt)
+                rope_local_base_freq=local_theta, **opt, **scalars)
 
 
 def _max_window_layer_types(c: Any) -> list[str]:
