@@ -102,6 +102,19 @@ def test_greedy_equals_transformers(checkpoint, backend):
     assert s.kv.prefix_cache_hits >= 32  # the second prompt's shared blocks came from the cache
 
 
+def test_granite_gguf_greedy_equals_transformers(tmp_path):
+    """A Granite GGUF as llama.cpp's converter writes it (Q/K rows permuted, the four scalars
+    as granite.embedding_scale, residual_scale, attention.scale and logit_scale)."""
+    model = tiny_model("granite", seed=4, **GRANITE).eval()
+    path = str(tmp_path / "granite.gguf")
+    write_tiny_gguf(path, model, "granite")
+    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+    arch = llm.llm_engine.arch
+    got = (arch.embedding_multiplier, arch.residual_multiplier, arch.attention_multiplier, arch.logits_scaling)
+    assert got == pytest.approx((6.0, 0.3, 0.4, 4.0))  # float32 in the file
+    assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
+
+
 WINDOW = 8
 SLIDING, FULL = "sliding_attention", "full_attention"
 

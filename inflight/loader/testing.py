@@ -110,6 +110,7 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         writer.add_rope_freq_base(rope_theta(cfg))
         _add_window_and_caps(writer, cfg)
+        _add_granite_scales(writer, cfg)
         _add_experts(writer, cfg, arch)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -126,7 +127,7 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
             if name == "lm_head.weight" and cfg.tie_word_embeddings:
                 continue
             proj = name.split(".")[-2]
-            if arch == "llama" and proj in heads:
+            if spec_for_gguf(arch).gguf_permute_qk and proj in heads:
                 value = llama_cpp_permute(value, heads[proj])
             if name.endswith("norm.weight"):  # as llama.cpp's converter (Gemma stores 1 + w)
                 value = value + spec_for_gguf(arch).gguf_norm_offset
@@ -136,6 +137,15 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_granite_scales(writer: gguf.GGUFWriter, cfg: transformers.PretrainedConfig) -> None:
+    """Granite's four scalars, as llama.cpp's converter writes them."""
+    if getattr(cfg, "model_type", None) == "granite":
+        writer.add_embedding_scale(cfg.embedding_multiplier)
+        writer.add_residual_scale(cfg.residual_multiplier)
+        writer.add_attention_scale(cfg.attention_multiplier)
+        writer.add_logit_scale(cfg.logits_scaling)
 
 
 def _add_window_and_caps(writer: gguf.GGUFWriter, cfg: transformers.PretrainedConfig) -> None:

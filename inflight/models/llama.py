@@ -188,6 +188,13 @@ def _check_granite(c) -> None:
         raise ValueError("Granite with attention_bias or mlp_bias is not supported")
 
 
+def _granite_gguf_config(meta) -> dict:
+    """Granite's scalars as llama.cpp's converter names them."""
+    names = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
+             "attention.scale": "attention_multiplier", "logit_scale": "logits_scaling"}
+    return {hf: meta(key) for key, hf in names.items() if meta(key) is not None}
+
+
 def _weight(norm: Optional[RMSNorm]) -> Optional[torch.Tensor]:
     return None if norm is None else norm.weight
 
@@ -197,5 +204,6 @@ ARCHITECTURES = (
     # llama.cpp files Mistral under "llama"; the GGUF reader tells them apart by name.
     ArchSpec("MistralForCausalLM", "mistral", LlamaForCausalLM, gguf_permute_qk=True),
     ArchSpec("Qwen2ForCausalLM", "qwen2", LlamaForCausalLM, attention_bias=True, gguf_arch="qwen2"),
-    ArchSpec("GraniteForCausalLM", "granite", LlamaForCausalLM, check_config=_check_granite),
+    ArchSpec("GraniteForCausalLM", "granite", LlamaForCausalLM, check_config=_check_granite, gguf_arch="granite",
+             gguf_permute_qk=True, gguf_config=lambda meta: _granite_gguf_config(meta)),
 )
