@@ -1,4 +1,4 @@
-"""Qwen3, Phi-3 and Granite from HF folders: greedy float32 tokens equal transformers' on tiny
+"""Qwen3, Phi-3, Granite and SmolLM3 from HF folders: greedy float32 tokens equal transformers' on tiny
 random-weight checkpoints, alone, batched, in tiny chunks, under preemption and
 prefix-cached, on the CPU fast path (the default) and on the plain-torch reference."""
 from __future__ import annotations
@@ -45,14 +45,32 @@ def _hf_greedy(model, ids: list[int]) -> list[int]:
 GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.4, logits_scaling=4.0)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "granite"])
+# SmolLM3 without positions in every second layer (its checkpoints: every fourth), so one of two is
+SMOLLM3 = dict(no_rope_layer_interval=2)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "granite", "smollm3"])
 def checkpoint(request, tmp_path_factory, tokenizer):
     """(arch, HF folder, transformers' greedy tokens for every prompt)."""
     folder = tmp_path_factory.mktemp(request.param)
-    model = tiny_model(request.param, seed=3, **(GRANITE if request.param == "granite" else {})).eval()
+    extra = {"granite": GRANITE, "smollm3": SMOLLM3}.get(request.param, {})
+    model = tiny_model(request.param, seed=3, **extra).eval()
+    if request.param == "smollm3":
+        assert model.config.no_rope_layers == [1, 0]
+        _sharpen(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return request.param, str(folder), [_hf_greedy(model, p) for p in PROMPTS]
+
+
+def _sharpen(model) -> None:
+    """Sharp attention and a strong attention path, so whether a layer sees positions shows in the tokens."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(6.0)
+            elif name.endswith(("v_proj.weight", "o_proj.weight", "embed_tokens.weight")):
+                p.normal_(0.0, 0.3)
 
 
 def _run(llm, prompts) -> list[list[int]]:
@@ -100,6 +118,18 @@ def test_greedy_equals_transformers(checkpoint, backend):
     s = _scheduler(llm, enable_prefix_caching=True)
     assert _run(llm, PROMPTS[-2:-1]) + _run(llm, PROMPTS[-1:]) == want[-2:]
     assert s.kv.prefix_cache_hits >= 32  # the second prompt's shared blocks came from the cache
+
+
+def test_smollm3_gguf_greedy_equals_transformers(tmp_path):
+    """llama.cpp's smollm3 files carry no layer pattern: every fourth layer has no positions."""
+    model = tiny_model("smollm3", seed=4, num_hidden_layers=4).eval()
+    assert model.config.no_rope_layers == [1, 1, 1, 0]
+    _sharpen(model)
+    path = str(tmp_path / "smollm3.gguf")
+    write_tiny_gguf(path, model, "smollm3")
+    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+    assert llm.llm_engine.arch.no_rope_layers == [1, 1, 1, 0]
+    assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
 
 
 def test_granite_gguf_greedy_equals_transformers(tmp_path):

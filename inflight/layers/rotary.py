@@ -114,12 +114,13 @@ class RotaryQKV(CustomOp):
         super().__init__()
         self.nh, self.nkv, self.hd = num_heads, num_kv_heads, head_dim
 
-    def _split(self, qkv: torch.Tensor):
+    def split(self, qkv: torch.Tensor):
+        """(q, k, v) views of ``qkv`` without rotating: a layer that has no positions."""
         q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         return q.view(-1, self.nh, self.hd), k.view(-1, self.nkv, self.hd), v.view(-1, self.nkv, self.hd)
 
     def forward_native(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        q, k, v = self._split(qkv)
+        q, k, v = self.split(qkv)
         q, k = apply_rope(q, k, cos, sin)
         return q, k, v
 
@@ -129,4 +130,4 @@ class RotaryQKV(CustomOp):
         if ops is None or qkv.stride(-1) != 1:
             return self.forward_native(qkv, cos, sin)
         ops.rope_(qkv, self.nh, self.nkv, self.hd, cos, sin)
-        return self._split(qkv)
+        return self.split(qkv)

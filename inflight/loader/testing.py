@@ -27,6 +27,7 @@ CONFIG_CLASSES = {
     "qwen3": transformers.Qwen3Config,
     "phi3": transformers.Phi3Config,
     "granite": transformers.GraniteConfig,
+    "smollm3": transformers.SmolLM3Config,
 }
 
 

@@ -1,6 +1,6 @@
-"""Llama-shaped decoder on a flattened token batch: Llama, SmolLM2, Mistral, Qwen2 and
-Granite (four scalars) here; Qwen3 (per-head q/k norm) and Phi-3 (fused checkpoint
-projections) reuse it."""
+"""Llama-shaped decoder on a flattened token batch: Llama, SmolLM2, SmolLM3 (no positions in
+every fourth layer), Mistral, Qwen2 and Granite (four scalars) here; Qwen3 (per-head q/k
+norm) and Phi-3 (fused checkpoint projections) reuse it."""
 from __future__ import annotations
 
 from typing import Optional
@@ -39,6 +39,7 @@ class LlamaAttention(nn.Module):
         self.scale = cfg.attention_multiplier if cfg.attention_multiplier is not None else self.hd ** -0.5
         # per layer: Qwen2/Qwen3 with use_sliding_window window only the layers from max_window_layers on
         self.sliding_window = cfg.layer_sliding_window(layer)
+        self.use_rope = cfg.no_rope_layers is None or bool(cfg.no_rope_layers[layer])
 
     def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         """Each q and k head RMS-normalised over head_dim (before RoPE, as Qwen3 does)."""
@@ -48,7 +49,7 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)
         if self.q_norm is not None:
             qkv = self._norm_qk(qkv)
-        q, k, v = self.rotary(qkv, *rope)
+        q, k, v = self.rotary(qkv, *rope) if self.use_rope else self.rotary.split(qkv)
         o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], md, self.scale, self.sliding_window)
         return self.o_proj(o.reshape(-1, self.nh * self.hd))
 
@@ -204,6 +205,7 @@ ARCHITECTURES = (
     # llama.cpp files Mistral under "llama"; the GGUF reader tells them apart by name.
     ArchSpec("MistralForCausalLM", "mistral", LlamaForCausalLM, gguf_permute_qk=True),
     ArchSpec("Qwen2ForCausalLM", "qwen2", LlamaForCausalLM, attention_bias=True, gguf_arch="qwen2"),
+    ArchSpec("SmolLM3ForCausalLM", "smollm3", LlamaForCausalLM, gguf_arch="smollm3", gguf_permute_qk=True),
     ArchSpec("GraniteForCausalLM", "granite", LlamaForCausalLM, check_config=_check_granite, gguf_arch="granite",
              gguf_permute_qk=True, gguf_config=lambda meta: _granite_gguf_config(meta)),
 )

@@ -70,6 +70,8 @@ class ModelArchConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: Optional[float] = None
     logits_scaling: float = 1.0
+    # per layer 1 (RoPE) or 0 (no positions: SmolLM3's every fourth layer); None: RoPE everywhere
+    no_rope_layers: Optional[list[int]] = None
 
     def layer_sliding_window(self, layer: int) -> Optional[int]:
         """Layer ``layer``'s attention window (None: global attention)."""
@@ -236,6 +238,9 @@ def _extra_fields(c: Any) -> dict[str, Any]:
     # values keep their JSON types: normalize_hf_config writes them back into the config dict
     scalars = {k: float(getattr(c, k)) for k in ("embedding_multiplier", "residual_multiplier", "logits_scaling")
                if getattr(c, k, None) is not None}
+    no_rope = getattr(c, "no_rope_layers", None)
+    if no_rope is not None and not all(no_rope):
+        scalars["no_rope_layers"] = [int(x) for x in no_rope]
     if getattr(c, "attention_multiplier", None) is not None:
         scalars["attention_multiplier"] = float(c.attention_multiplier)
     return dict(layer_types=types if mixed else None, hidden_activation=getattr(c, "hidden_activation", None),

@@ -46,7 +46,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "post_norm", "gate_up",
                                   "down", "k_cache", "v_cache")] + [("window", _I64)] \
         + [(n, _P) for n in ("qkv_lb", "o_lb", "gate_up_lb", "down_lb")] \
-        + [(n, _I64) for n in ("qkv_bits", "o_bits", "gate_up_bits", "down_bits")]
+        + [(n, _I64) for n in ("qkv_bits", "o_bits", "gate_up_bits", "down_bits", "no_rope")]
 
 
 class _Step(ctypes.Structure):
@@ -200,6 +200,7 @@ class CpuLayerLoop:
                 a.gate_up, a.down = layer.gate_up_proj.packed.data_ptr(), layer.down_proj.packed.data_ptr()
                 a.k_cache, a.v_cache = kc.data_ptr(), vc.data_ptr()
                 a.window = _window(layer)
+                a.no_rope = int(not getattr(layer.attention, "use_rope", True))
                 for name in ("qkv", "o", "gate_up", "down"):
                     lin = getattr(layer, f"{name}_proj")
                     lowbit = getattr(lin, "lowbit", None)

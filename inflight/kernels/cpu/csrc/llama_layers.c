@@ -80,6 +80,7 @@ struct layer {
     int64_t window;
     const void *qkv_lb, *o_lb, *gate_up_lb, *down_lb;
     int64_t qkv_bits, o_bits, gate_up_bits, down_bits;
+    int64_t no_rope;  /* a layer without positions (SmolLM3's every fourth) */
 };
 
 /* one step: decodes are rows [0, num_decodes), one token each; prefill request i
@@ -139,7 +140,7 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
             k->rmsnorm_heads(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, w->q_norm, w->k_norm, d->eps);
             tick(tk, T_QK_NORM, &last);
         }
-        k->rope(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, s->cos, s->sin);
+        if (!w->no_rope) k->rope(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, s->cos, s->sin);
         tick(tk, T_ROPE, &last);
         k->write_kv((const char*)s->qkv + attn_dim * es, qkv_dim * es, (const char*)s->qkv + (attn_dim + nkv * hd) * es,
                     qkv_dim * es, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes);
