@@ -2,6 +2,7 @@
 streamed in any pieces or whole, and the grammar gate that lets the thinking run free."""
 from __future__ import annotations
 
+import httpx
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -243,3 +244,18 @@ def test_think_tags_gate_only_where_each_is_one_token():
     tok.add_tokens(["<think>", "</think>"])  # as Qwen3's and DeepSeek-R1's vocabularies have them
     start, end = R1.tag_token_ids(tok)
     assert tok.convert_ids_to_tokens([start, end]) == ["<think>", "</think>"]
+
+
+def test_responses_take_back_their_reasoning_items_and_an_effort(server, client):
+    server.engine.runner.script = "<think>Again.</think>Still 4."
+    first = client.responses.create(model="m", input="2+2?", max_output_tokens=100)
+    follow_up = [{"role": "user", "content": "2+2?"}, *[item.model_dump(exclude_none=True) for item in first.output],
+                 {"role": "user", "content": "Sure?"}]
+    again = client.responses.create(model="m", input=follow_up, max_output_tokens=100, reasoning={"effort": "low"})
+    assert again.output_text == "Still 4." and again.output[0].type == "reasoning"
+    from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
+
+    as_chat = ResponsesRequest(input="hi", reasoning={"effort": "low"}).to_chat_request()
+    assert as_chat.chat_template_kwargs == {"reasoning_effort": "low"}  # what the template is given
+    with httpx.Client(base_url=server.base_url) as h:
+        assert h.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "extreme"}}).status_code == 400

@@ -85,7 +85,7 @@ def test_function_calls_are_output_items_streamed_and_not(server, client):
     ({"tools": [{"type": "web_search"}]}, "tools", "function"),
     ({"tools": FUNCTION_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "nope"),
     ({"input": []}, "input", "empty"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input", "reasoning"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input", "web_search_call"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "schema is required"),
     ({"max_output_tokens": 0}, "max_output_tokens", "at least 1"),

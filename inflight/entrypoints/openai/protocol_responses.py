@@ -61,6 +61,14 @@ class TextConfig(_Model):
     format: Optional[TextFormat] = None
 
 
+class ReasoningConfig(_Model):
+    """``reasoning``: the effort goes to the chat template as ``reasoning_effort`` (templates
+    without it ignore it); summaries are not produced."""
+
+    effort: Optional[Literal["minimal", "low", "medium", "high"]] = None
+    summary: Optional[str] = None
+
+
 class ResponsesRequest(_Model):
     """``POST /v1/responses``."""
 
@@ -77,6 +85,7 @@ class ResponsesRequest(_Model):
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedFunctionChoice]] = None
     parallel_tool_calls: Optional[bool] = None
     text: Optional[TextConfig] = None
+    reasoning: Optional[ReasoningConfig] = None
     store: Optional[bool] = None
     metadata: Optional[dict[str, SafeStr]] = None
     user: Optional[SafeStr] = None
@@ -121,6 +130,8 @@ class ResponsesRequest(_Model):
             body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
         elif self.tool_choice is not None:
             body["tool_choice"] = self.tool_choice
+        if self.reasoning is not None and self.reasoning.effort is not None:
+            body["chat_template_kwargs"] = {"reasoning_effort": self.reasoning.effort}
         fmt = self.text.format if self.text else None
         if fmt is not None and fmt.type == "json_object":
             body["response_format"] = {"type": "json_object"}
@@ -160,9 +171,11 @@ def _add_item(out: list[dict[str, Any]], item: dict[str, Any], i: int) -> None:
             out.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
         out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")})
+    elif kind == "reasoning":
+        pass  # an earlier answer's thinking, sent back: thinking models' templates leave it out
     else:
         raise InvalidRequestError(f"input[{i}].type: {str(kind)[:50]!r} is not supported "
-                                  f"(message, function_call, function_call_output)")
+                                  f"(message, function_call, function_call_output, reasoning)")
 
 
 def _first_error(e: ValueError) -> str:
