@@ -57,18 +57,21 @@ class LLM:
     def chat(self, messages: Union[list[dict], list[list[dict]]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
              *, use_tqdm: bool = True, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template: Optional[str] = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template: Optional[str] = None,
+             tools: Optional[list[dict]] = None,
+             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate.
         ``continue_final_message`` (with ``add_generation_prompt=False``) leaves the last
-        message open, so the model continues it."""
+        message open, so the model continues it; ``tools`` and ``chat_template_kwargs`` go
+        to the template, as in vLLM's ``LLM.chat``."""
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.llm_engine.tokenizer
         prompts = [{"prompt_token_ids": tok(tok.apply_chat_template(
             c, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, chat_template=chat_template),
-            add_special_tokens=False).input_ids} for c in convs]
+            continue_final_message=continue_final_message, chat_template=chat_template, tools=tools,
+            **(chat_template_kwargs or {})), add_special_tokens=False).input_ids} for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     @staticmethod

@@ -32,6 +32,15 @@ def test_chat_continues_the_final_message(llm):
         llm.chat(msgs, sp, use_tqdm=False, continue_final_message=True)
 
 
+def test_chat_passes_tools_and_template_arguments(llm):
+    tok = llm.get_tokenizer()
+    template = "{{ greeting }} {{ tools | length }} tools{% for m in messages %} {{ m['content'] }}{% endfor %}"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    out = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0.0, max_tokens=1),
+                   use_tqdm=False, chat_template=template, tools=tools, chat_template_kwargs={"greeting": "Hello"})
+    assert tok.decode(out[0].prompt_token_ids) == "Hello 1 tools Hi"
+
+
 def test_input_forms_and_order(llm):
     tok = llm.get_tokenizer()
     sp = SamplingParams(temperature=0.0, max_tokens=4)
