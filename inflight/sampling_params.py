@@ -18,6 +18,8 @@ MAX_LOGPROBS = 20  # vLLM's default max_logprobs; top-N is computed per token on
 # OpenAI's bounds for logit_bias: each entry is a scatter in the sampler, on the step thread.
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
+# allowed_token_ids become a row of the sampler's mask every step, on the step thread
+MAX_ALLOWED_TOKEN_IDS = 4096
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -172,6 +174,8 @@ class SamplingParams:
             return
         if not isinstance(ids, (list, tuple)) or not ids:
             raise InvalidRequestError("allowed_token_ids must be a non-empty list of token ids")
+        if len(ids) > MAX_ALLOWED_TOKEN_IDS:
+            raise InvalidRequestError(f"allowed_token_ids may hold at most {MAX_ALLOWED_TOKEN_IDS} ids, got {len(ids)}")
         for t in ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT64_MAX:
                 raise InvalidRequestError(f"allowed_token_ids must be non-negative token ids, got {_short(t)}")

@@ -136,6 +136,7 @@ CASES = [
     # allowed_token_ids: a non-empty list inside the vocabulary
     (C, cmpl(allowed_token_ids=[]), 400, INVALID),
     (C, cmpl(allowed_token_ids=[257]), 400, INVALID),
+    (C, cmpl(allowed_token_ids=[5] * 4097), 400, INVALID),
     (CH, chat(allowed_token_ids=[-1]), 400, INVALID),
     (CH, chat(allowed_token_ids="5"), 400, INVALID),
     # truncate_prompt_tokens: -1 or 1..max_model_len (128)
