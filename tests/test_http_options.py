@@ -59,3 +59,15 @@ def test_vllm_defaults_allow_every_origin():
         r = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers={"Origin": "https://x.example"})
         assert r.headers["access-control-allow-origin"] == "*" and r.json()["choices"][0]["text"] == SCRIPT[:2]
         assert h.get("/docs").status_code == 200
+
+
+def test_several_served_model_names():
+    from inflight.entrypoints.cli import build_parser
+
+    args = build_parser("serve").parse_args(["serve", "some/model", "--served-model-name", "main", "alias"])
+    assert args.model == "some/model" and args.served_model_name == ["main", "alias"]
+    with ServerThread(make_fake_engine(), "main", log_stats=False, model_aliases=["alias"]) as srv, \
+            httpx.Client(base_url=srv.base_url) as h:
+        assert [m["id"] for m in h.get("/v1/models").json()["data"]] == ["main", "alias"]
+        assert h.post("/v1/completions", json={"model": "alias", "prompt": "Hi", "max_tokens": 2}).status_code == 200
+        assert h.post("/v1/completions", json={"model": "other", "prompt": "Hi", "max_tokens": 2}).status_code == 404

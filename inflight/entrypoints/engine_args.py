@@ -45,6 +45,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             if f.name in _SKIP:
                 continue
             flag = "--" + f.name.replace("_", "-")
+            if f.name == "served_model_name":  # vLLM's: one or more names; the first is reported
+                parser.add_argument(flag, nargs="+", default=None, help="the names clients may ask for "
+                                    "(default: the model's file or folder name)")
+                continue
             default = f.default if f.default is not MISSING and f.name not in _PLATFORM_DEFAULT else None
             if isinstance(default, bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
@@ -82,6 +86,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
         for f in fields(cls):
             if hasattr(args, f.name):
                 kw[f.name] = getattr(args, f.name)
+    if isinstance(kw.get("served_model_name"), list):  # the engine knows the first name (metrics' label)
+        kw["served_model_name"] = kw["served_model_name"][0]
     kw["device"] = args.device
     kw["trace_file"] = args.trace_file
     kw["attention_backend"] = args.attention_backend

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import secrets
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -46,7 +46,7 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                 max_waiting_requests: Optional[int] = None, log_stats: bool = True,
                 log_interval_s: float = 5.0, limits: Optional[ServerLimits] = None,
                 response_role: str = "assistant", log_requests: bool = False,
-                max_log_len: Optional[int] = None) -> ServerState:
+                max_log_len: Optional[int] = None, model_aliases: Sequence[str] = ()) -> ServerState:
     """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one, or a DPEngineClient)
     for serving: metrics observer, async engine, settings.
 
@@ -65,7 +65,8 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        max_waiting_requests=max_waiting_requests, limits=limits or ServerLimits(),
                        vocab_size=_vocab_size(engine),
                        default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}),
-                       response_role=response_role, log_requests=log_requests, max_log_len=max_log_len)
+                       response_role=response_role, log_requests=log_requests, max_log_len=max_log_len,
+                       model_aliases=list(model_aliases))
 
 
 def _vocab_size(engine: Any) -> Optional[int]:
@@ -131,9 +132,10 @@ async def metrics(request: Request) -> Response:
 @protected.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
-    # The served name, never model_root: the filesystem layout is nobody's business.
-    card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=state.max_model_len)
-    return JSONResponse(dump(ModelList(data=[card])))
+    # The served names, never model_root: the filesystem layout is nobody's business.
+    cards = [ModelCard(id=name, root=state.model_name, max_model_len=state.max_model_len)
+             for name in [state.model_name, *state.model_aliases]]
+    return JSONResponse(dump(ModelList(data=cards)))
 
 
 @protected.post("/v1/completions")

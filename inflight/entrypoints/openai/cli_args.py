@@ -53,8 +53,8 @@ def run_serve(args: argparse.Namespace) -> int:
     http = http_options_from_args(args)
     kwargs = engine_kwargs_from_args(args)
     kwargs["model"] = args.model
-    model_name = args.served_model_name or default_model_name(args.model)
-    kwargs["served_model_name"] = model_name
+    names = args.served_model_name or [default_model_name(args.model)]
+    model_name = kwargs["served_model_name"] = names[0]
     if kwargs.get("data_parallel_size", 1) > 1:
         from inflight.engine.dp import DPEngineClient
 
@@ -66,7 +66,7 @@ def run_serve(args: argparse.Namespace) -> int:
                         max_waiting_requests=args.max_waiting_requests,
                         log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval,
                         limits=limits, response_role=args.response_role, log_requests=args.enable_log_requests,
-                        max_log_len=args.max_log_len)
+                        max_log_len=args.max_log_len, model_aliases=names[1:])
     app = build_app(state, shutdown_grace_s=args.shutdown_timeout, health_stall_timeout_s=args.health_stall_timeout,
                     http=http)
     server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,

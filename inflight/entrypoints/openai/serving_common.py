@@ -45,6 +45,7 @@ class ServerState:
     vocab_size: Optional[int] = None
     # the model's recommended sampling defaults (--generation-config), as SamplingParams keywords
     default_sampling: dict[str, Any] = field(default_factory=dict)
+    model_aliases: list[str] = field(default_factory=list)  # more --served-model-name names clients may ask for
     response_role: str = "assistant"  # vLLM's --response-role
     log_requests: bool = False  # vLLM's --enable-log-requests, prompts cut to max_log_len
     max_log_len: Optional[int] = None
@@ -65,7 +66,7 @@ class ServerState:
 
     def check_model(self, name: Optional[str]) -> None:
         """404 for a model this server does not serve (an absent name means ours)."""
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and name not in self.model_aliases:
             raise OpenAIError(404, f"The model `{clip(name)}` does not exist. This server serves "
                                    f"`{self.model_name}`.", param="model", code="model_not_found")
 
