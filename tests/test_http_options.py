@@ -42,7 +42,7 @@ def test_docs_pages_are_off_and_the_root_path_is_announced(server):
 
 
 def test_the_answer_role_and_the_request_log(server, caplog):
-    with caplog.at_level(logging.INFO, logger="inflight.entrypoints.openai.serving_common"), \
+    with caplog.at_level(logging.INFO, logger="inflight.entrypoints.openai.http_options"), \
             httpx.Client(base_url=server.base_url) as h:
         r = h.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 3}).json()
         assert r["choices"][0]["message"]["role"] == "bot"

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import ssl
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,3 +83,12 @@ def fastapi_kwargs(options: HttpOptions) -> dict[str, Any]:
 def uvicorn_kwargs(options: HttpOptions) -> dict[str, Any]:
     """uvicorn's settings for TLS and the root path."""
     return {**options.ssl, **({"root_path": options.root_path} if options.root_path else {})}
+
+
+def log_request(request_id: str, prompts: list[Any], params: Any, max_len: Optional[int]) -> None:
+    """vLLM's request log line: the prompts (text and ids, cut to ``max_len``) and the params."""
+    for p in prompts:
+        text, ids = (p.get("prompt"), p.get("prompt_token_ids")) if isinstance(p, dict) else (p, None)
+        if max_len is not None:
+            text, ids = text[:max_len] if text else text, ids[:max_len] if ids else ids
+        logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id, text, params, ids)

@@ -16,6 +16,7 @@ from inflight.engine.async_engine import AsyncLLMEngine, RequestStream
 from inflight.errors import InvalidRequestError
 from inflight.entrypoints.openai.chat_render import ChatRenderer, TokenizerPool
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, param_of
+from inflight.entrypoints.openai.http_options import log_request
 from inflight.entrypoints.openai.limits import ServerLimits, clip
 from inflight.entrypoints.openai.responses import UsageInfo
 from inflight.entrypoints.openai.validation import check_server_limits, check_truncation
@@ -155,15 +156,6 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
             raise bad_request(clip(str(errors[0]), 500), "prompt") from None
         raise engine_error(errors[0])
     return streams
-
-
-def log_request(request_id: str, prompts: list[Any], params: SamplingParams, max_len: Optional[int]) -> None:
-    """vLLM's request log line: the prompts (text and ids, cut to ``max_len``) and the params."""
-    for p in prompts:
-        text, ids = (p.get("prompt"), p.get("prompt_token_ids")) if isinstance(p, dict) else (p, None)
-        if max_len is not None:
-            text, ids = text[:max_len] if text else text, ids[:max_len] if ids else ids
-        logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id, text, params, ids)
 
 
 async def compile_grammar(state: ServerState, params: SamplingParams, field: str = "structured_outputs") -> None:
