@@ -19,6 +19,7 @@ class ModelConfig:
     max_model_len: Optional[int] = None
     seed: int = 0
     served_model_name: Optional[str] = None
+    max_logprobs: int = 20  # top logprobs a request may ask for (per token and per prompt token); -1: no cap
     # sampling defaults from the model's generation_config.json: "auto" | "vllm" (none) | a path
     generation_config: str = "auto"
     override_generation_config: Optional[Union[str, dict]] = None  # JSON text or dict, over the file's

@@ -14,7 +14,6 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs; top-N is computed per token on the step thread
 # OpenAI's bounds for logit_bias: each entry is a scatter in the sampler, on the step thread.
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
@@ -147,10 +146,17 @@ class SamplingParams:
             raise InvalidRequestError(f"min_tokens must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):  # the upper bound is the engine's max_logprobs
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise InvalidRequestError(f"{name} must be non-negative, got {value}")
+
+    def verify_max_logprobs(self, max_logprobs: int) -> None:
+        """Raise InvalidRequestError past the engine's ``max_logprobs`` (-1: no cap), as vLLM does."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and max_logprobs != -1 and value > max_logprobs:
+                raise InvalidRequestError(f"{name} must be at most {max_logprobs} (max_logprobs), got {value}")
 
     def _validate_logit_bias(self) -> None:
         if not self.logit_bias:

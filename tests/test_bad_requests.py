@@ -325,7 +325,7 @@ def test_a_batch_counts_whole_against_max_waiting_requests(server):
     {"seed": BIG}, {"seed": -(2**63) - 1}, {"seed": 2**63 - 1, "n": 2}, {"temperature": float("nan")},
     {"top_p": float("inf")}, {"repetition_penalty": float("nan")}, {"presence_penalty": float("-inf")},
     {"n": 1.5}, {"n": 0}, {"max_tokens": BIG}, {"stop": ""}, {"stop": ["a"] * 17}, {"stop": ["x" * 257]},
-    {"stop_token_ids": [-1]}, {"stop_token_ids": list(range(65))}, {"logprobs": 21}, {"prompt_logprobs": 21},
+    {"stop_token_ids": [-1]}, {"stop_token_ids": list(range(65))}, {"logprobs": -1}, {"prompt_logprobs": -2},
     {"prompt_logprobs": -1}, {"logit_bias": {1: 101}}, {"logit_bias": {-1: 1}}, {"logit_bias": {"1": 1}},
     {"logit_bias": {i: 1 for i in range(301)}}, {"logit_bias": {1: float("nan")}},
     {"allowed_token_ids": []}, {"allowed_token_ids": [-1]}, {"allowed_token_ids": [True]},

@@ -168,3 +168,26 @@ def test_bad_words_are_never_generated(server, client):
     for seq in bad_words_token_ids(tok, ["4", "four"]):
         assert not any(out[i:i + len(seq)] == seq for i in range(len(out))), (seq, out)
     wait_until_idle(server)
+
+
+def test_max_logprobs_caps_top_logprobs_offline_and_served(server, client):
+    from inflight import LLM, SamplingParams
+    from inflight.entrypoints.openai.server_thread import ServerThread
+    from inflight.errors import InvalidRequestError
+
+    with pytest.raises(openai.BadRequestError, match="--max-logprobs"):  # the default: 20, as vLLM
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, logprobs=21)
+    llm = LLM(dtype="float32", kv_cache_memory=16 * 2**20, max_model_len=256, max_logprobs=30)
+    out = llm.generate("The sky is", SamplingParams(temperature=0, max_tokens=2, logprobs=25), use_tqdm=False)
+    assert all(len(entry) >= 25 for entry in out[0].outputs[0].logprobs)
+    with pytest.raises(InvalidRequestError, match="max_logprobs"):
+        llm.generate("The sky is", SamplingParams(max_tokens=1, logprobs=31), use_tqdm=False)
+    with ServerThread(llm.llm_engine, MODEL, log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        r = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "logprobs": 25}).json()
+        assert len(r["choices"][0]["logprobs"]["top_logprobs"][0]) >= 20  # distinct texts of the 25 best
+        chat = h.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1, "logprobs": True,
+                                                     "top_logprobs": 30}).json()
+        assert len(chat["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 30
+        err = h.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1, "logprobs": True,
+                                                    "top_logprobs": 31}).json()["error"]
+        assert err["param"] == "top_logprobs" and "30" in err["message"]

@@ -131,6 +131,7 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         params.verify_vocab(vocab)  # ids past the vocabulary would fail the sampler's scatter: the whole step
+        params.verify_max_logprobs(self.config.model_config.max_logprobs)
         total = len(ids) + (params.max_tokens or 0)
         if len(ids) >= self.max_model_len or total > self.max_model_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "

@@ -10,6 +10,7 @@ from inflight.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerC
 _HELP = {
     "model": "HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     "dtype": "auto | float32 | bfloat16 | float16",
+    "max_logprobs": "most top logprobs a request may ask for, per token or per prompt token (default 20; -1: no cap)",
     "generation_config": "sampling defaults for unset request fields: auto (the model folder's "
                          "generation_config.json) | vllm (none) | a folder",
     "override_generation_config": 'JSON over those defaults, e.g. \'{"temperature": 0.5}\'',

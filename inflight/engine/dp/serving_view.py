@@ -17,6 +17,7 @@ class ServingView:
     arch: Any
     eos_token_ids: tuple[int, ...]
     default_sampling_params: dict = field(default_factory=dict)  # the generation config the replicas read
+    max_logprobs: int = 20  # the replicas' max_logprobs
 
     def __post_init__(self) -> None:
         from inflight.structured_output.manager import StructuredOutputManager

@@ -66,7 +66,12 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        vocab_size=_vocab_size(engine),
                        default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}),
                        response_role=response_role, log_requests=log_requests, max_log_len=max_log_len,
-                       model_aliases=list(model_aliases))
+                       model_aliases=list(model_aliases), max_logprobs=_max_logprobs(engine))
+
+
+def _max_logprobs(engine: Any) -> int:
+    config = getattr(engine, "config", None)  # a data-parallel client's view has none: the replicas' setting
+    return config.model_config.max_logprobs if config is not None else getattr(engine, "max_logprobs", 20)
 
 
 def _vocab_size(engine: Any) -> Optional[int]:

@@ -18,7 +18,7 @@ from inflight.entrypoints.openai.tool_protocol import ToolCallParam, ToolRequest
 from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_continuation, check_message,
                                                     check_prompt_count, check_template_kwargs, check_unsupported,
                                                     logit_bias_of)
-from inflight.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGPROBS, SamplingParams
+from inflight.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 
 class OpenAIBaseModel(BaseModel):
@@ -130,7 +130,7 @@ class CompletionRequest(SamplingRequest):
 
     prompt: PromptInput
     max_tokens: Optional[Int64] = 16
-    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Optional[Int64] = Field(default=None, ge=0)  # at most --max-logprobs
     echo: bool = False
     prompt_logprobs: Optional[Int64] = None  # vLLM's extension: top-N per prompt token (not streamed)
     add_special_tokens: bool = True  # vLLM's: the tokenizer's own (a BOS token, for models that have one)
@@ -220,7 +220,7 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
     max_completion_tokens: Optional[Int64] = None
     max_tokens: Optional[Int64] = None  # deprecated by OpenAI, still sent by many clients
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Optional[Int64] = Field(default=None, ge=0)  # at most --max-logprobs
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM's: the model continues the last message (a prefilled answer)
     include_reasoning: bool = True  # vLLM's: with --reasoning-parser, the thinking in message.reasoning

@@ -47,6 +47,7 @@ class ServerState:
     # the model's recommended sampling defaults (--generation-config), as SamplingParams keywords
     default_sampling: dict[str, Any] = field(default_factory=dict)
     model_aliases: list[str] = field(default_factory=list)  # more --served-model-name names clients may ask for
+    max_logprobs: int = 20  # the engine's --max-logprobs
     response_role: str = "assistant"  # vLLM's --response-role
     log_requests: bool = False  # vLLM's --enable-log-requests, prompts cut to max_log_len
     max_log_len: Optional[int] = None
@@ -77,7 +78,7 @@ class ServerState:
         self.check_model(req.model)
         try:
             params = req.to_sampling_params(self.default_sampling)
-            check_server_limits(req, params, self.limits.max_n, self.vocab_size)
+            check_server_limits(req, params, self.limits.max_n, self.vocab_size, self.max_logprobs)
             check_truncation(req.truncate_prompt_tokens, self.max_model_len)
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None

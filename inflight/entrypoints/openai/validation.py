@@ -126,11 +126,15 @@ def check_prompt_count(count: int) -> None:
         raise InvalidRequestError(f"prompt: at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {count}")
 
 
-def check_server_limits(req: Any, params: Any, max_n: int, vocab_size: Optional[int]) -> None:
-    """The checks that need the server's settings: ``n`` against --max-n, stop
-    token ids against the vocabulary."""
+def check_server_limits(req: Any, params: Any, max_n: int, vocab_size: Optional[int], max_logprobs: int = 20) -> None:
+    """The checks that need the server's settings: ``n`` against --max-n, logprobs against
+    --max-logprobs, stop token ids against the vocabulary."""
     if req.n > max_n:
         raise InvalidRequestError(f"n: at most {max_n} (--max-n), got {req.n}")
+    for name, value in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
+        if value is not None and max_logprobs != -1 and value > max_logprobs:
+            field = "top_logprobs" if name == "logprobs" and hasattr(req, "top_logprobs") else name
+            raise InvalidRequestError(f"{field}: at most {max_logprobs} (--max-logprobs), got {value}")
     if vocab_size is not None:
         params.verify_vocab(vocab_size)
 
