@@ -69,5 +69,10 @@ def test_several_served_model_names():
     with ServerThread(make_fake_engine(), "main", log_stats=False, model_aliases=["alias"]) as srv, \
             httpx.Client(base_url=srv.base_url) as h:
         assert [m["id"] for m in h.get("/v1/models").json()["data"]] == ["main", "alias"]
-        assert h.post("/v1/completions", json={"model": "alias", "prompt": "Hi", "max_tokens": 2}).status_code == 200
+        r = h.post("/v1/completions", json={"model": "alias", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == "alias"  # the name asked for, as vLLM
+        chat = h.post("/v1/chat/completions", json={"model": "alias", "messages": USER, "max_tokens": 2,
+                                                    "stream": True}).text
+        assert '"model":"alias"' in chat and '"model":"main"' not in chat
+        assert h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).json()["model"] == "main"
         assert h.post("/v1/completions", json={"model": "other", "prompt": "Hi", "max_tokens": 2}).status_code == 404

@@ -73,8 +73,8 @@ class ChatHandler:
             return Response(status_code=CLIENT_CLOSED)
         out = outputs[0]
         choices = [self._choice(req, plan, c, prompt_text) for c in out.outputs]
-        body = ChatCompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
-                                      usage=usage_of(outputs))
+        body = ChatCompletionResponse(id=request_id, created=created, model=state.answer_model(req.model),
+                                      choices=choices, usage=usage_of(outputs))
         if req.prompt_logprobs is not None:
             body.prompt_logprobs = prompt_logprobs_field(out.prompt_logprobs)
         if req.return_token_ids:
@@ -123,9 +123,9 @@ class ChatHandler:
                                          bytes=list(text_of(t, lp).encode())) for t, lp in ranked]))
         return ChatLogProbs(content=content)
 
-    def _chunk(self, request_id: str, created: int, choices: list[ChatStreamChoice], usage=None,
-               prompt_token_ids: Optional[list[int]] = None) -> str:
-        return sse_model(ChatCompletionChunk(id=request_id, created=created, model=self.state.model_name,
+    def _chunk(self, req: ChatCompletionRequest, request_id: str, created: int, choices: list[ChatStreamChoice],
+               usage=None, prompt_token_ids: Optional[list[int]] = None) -> str:
+        return sse_model(ChatCompletionChunk(id=request_id, created=created, model=self.state.answer_model(req.model),
                                              choices=choices, usage=usage, prompt_token_ids=prompt_token_ids))
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
@@ -140,14 +140,14 @@ class ChatHandler:
             return UsageInfo.of(len(prompt_ids), num_tokens, 0) if req.continuous_usage else None
 
         for index in range(req.n):
-            yield self._chunk(request_id, created, [ChatStreamChoice(
+            yield self._chunk(req, request_id, created, [ChatStreamChoice(
                 index=index, delta=DeltaMessage(role=req.answer_role(self.state.response_role), content=""))],
                 so_far(0),
                 prompt_ids if req.return_token_ids and index == 0 else None)
         echo = req.echo_text(self.state.response_role)
         for index in range(req.n if echo else 0):
-            yield self._chunk(request_id, created, [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))],
-                              so_far(0))
+            yield self._chunk(req, request_id, created,
+                              [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))], so_far(0))
         reasoning = self.state.reasoning
         cursors = [_Cursor(tools=plan.stream(), thinking=reasoning.stream(prompt_text) if reasoning else None)
                    for _ in range(req.n)]
@@ -155,11 +155,11 @@ class ChatHandler:
         async for _, out in merge_streams(streams):
             for c in out.outputs:
                 for choice in self._deltas(req, c, cursors[c.index]):
-                    yield self._chunk(request_id, created, [choice], so_far(len(c.token_ids)))
+                    yield self._chunk(req, request_id, created, [choice], so_far(len(c.token_ids)))
             if out.finished:
                 final = out
         if req.include_usage and final is not None:
-            yield self._chunk(request_id, created, [], usage_of([final]))
+            yield self._chunk(req, request_id, created, [], usage_of([final]))
         yield SSE_DONE
 
     def _deltas(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> list[ChatStreamChoice]:

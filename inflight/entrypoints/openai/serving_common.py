@@ -72,6 +72,10 @@ class ServerState:
             raise OpenAIError(404, f"The model `{clip(name)}` does not exist. This server serves "
                                    f"`{self.model_name}`.", param="model", code="model_not_found")
 
+    def answer_model(self, name: Optional[str]) -> str:
+        """The model name an answer reports: the one asked for, where it is one of ours (vLLM's)."""
+        return name if name is not None and name in self.model_aliases else self.model_name
+
     def admit(self, req: Any, num_prompts: int = 1) -> SamplingParams:
         """Checks every request shares (model name, limits, capacity) and returns its
         SamplingParams; invalid values become a 400 naming the field."""

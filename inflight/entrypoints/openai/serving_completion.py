@@ -62,7 +62,7 @@ class CompletionHandler:
             outputs = [without_generation(o) for o in outputs]
         choices = [self._choice(req, i * req.n + c.index, out, c) for i, out in enumerate(outputs)
                    for c in out.outputs]
-        body = CompletionResponse(id=request_id, created=created, model=state.model_name, choices=choices,
+        body = CompletionResponse(id=request_id, created=created, model=state.answer_model(req.model), choices=choices,
                                   usage=usage_of(outputs))
         return JSONResponse(add_kv_transfer_params(state, req, request_id, outputs, dump(body)))
 
@@ -140,6 +140,7 @@ class CompletionHandler:
         if asked, then [DONE]."""
         cursors: dict[int, _Cursor] = {}
         finals: dict[int, RequestOutput] = {}
+        model = self.state.answer_model(req.model)
         async for i, out in merge_streams(streams):
             if req.echo_only:
                 out = without_generation(out)
@@ -149,14 +150,14 @@ class CompletionHandler:
                 if choice is not None:
                     usage = UsageInfo.of(len(out.prompt_token_ids), len(c.token_ids), out.num_cached_tokens) \
                         if req.continuous_usage else None
-                    chunk = CompletionStreamResponse(id=request_id, created=created, model=self.state.model_name,
+                    chunk = CompletionStreamResponse(id=request_id, created=created, model=model,
                                                      choices=[choice], usage=usage)
                     yield sse_model(chunk)
             if out.finished:
                 finals[i] = out
         if req.include_usage:
             usage = usage_of([finals[i] for i in sorted(finals)])
-            chunk = CompletionStreamResponse(id=request_id, created=created, model=self.state.model_name,
+            chunk = CompletionStreamResponse(id=request_id, created=created, model=model,
                                              choices=[], usage=usage)
             yield sse_model(chunk)
         yield SSE_DONE

@@ -213,7 +213,8 @@ class ResponsesHandler:
 
     def _base(self, req: ResponsesRequest, chat: Any) -> dict[str, Any]:
         fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) if req.text and req.text.format else None
-        return {"id": _id("resp"), "object": "response", "created_at": int(time.time()), "model": self.state.model_name,
+        return {"id": _id("resp"), "object": "response", "created_at": int(time.time()),
+                "model": self.state.answer_model(req.model),
                 "error": None, "incomplete_details": None, "instructions": req.instructions,
                 "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
                 "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
