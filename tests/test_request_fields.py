@@ -1,7 +1,11 @@
 """vLLM's request fields beyond OpenAI's, on the real embedded SmolLM2-135M through the
 openai client: a chat answer continued from a prefilled start (continue_final_message,
-echo), truncate_prompt_tokens and allowed_token_ids."""
+echo), truncate_prompt_tokens, allowed_token_ids, bad_words, token ids, continuous usage,
+max_logprobs and structural tags."""
 from __future__ import annotations
+
+import json
+import re
 
 import httpx
 import openai
@@ -191,3 +195,21 @@ def test_max_logprobs_caps_top_logprobs_offline_and_served(server, client):
         err = h.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1, "logprobs": True,
                                                     "top_logprobs": 31}).json()["error"]
         assert err["param"] == "top_logprobs" and "30" in err["message"]
+
+
+def test_structural_tags_constrain_the_tagged_part_only(client):
+    """Free text until the trigger; then the tag's begin, content by its schema, its end."""
+    plain = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0)
+    assert plain.choices[0].text.startswith(" Paris.")
+    tag = {"type": "structural_tag", "structures": [{"begin": " Paris", "schema": {"type": "integer"}, "end": "."}],
+           "triggers": [" Par"]}
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
+                                  extra_body={"response_format": tag})
+    assert re.match(r" Paris-?[0-9]+\.", r.choices[0].text), r.choices[0].text
+    so = {"structural_tag": json.dumps({k: v for k, v in tag.items() if k != "type"})}
+    again = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
+                                      extra_body={"structured_outputs": so})
+    assert again.choices[0].text == r.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="structural tag"):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                  extra_body={"structured_outputs": {"structural_tag": '{"format": 5}'}})

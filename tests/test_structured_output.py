@@ -2,6 +2,7 @@
 mapping, the grammar state (drafts, rollback, EOS) and the batch mask op."""
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -49,6 +50,8 @@ def allowed(bitmask: torch.Tensor, row: int) -> set[int]:
     ({"choice": ["a", ""]}, "structured_outputs.choice"),
     ({"regex": ""}, "structured_outputs.regex"),
     ({"grammar": "x" * 70000}, "at most 65536 characters"),
+    ({"structural_tag": "{not json"}, "structural_tag: not valid JSON"),
+    ({"structural_tag": "[1]"}, "structural_tag: must be a JSON object"),
 ])
 def test_params_validation(kwargs, message):
     with pytest.raises(InvalidRequestError, match=message):
@@ -71,12 +74,20 @@ def test_response_format_and_extension_map_onto_params():
         params(response_format={"type": "json_schema", "json_schema": {"name": "p"}})
     with pytest.raises(InvalidRequestError, match="response_format"):
         params(response_format={"type": "json_object"}, structured_outputs={"regex": "a"})
+    tag = {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
+           "triggers": ["<f"]}
+    so = params(response_format=tag).structured_outputs
+    assert json.loads(so.structural_tag) == {"structures": tag["structures"], "triggers": ["<f"]}
+    assert params(structured_outputs={"structural_tag": "{}"}).structured_outputs.structural_tag == "{}"
 
 
 @pytest.mark.parametrize("params, message", [
     (StructuredOutputsParams(json={"type": "strin"}), "invalid JSON schema: .*strin"),
     (StructuredOutputsParams(regex="a(b"), "invalid regex: .*parenthesis"),
     (StructuredOutputsParams(grammar="root ::= x"), "invalid grammar: .*\"x\" is not defined"),
+    (StructuredOutputsParams(structural_tag='{"format": 5}'), "invalid structural tag: .*must be an object"),
+    (StructuredOutputsParams(structural_tag='{"structures": [{"end": "x"}], "triggers": []}'),
+     "invalid structural tag"),
 ])
 def test_bad_constraints_name_the_problem_every_time(manager, params, message):
     for _ in range(2):  # the failure is cached, and raised again

@@ -17,6 +17,7 @@ from inflight.structured_output.params import StructuredOutputsParams
 _LOG_PREFIX = re.compile(r"^\[[\d:.]+\] \S+:\d+: ")  # xgrammar's "[time] file.cc:line: " before the message
 MAX_ERROR_CHARS = 300
 _DESCRIPTIONS = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
+                 "structural_tag": "structural tag",
                  "choice": "choice list", "grammar": "grammar"}
 
 
@@ -49,11 +50,23 @@ class GrammarBackend:
                 # EBNF string literals take JSON's escapes
                 alts = " | ".join(json.dumps(c, ensure_ascii=False) for c in p.choice)
                 return self._compiler.compile_grammar(f"root ::= {alts}")
+            if kind == "structural_tag":
+                return self._structural_tag(p.structural_tag)
             if "::=" in p.grammar:
                 return self._compiler.compile_grammar(p.grammar)
             return self._compiler.compile_lark(p.grammar)
         except Exception as e:  # xgrammar raises RuntimeError (and a few others) for a bad grammar
             raise InvalidRequestError(f"invalid {_DESCRIPTIONS[kind]}: {_message(e)}") from None
+
+    def _structural_tag(self, text: str) -> xgr.CompiledGrammar:
+        """xgrammar's structural tag, or the older begin/schema/end structures with triggers (vLLM takes both)."""
+        tag = json.loads(text)
+        if "structures" not in tag:
+            return self._compiler.compile_structural_tag(text)
+        items = [xgr.StructuralTagItem(begin=s["begin"], end=s["end"],
+                                       schema=s["schema"] if isinstance(s["schema"], str) else json.dumps(s["schema"]))
+                 for s in tag["structures"]]
+        return self._compiler.compile_structural_tag(items, list(tag.get("triggers", [])))
 
     @staticmethod
     def new_state(compiled: xgr.CompiledGrammar) -> "GrammarState":

@@ -11,20 +11,23 @@ from inflight.errors import InvalidRequestError
 # with its size: these bound what one request can make the server compile.
 MAX_GRAMMAR_CHARS = 65536
 MAX_CHOICES = 1024
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
 class StructuredOutputsParams:
     """Exactly one of: ``json`` (a JSON schema, as a dict or JSON text), ``regex``,
     ``choice`` (the output is one of these strings), ``grammar`` (EBNF/GBNF with
-    ``::=`` rules, else Lark) or ``json_object`` (any JSON object)."""
+    ``::=`` rules, else Lark), ``json_object`` (any JSON object) or ``structural_tag``
+    (JSON text: free text where tagged parts follow their schemas; xgrammar's format, or
+    the older ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``)."""
 
     json: Optional[Union[str, dict[str, Any]]] = None
     regex: Optional[str] = None
     choice: Optional[list[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    structural_tag: Optional[str] = None
     # Set by a server with --reasoning-parser (a reasoning model's thinking is free): the
     # end-of-thinking token id after which the constraint starts (None: from the first token),
     # and the start-of-thinking id when the model thinks only if it opens with that token.
@@ -61,6 +64,13 @@ class StructuredOutputsParams:
                     raise InvalidRequestError("structured_outputs.json: a JSON schema must be an object")
             elif not isinstance(self.json, dict):
                 raise InvalidRequestError("structured_outputs.json: a JSON schema must be an object or JSON text")
+        elif kind == "structural_tag":
+            try:
+                tag = json.loads(self.structural_tag) if isinstance(self.structural_tag, str) else None
+            except ValueError as e:
+                raise InvalidRequestError(f"structured_outputs.structural_tag: not valid JSON ({e})") from None
+            if not isinstance(tag, dict):
+                raise InvalidRequestError("structured_outputs.structural_tag: must be a JSON object as text")
         elif kind in ("regex", "grammar"):
             if not isinstance(getattr(self, kind), str) or not getattr(self, kind):
                 raise InvalidRequestError(f"structured_outputs.{kind}: must be a non-empty string")

@@ -2,6 +2,7 @@
 ``structured_outputs`` extension, mapped onto StructuredOutputsParams."""
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,10 +26,14 @@ class JsonSchemaFormat(_Model):
 
 
 class ResponseFormat(_Model):
-    """OpenAI's ``response_format``: free text, any JSON object, or JSON following a schema."""
+    """OpenAI's ``response_format``: free text, any JSON object, or JSON following a schema;
+    vLLM's ``structural_tag`` (xgrammar's ``format``, or ``structures`` with ``triggers``)."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: Optional[JsonSchemaFormat] = None
+    structures: Optional[list[dict[str, Any]]] = None
+    triggers: Optional[list[str]] = None
+    format: Optional[dict[str, Any]] = None
 
 
 class StructuredOutputsRequest(_Model):
@@ -39,6 +44,7 @@ class StructuredOutputsRequest(_Model):
     choice: Optional[list[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    structural_tag: Optional[str] = None  # JSON text, as vLLM takes it
 
 
 class StructuredOutputFields(_Model):
@@ -53,7 +59,7 @@ class StructuredOutputFields(_Model):
         if so is None:
             return "response_format" if self.response_format is not None else "structured_outputs"
         kinds = (("json", so.json_), ("regex", so.regex), ("choice", so.choice), ("grammar", so.grammar),
-                 ("json_object", so.json_object))
+                 ("json_object", so.json_object), ("structural_tag", so.structural_tag))
         return next((f"structured_outputs.{k}" for k, v in kinds if v is not None), "structured_outputs")
 
     def structured_outputs_params(self) -> Optional[StructuredOutputsParams]:
@@ -65,11 +71,14 @@ class StructuredOutputFields(_Model):
             raise InvalidRequestError("response_format: cannot be combined with structured_outputs")
         if so is not None:
             return StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
-                                           json_object=so.json_object)
+                                           json_object=so.json_object, structural_tag=so.structural_tag)
         if fmt is None:
             return None
         if fmt.type == "json_object":
             return StructuredOutputsParams(json_object=True)
+        if fmt.type == "structural_tag":
+            tag = fmt.model_dump(exclude={"type", "json_schema"}, exclude_none=True)
+            return StructuredOutputsParams(structural_tag=json.dumps(tag))
         if fmt.json_schema is None or fmt.json_schema.json_schema is None:
             raise InvalidRequestError("response_format: type json_schema needs json_schema.schema")
         return StructuredOutputsParams(json=fmt.json_schema.json_schema)
