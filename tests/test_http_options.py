@@ -54,6 +54,15 @@ def test_the_answer_role_and_the_request_log(server, caplog):
     wait_until_idle(server)
 
 
+def test_forced_usage_ends_every_stream():
+    with ServerThread(make_fake_engine(), "m", log_stats=False, force_include_usage=True) as srv, \
+            httpx.Client(base_url=srv.base_url) as h:
+        for path, body in (("/v1/completions", {"prompt": "Hi"}), ("/v1/chat/completions", {"messages": USER})):
+            events = [line for line in h.post(path, json={**body, "max_tokens": 2, "stream": True}).text.splitlines()
+                      if line.startswith("data: {")]
+            assert '"completion_tokens":2' in events[-1] and '"choices":[]' in events[-1], (path, events[-1])
+
+
 def test_vllm_defaults_allow_every_origin():
     with ServerThread(make_fake_engine(), "m", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
         r = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers={"Origin": "https://x.example"})

@@ -46,7 +46,8 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                 max_waiting_requests: Optional[int] = None, log_stats: bool = True,
                 log_interval_s: float = 5.0, limits: Optional[ServerLimits] = None,
                 response_role: str = "assistant", log_requests: bool = False,
-                max_log_len: Optional[int] = None, model_aliases: Sequence[str] = ()) -> ServerState:
+                max_log_len: Optional[int] = None, model_aliases: Sequence[str] = (),
+                force_include_usage: bool = False) -> ServerState:
     """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one, or a DPEngineClient)
     for serving: metrics observer, async engine, settings.
 
@@ -66,7 +67,8 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        vocab_size=_vocab_size(engine),
                        default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}),
                        response_role=response_role, log_requests=log_requests, max_log_len=max_log_len,
-                       model_aliases=list(model_aliases), max_logprobs=_max_logprobs(engine))
+                       model_aliases=list(model_aliases), max_logprobs=_max_logprobs(engine),
+                       force_include_usage=force_include_usage)
 
 
 def _max_logprobs(engine: Any) -> int:

@@ -66,7 +66,8 @@ def run_serve(args: argparse.Namespace) -> int:
                         max_waiting_requests=args.max_waiting_requests,
                         log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval,
                         limits=limits, response_role=args.response_role, log_requests=args.enable_log_requests,
-                        max_log_len=args.max_log_len, model_aliases=names[1:])
+                        max_log_len=args.max_log_len, model_aliases=names[1:],
+                        force_include_usage=args.enable_force_include_usage)
     app = build_app(state, shutdown_grace_s=args.shutdown_timeout, health_stall_timeout_s=args.health_stall_timeout,
                     http=http)
     server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,

@@ -51,6 +51,8 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-log-requests", action="store_true",
                    help="log each request: its id, prompt (cut to --max-log-len) and sampling params")
     p.add_argument("--max-log-len", type=int, default=None, help="characters and token ids of a logged prompt")
+    p.add_argument("--enable-force-include-usage", action="store_true",
+                   help="end every streamed answer with a usage chunk, asked for or not")
     p.add_argument("--disable-log-requests", action="store_true",
                    help="accepted as older `vllm serve` spells it: requests are not logged by default")
     p.add_argument("--trust-remote-code", action="store_true",

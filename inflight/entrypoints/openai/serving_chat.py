@@ -158,7 +158,7 @@ class ChatHandler:
                     yield self._chunk(req, request_id, created, [choice], so_far(len(c.token_ids)))
             if out.finished:
                 final = out
-        if req.include_usage and final is not None:
+        if (req.include_usage or self.state.force_include_usage) and final is not None:
             yield self._chunk(req, request_id, created, [], usage_of([final]))
         yield SSE_DONE
 

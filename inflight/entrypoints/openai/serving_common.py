@@ -48,6 +48,7 @@ class ServerState:
     default_sampling: dict[str, Any] = field(default_factory=dict)
     model_aliases: list[str] = field(default_factory=list)  # more --served-model-name names clients may ask for
     max_logprobs: int = 20  # the engine's --max-logprobs
+    force_include_usage: bool = False  # vLLM's --enable-force-include-usage: every stream ends with usage
     response_role: str = "assistant"  # vLLM's --response-role
     log_requests: bool = False  # vLLM's --enable-log-requests, prompts cut to max_log_len
     max_log_len: Optional[int] = None

@@ -155,7 +155,7 @@ class CompletionHandler:
                     yield sse_model(chunk)
             if out.finished:
                 finals[i] = out
-        if req.include_usage:
+        if req.include_usage or self.state.force_include_usage:
             usage = usage_of([finals[i] for i in sorted(finals)])
             chunk = CompletionStreamResponse(id=request_id, created=created, model=model,
                                              choices=[], usage=usage)
