@@ -85,3 +85,18 @@ def test_several_served_model_names():
         assert '"model":"alias"' in chat and '"model":"main"' not in chat
         assert h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).json()["model"] == "main"
         assert h.post("/v1/completions", json={"model": "other", "prompt": "Hi", "max_tokens": 2}).status_code == 404
+
+
+def test_tls_with_a_key_and_certificate():
+    """A self-signed pair made for this test only (tests/data: openssl req -x509 ... -days 36500)."""
+    import pathlib
+    import ssl
+
+    data = pathlib.Path(__file__).parent / "data"
+    tls = {"ssl_keyfile": str(data / "tls_test_key.pem"), "ssl_certfile": str(data / "tls_test_cert.pem")}
+    with ServerThread(make_fake_engine(), "m", log_stats=False, http=HttpOptions(ssl=tls)) as srv:
+        url = srv.base_url.replace("http://", "https://")
+        trust = ssl.create_default_context(cafile=str(data / "tls_test_cert.pem"))
+        assert httpx.get(url + "/health", verify=trust).status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(srv.base_url + "/health", timeout=5)  # plain HTTP is not spoken
