@@ -51,6 +51,7 @@ class SamplingParams:
     structured_outputs: Optional[StructuredOutputsParams] = None  # JSON schema, regex, choice or grammar
     logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit before sampling
     allowed_token_ids: Optional[list[int]] = None  # only these may be sampled (deduplicated, sorted)
+    truncate_prompt_tokens: Optional[int] = None  # keep the prompt's last N tokens (-1: max_model_len)
     bad_words: Optional[list[str]] = None  # never generated (each word with and without a leading space)
     # set by the engine from bad_words with its tokenizer (vLLM's _bad_words_token_ids)
     bad_words_token_ids: Optional[list[list[int]]] = field(default=None, repr=False)
@@ -146,6 +147,9 @@ class SamplingParams:
             raise InvalidRequestError(f"min_tokens must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        keep = self.truncate_prompt_tokens
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or keep >= 1)):
+            raise InvalidRequestError(f"truncate_prompt_tokens must be -1 or positive, got {_short(keep)}")
         for name in ("logprobs", "prompt_logprobs"):  # the upper bound is the engine's max_logprobs
             value = getattr(self, name)
             if value is not None and value < 0:

@@ -117,3 +117,21 @@ def test_prompt_larger_than_kv_pool_is_rejected():
         small.generate("word " * 100, SamplingParams(max_tokens=4), use_tqdm=False)
     out = small.generate("Hello", SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
     assert out[0].outputs[0].finish_reason == "length"
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens_offline(llm):
+    from inflight.errors import InvalidRequestError
+
+    tok = llm.get_tokenizer()
+    prompt = "one two three four five six seven eight"
+    ids = tok(prompt).input_ids
+    sp = SamplingParams(temperature=0.0, max_tokens=3, truncate_prompt_tokens=3)
+    out = llm.generate(prompt, sp, use_tqdm=False)[0]
+    assert out.prompt_token_ids == ids[-3:] and out.prompt is None
+    ref = llm.generate(prompt_token_ids=[ids[-3:]], sampling_params=SamplingParams(temperature=0.0, max_tokens=3),
+                       use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    with pytest.raises(InvalidRequestError, match="max_model_len"):
+        llm.generate(prompt, SamplingParams(max_tokens=1, truncate_prompt_tokens=10_000), use_tqdm=False)
+    with pytest.raises(InvalidRequestError, match="truncate_prompt_tokens"):
+        SamplingParams(truncate_prompt_tokens=0)
