@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import httpx
 import pytest
@@ -100,3 +101,23 @@ def test_tls_with_a_key_and_certificate():
         assert httpx.get(url + "/health", verify=trust).status_code == 200
         with pytest.raises(httpx.HTTPError):
             httpx.get(srv.base_url + "/health", timeout=5)  # plain HTTP is not spoken
+
+
+def test_load_counts_the_requests_the_engine_holds():
+    import threading
+
+    engine = make_fake_engine()
+    engine.runner.step_delay = 0.05
+    with ServerThread(engine, "m", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        body = {"prompt": "Hi", "max_tokens": 20}
+        threads = [threading.Thread(target=httpx.post, args=(srv.base_url + "/v1/completions",),
+                                    kwargs={"json": body, "timeout": 30}) for _ in range(3)]
+        for t in threads:
+            t.start()
+        seen = 0
+        for _ in range(40):
+            seen = max(seen, h.get("/load").json()["server_load"])
+            time.sleep(0.02)
+        for t in threads:
+            t.join()
+        assert seen >= 1 and h.get("/load").json() == {"server_load": 0}

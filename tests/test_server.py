@@ -157,6 +157,7 @@ def test_side_endpoints(server, client):
     with httpx.Client(base_url=server.base_url) as h:
         assert h.get("/health").status_code == 200
         assert h.get("/ping").status_code == 200 and h.post("/ping").status_code == 200  # vLLM's alias
+        assert h.get("/load").json() == {"server_load": 0}  # idle
         assert h.get("/version").json()["version"]
         tok = h.post("/tokenize", json={"prompt": "Hi"}).json()
         assert tok["tokens"] == [72, 105] and tok["count"] == 2 and tok["max_model_len"] == 128

@@ -126,6 +126,12 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
+@public.get("/load")
+async def load(request: Request) -> JSONResponse:
+    """vLLM's load probe for routers: the requests the engine holds or is about to."""
+    return JSONResponse({"server_load": _state(request).engine.num_unfinished})
+
+
 @public.get("/version")
 async def version() -> JSONResponse:
     return JSONResponse({"version": inflight.__version__})

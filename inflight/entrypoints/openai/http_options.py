@@ -53,6 +53,8 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-log-len", type=int, default=None, help="characters and token ids of a logged prompt")
     p.add_argument("--enable-force-include-usage", action="store_true",
                    help="end every streamed answer with a usage chunk, asked for or not")
+    p.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="accepted as `vllm serve` spells it: /load always reports the requests the engine holds")
     p.add_argument("--disable-log-requests", action="store_true",
                    help="accepted as older `vllm serve` spells it: requests are not logged by default")
     p.add_argument("--trust-remote-code", action="store_true",

@@ -18,7 +18,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 # Probes must answer even when the server sheds load.
-EXEMPT_PATHS = frozenset({"/health", "/ping", "/metrics", "/version"})
+EXEMPT_PATHS = frozenset({"/health", "/ping", "/load", "/metrics", "/version"})
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
