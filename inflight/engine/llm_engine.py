@@ -17,7 +17,7 @@ from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
-from inflight.sampling_params import SamplingParams, bad_words_token_ids
+from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
 from inflight.structured_output.manager import StructuredOutputManager
 from inflight.structured_output.masks import GrammarMasks
 
@@ -100,13 +100,9 @@ class LLMEngine:
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
-        keep = params.truncate_prompt_tokens
-        if keep is not None:  # vLLM's: the prompt's last tokens (-1: max_model_len); the text no longer matches
-            if keep > self.max_model_len:
-                raise InvalidRequestError(f"truncate_prompt_tokens must be at most max_model_len "
-                                          f"({self.max_model_len}), got {keep}")
-            keep = self.max_model_len if keep == -1 else keep
-            text, ids = (text, ids) if len(ids) <= keep else (None, ids[-keep:])
+        cut = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
+        if cut is not None:  # a cut prompt's text no longer matches its ids
+            text, ids = None, cut
         self._validate(ids, params)
         if params.bad_words:
             params = replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))

@@ -164,8 +164,8 @@ class LlamaForCausalLM(nn.Module):
         scaling into the final norm: the same products, no op of their own (so the packed
         linears and the C layer loop run it as they run Llama)."""
         m, s = self.cfg.residual_multiplier, self.cfg.logits_scaling
-        for layer in self.layers if m != 1.0 else ():
-            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+        if m != 1.0:
+            for proj in (p for layer in self.layers for p in (layer.self_attn.o_proj, layer.mlp.down_proj)):
                 proj.weight.mul_(m)
                 if getattr(proj, "bias", None) is not None:
                     proj.bias.mul_(m)
@@ -207,5 +207,5 @@ ARCHITECTURES = (
     ArchSpec("Qwen2ForCausalLM", "qwen2", LlamaForCausalLM, attention_bias=True, gguf_arch="qwen2"),
     ArchSpec("SmolLM3ForCausalLM", "smollm3", LlamaForCausalLM, gguf_arch="smollm3", gguf_permute_qk=True),
     ArchSpec("GraniteForCausalLM", "granite", LlamaForCausalLM, check_config=_check_granite, gguf_arch="granite",
-             gguf_permute_qk=True, gguf_config=lambda meta: _granite_gguf_config(meta)),
+             gguf_permute_qk=True, gguf_config=_granite_gguf_config),
 )

@@ -236,15 +236,14 @@ def _extra_fields(c: Any) -> dict[str, Any]:
     types = list(getattr(c, "layer_types", None) or _max_window_layer_types(c))
     mixed = "sliding_attention" in types and getattr(c, "sliding_window", None)
     # values keep their JSON types: normalize_hf_config writes them back into the config dict
-    scalars = {k: float(getattr(c, k)) for k in ("embedding_multiplier", "residual_multiplier", "logits_scaling")
-               if getattr(c, k, None) is not None}
+    # Granite's scalars and SmolLM3's layers without positions, where the config has them
+    extra = {k: float(getattr(c, k)) for k in ("embedding_multiplier", "residual_multiplier", "logits_scaling",
+                                              "attention_multiplier") if getattr(c, k, None) is not None}
     no_rope = getattr(c, "no_rope_layers", None)
     if no_rope is not None and not all(no_rope):
-        scalars["no_rope_layers"] = [int(x) for x in no_rope]
-    if getattr(c, "attention_multiplier", None) is not None:
-        scalars["attention_multiplier"] = float(c.attention_multiplier)
+        extra["no_rope_layers"] = [int(x) for x in no_rope]
     return dict(layer_types=types if mixed else None, hidden_activation=getattr(c, "hidden_activation", None),
-                rope_local_base_freq=local_theta, **opt, **scalars)
+                rope_local_base_freq=local_theta, **opt, **extra)
 
 
 def _max_window_layer_types(c: Any) -> list[str]:

@@ -123,9 +123,9 @@ class ChatHandler:
                                          bytes=list(text_of(t, lp).encode())) for t, lp in ranked]))
         return ChatLogProbs(content=content)
 
-    def _chunk(self, req: ChatCompletionRequest, request_id: str, created: int, choices: list[ChatStreamChoice],
+    def _chunk(self, model: str, request_id: str, created: int, choices: list[ChatStreamChoice],
                usage=None, prompt_token_ids: Optional[list[int]] = None) -> str:
-        return sse_model(ChatCompletionChunk(id=request_id, created=created, model=self.state.answer_model(req.model),
+        return sse_model(ChatCompletionChunk(id=request_id, created=created, model=model,
                                              choices=choices, usage=usage, prompt_token_ids=prompt_token_ids))
 
     async def _events(self, req: ChatCompletionRequest, request_id: str, created: int,
@@ -139,14 +139,16 @@ class ChatHandler:
         def so_far(num_tokens: int) -> Optional[UsageInfo]:
             return UsageInfo.of(len(prompt_ids), num_tokens, 0) if req.continuous_usage else None
 
+        model = self.state.answer_model(req.model)
+
         for index in range(req.n):
-            yield self._chunk(req, request_id, created, [ChatStreamChoice(
+            yield self._chunk(model, request_id, created, [ChatStreamChoice(
                 index=index, delta=DeltaMessage(role=req.answer_role(self.state.response_role), content=""))],
                 so_far(0),
                 prompt_ids if req.return_token_ids and index == 0 else None)
         echo = req.echo_text(self.state.response_role)
         for index in range(req.n if echo else 0):
-            yield self._chunk(req, request_id, created,
+            yield self._chunk(model, request_id, created,
                               [ChatStreamChoice(index=index, delta=DeltaMessage(content=echo))], so_far(0))
         reasoning = self.state.reasoning
         cursors = [_Cursor(tools=plan.stream(), thinking=reasoning.stream(prompt_text) if reasoning else None)
@@ -155,11 +157,11 @@ class ChatHandler:
         async for _, out in merge_streams(streams):
             for c in out.outputs:
                 for choice in self._deltas(req, c, cursors[c.index]):
-                    yield self._chunk(req, request_id, created, [choice], so_far(len(c.token_ids)))
+                    yield self._chunk(model, request_id, created, [choice], so_far(len(c.token_ids)))
             if out.finished:
                 final = out
         if (req.include_usage or self.state.force_include_usage) and final is not None:
-            yield self._chunk(req, request_id, created, [], usage_of([final]))
+            yield self._chunk(model, request_id, created, [], usage_of([final]))
         yield SSE_DONE
 
     def _deltas(self, req: ChatCompletionRequest, c: CompletionOutput, cur: _Cursor) -> list[ChatStreamChoice]:

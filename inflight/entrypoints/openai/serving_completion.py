@@ -110,23 +110,29 @@ class CompletionHandler:
         return_tokens_as_token_ids) names tokens "token_id:N"; offsets stay the text's."""
         result = CompletionLogProbs()
         decode = self.state.tokenizer.decode
+
+        def text_of(tok: int, lp: Optional[Logprob] = None) -> str:
+            return lp.decoded_token if lp is not None and lp.decoded_token is not None else decode([tok])
+
+        def shown(tok: int, text: str) -> str:
+            return f"token_id:{tok}" if as_ids else text
+
         for tok, entry in zip(list(echo_ids) + list(token_ids), list(echo_logprobs) + list(logprobs)):
             if entry is None:
-                text = decode([tok])
-                result.tokens.append(f"token_id:{tok}" if as_ids else text)
+                text = text_of(tok)
+                result.tokens.append(shown(tok, text))
                 result.token_logprobs.append(None)
                 result.top_logprobs.append(None)
                 result.text_offset.append(offset)
                 offset += len(text)
                 continue
             sampled = entry.get(tok) or next(iter(entry.values()))
-            text = sampled.decoded_token if sampled.decoded_token is not None else decode([tok])
-            result.tokens.append(f"token_id:{tok}" if as_ids else text)
+            text = text_of(tok, sampled)
+            result.tokens.append(shown(tok, text))
             result.token_logprobs.append(safe_logprob(sampled.logprob))
             top: dict[str, float] = {}
             for t, lp in entry.items():
-                key = f"token_id:{t}" if as_ids else lp.decoded_token if lp.decoded_token is not None \
-                    else decode([t])
+                key = shown(t, text_of(t, lp))
                 top[key] = max(top.get(key, -9999.0), safe_logprob(lp.logprob))
             result.top_logprobs.append(top)
             result.text_offset.append(offset)

@@ -11,7 +11,7 @@ from pydantic import AfterValidator
 
 from inflight.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from inflight.errors import InvalidRequestError
-from inflight.sampling_params import MAX_STOP_STRING_CHARS
+from inflight.sampling_params import MAX_STOP_STRING_CHARS, truncate_prompt
 
 
 def _no_lone_surrogates(value: str) -> str:
@@ -147,13 +147,10 @@ def check_truncation(keep: Optional[int], max_model_len: int) -> None:
 
 
 def truncated(prompt: dict[str, Any], keep: Optional[int], max_model_len: int) -> dict[str, Any]:
-    """The engine prompt with only its last ``keep`` tokens (-1: max_model_len), as vLLM
-    truncates on the left; a cut prompt loses its text (echo decodes the kept ids)."""
-    keep = max_model_len if keep == -1 else keep
-    ids = prompt["prompt_token_ids"]
-    if keep is None or len(ids) <= keep:
-        return prompt
-    return {**prompt, "prompt": None, "prompt_token_ids": ids[-keep:]}
+    """The engine prompt with only its last ``keep`` tokens (sampling_params.truncate_prompt);
+    a cut prompt loses its text (echo decodes the kept ids)."""
+    cut = truncate_prompt(prompt["prompt_token_ids"], keep, max_model_len)
+    return prompt if cut is None else {**prompt, "prompt": None, "prompt_token_ids": cut}
 
 
 def check_token_prompt(ids: list[int], max_model_len: int, vocab_size: Optional[int]) -> None:
