@@ -183,29 +183,29 @@ class ResponsesHandler:
         reasoning, content = split_thinking(thinking, out.outputs[0].text, True)
         builder.reason(reasoning)
         builder.add(_parse(plan.stream(), content, True))
-        builder.finish(out, self._reasoning_tokens(out, reasoning))
+        builder.finish(out, self._reasoning_tokens(out, bool(reasoning)))
         return JSONResponse(builder.response)
 
     async def _events(self, builder: ResponseBuilder, plan: ToolPlan, streams: list,
                       thinking: Optional[ReasoningStream]) -> AsyncIterator[str]:
         for event in builder.start():
             yield _sse(event)
-        tools, sent, reasoned = plan.stream(), 0, ""
+        tools, sent, thought = plan.stream(), 0, False
         async for _, out in merge_streams(streams):
             c = out.outputs[0]
             reasoning, content = split_thinking(thinking, c.text[sent:], out.finished)
-            reasoned += reasoning
+            thought = thought or bool(reasoning)
             for event in builder.reason(reasoning) + builder.add(_parse(tools, content, out.finished)):
                 yield _sse(event)
             sent = len(c.text)
             if out.finished:
-                for event in builder.finish(out, self._reasoning_tokens(out, reasoned)):
+                for event in builder.finish(out, self._reasoning_tokens(out, thought)):
                     yield _sse(event)
 
-    def _reasoning_tokens(self, out: RequestOutput, reasoning: str) -> int:
+    def _reasoning_tokens(self, out: RequestOutput, thought: bool) -> int:
         """The output tokens up to the end of the thinking (all of them if it never ended)."""
         ids, tags = list(out.outputs[0].token_ids), self.state.reasoning_tags
-        if not reasoning:
+        if not thought:
             return 0
         if tags is None or tags[1] not in ids:
             return len(ids) if tags is not None else 0
