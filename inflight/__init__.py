@@ -1,9 +1,10 @@
 """inflight: a continuous-batching LLM inference engine and OpenAI-compatible server."""
+from inflight.lora.request import LoRARequest
 from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inflight.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "__version__"]
+__all__ = ["LLM", "SamplingParams", "LoRARequest", "RequestOutput", "CompletionOutput", "RequestMetrics", "__version__"]
 
 
 def __getattr__(name: str):

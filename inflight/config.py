@@ -144,6 +144,31 @@ class SpeculativeConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """Serving LoRA adapters (vLLM's ``LoRAConfig``): requests name an adapter
+    (``LoRARequest``) and run beside requests of other adapters and of the base model.
+    ``max_loras``: adapters one step may mix (admission keeps the running batch within
+    it); ``max_lora_rank``: the largest rank an adapter may have; ``max_cpu_loras``:
+    adapters kept loaded in memory (None: ``max_loras``; least recently used go first)."""
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
+
+    def validate(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
+
+    @property
+    def num_cached(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+
+@dataclass
 class EngineConfig:
     """Everything the engine needs; build it with :meth:`from_kwargs`."""
 
@@ -157,11 +182,13 @@ class EngineConfig:
     trace_file: Optional[str] = None
     speculative_config: Optional[SpeculativeConfig] = None
     kv_transfer_config: Optional[KVTransferConfig] = None  # prefill/decode disaggregation
+    lora_config: Optional[LoRAConfig] = None  # set by enable_lora=True (with max_loras, ...)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
         """Route flat vLLM-style keyword arguments to the right sub-config."""
-        groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "sched": {}, "parallel": {}, "top": {}}
+        groups: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "sched": {}, "parallel": {}, "top": {},
+                                             "lora": {}}
         names = {
             "model": {f.name for f in fields(ModelConfig)},
             "cache": {f.name for f in fields(CacheConfig)},
@@ -169,6 +196,7 @@ class EngineConfig:
             "parallel": {f.name for f in fields(ParallelConfig)},
             "top": {"device", "trace_file", "attention_backend", "enforce_eager", "speculative_config",
                     "kv_transfer_config"},
+            "lora": {"enable_lora"} | {f.name for f in fields(LoRAConfig)},
         }
         for key, value in kwargs.items():
             for group, known in names.items():
@@ -183,6 +211,11 @@ class EngineConfig:
             groups["top"]["speculative_config"] = SpeculativeConfig.parse(groups["top"]["speculative_config"])
         if "kv_transfer_config" in groups["top"]:
             groups["top"]["kv_transfer_config"] = KVTransferConfig.parse(groups["top"]["kv_transfer_config"])
+        lora = groups["lora"]
+        if lora.pop("enable_lora", False):
+            groups["top"]["lora_config"] = LoRAConfig(**lora)
+        elif lora:
+            raise ValueError(f"{', '.join(sorted(lora))} need enable_lora=True")
         cfg = cls(ModelConfig(**groups["model"]), CacheConfig(**groups["cache"]),
                   SchedulerConfig(**groups["sched"]), ParallelConfig(**groups["parallel"]), **groups["top"])
         cfg.validate()
@@ -205,6 +238,10 @@ class EngineConfig:
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}")
         self.parallel_config.validate()
+        if self.lora_config is not None:
+            self.lora_config.validate()
+            if self.parallel_config.world_size > 1:
+                raise ValueError("enable_lora runs with tensor_parallel_size=1 only")
         if self.speculative_config is not None:
             self.speculative_config.validate()
             if s.scheduling == "static":

@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence, Union
 from tqdm.auto import tqdm
 
 from inflight.engine.llm_engine import LLMEngine, PromptType
+from inflight.lora.request import LoRARequest
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams
 
@@ -35,10 +36,13 @@ class LLM:
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  *, prompt_token_ids: Optional[Sequence[Sequence[int]]] = None, use_tqdm: bool = True,
-                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in input order."""
+                 priority: Optional[Sequence[int]] = None,
+                 lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order. ``lora_request``:
+        one adapter for every prompt, or one (or None) per prompt (needs ``enable_lora``)."""
         items = self._normalise(prompts, prompt_token_ids)
         params = self._params_for(sampling_params, len(items))
+        loras = self._per_prompt(lora_request, len(items), LoRARequest)
         engine = self.llm_engine
         vocab = getattr(getattr(engine, "arch", None), "vocab_size", None)
         if vocab:
@@ -48,7 +52,8 @@ class LLM:
         try:
             for i, (prompt, p) in enumerate(zip(items, params)):
                 pr = priority[i] if priority is not None else 0
-                ids.append(engine.add_request(None, prompt, p, priority=pr))
+                ids.append(engine.add_request(None, prompt, p, priority=pr,
+                                              **({"lora_request": loras[i]} if loras[i] is not None else {})))
         except Exception:
             engine.abort_request(ids)
             raise
@@ -59,7 +64,8 @@ class LLM:
              *, use_tqdm: bool = True, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template: Optional[str] = None,
              tools: Optional[list[dict]] = None,
-             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+             chat_template_kwargs: Optional[dict[str, Any]] = None,
+             lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate.
         ``continue_final_message`` (with ``add_generation_prompt=False``) leaves the last
         message open, so the model continues it; ``tools`` and ``chat_template_kwargs`` go
@@ -72,7 +78,7 @@ class LLM:
             c, tokenize=False, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, chat_template=chat_template, tools=tools,
             **(chat_template_kwargs or {})), add_special_tokens=False).input_ids} for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     @staticmethod
     def _normalise(prompts, prompt_token_ids) -> list[PromptType]:
@@ -90,12 +96,17 @@ class LLM:
     def _params_for(self, sp, n: int) -> list[SamplingParams]:
         if sp is None:
             return [self.get_default_sampling_params()] * n
-        if isinstance(sp, SamplingParams):
-            return [sp] * n
-        sp = list(sp)
-        if len(sp) != n:
-            raise ValueError(f"got {len(sp)} SamplingParams for {n} prompts")
-        return sp
+        return self._per_prompt(sp, n, SamplingParams)
+
+    @staticmethod
+    def _per_prompt(value, n: int, one: type) -> list:
+        """One ``one`` (or None) for every prompt, or a sequence of one per prompt."""
+        if value is None or isinstance(value, one):
+            return [value] * n
+        value = list(value)
+        if len(value) != n:
+            raise ValueError(f"got {len(value)} {one.__name__}s for {n} prompts")
+        return value
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

@@ -108,6 +108,8 @@ class AdmissionQueue:
         self.waiting: deque[Request] = deque()
         self.swapped: list[Request] = []
         self.preempted_now: set[str] = set()  # preempted in the current schedule(): not resumed in it
+        # LoRA: adapters the running batch may mix (None: no LoRA); a request of one more waits
+        self.max_loras: Optional[int] = None
 
     def room_for(self, num_blocks: int) -> bool:
         """Whether ``num_blocks`` more blocks can be taken while keeping the watermark."""
@@ -139,16 +141,26 @@ class AdmissionQueue:
         """How many seats long generations hold beyond their share (negative: below it)."""
         return sum(1 for r in self.running if self.is_long(r)) - self.long_seats()
 
+    def lora_full(self) -> Optional[set[int]]:
+        """The adapters running, when they are ``max_loras`` (only their requests may join); else None."""
+        if self.max_loras is None:
+            return None
+        ids = {r.lora_int_id for r in self.running if r.lora_int_id}
+        return ids if len(ids) >= self.max_loras else None
+
     def next_candidate(self) -> Optional[Request]:
         """The request admission should try next, or None."""
         long_full = False
         if self.config.long_generation_threshold > 0 and self.policy.seat_share:
             long_full = self.long_over_share() >= 0 and self.interactive_queued() > 0
+        loras = self.lora_full()
         by_priority = self.config.scheduling_policy == "priority"
         best: Optional[Request] = None
         for r in self.queued():
             if r.request_id in self.preempted_now or (long_full and self.is_long(r)):
                 continue
+            if loras is not None and r.lora_int_id and r.lora_int_id not in loras:
+                continue  # NOTE: the running batch holds max_loras adapters: no step mixes more
             if not by_priority:
                 return r
             if best is None or (r.priority, r.arrival_time) < (best.priority, best.arrival_time):

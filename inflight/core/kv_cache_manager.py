@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from inflight.core.block_pool import BlockPool, KVCacheBlock
-from inflight.core.kv_cache_utils import hash_block_tokens
+from inflight.core.kv_cache_utils import first_block_keys, hash_block_tokens
 from inflight.core.request import Request
 
 
@@ -100,9 +100,10 @@ class KVCacheManager:
         tokens = request.all_token_ids
         while (len(hashes) + 1) * bs <= len(tokens):
             i = len(hashes)
-            # the salt goes into the first block only: the chain carries it to every later one (as vLLM)
-            parent, extra = (hashes[-1], None) if hashes else (None, request.cache_salt)
-            hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], extra))
+            # the salt and the adapter go into the first block only: the chain carries them on
+            lora = request.lora_request.lora_name if request.lora_request is not None else None
+            parent, keys = (hashes[-1], {}) if hashes else (None, first_block_keys(request.cache_salt, lora))
+            hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], **keys))
         return hashes
 
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 from inflight.core.request import Request
+from inflight.lora.request import LoRARequest
 from inflight.sampling_params import SamplingParams
 
 # (token_id, logprob, rank): the sampled token first, then the top-N.
@@ -62,12 +63,13 @@ class NewRequestData:
     output_token_ids: list[int] = field(default_factory=list)
     # prompt-logprob entries the request already has (made before a preemption by recompute)
     num_prompt_logprobs: int = 0
+    lora_request: Optional[LoRARequest] = None
 
     @classmethod
     def from_request(cls, req: Request, block_ids: GroupBlockIds) -> "NewRequestData":
         return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params, tuple(map(list, block_ids)),
                    req.num_computed_tokens, tuple(req.eos_token_ids), list(req.output_token_ids),
-                   len(req.prompt_logprobs))
+                   len(req.prompt_logprobs), req.lora_request)
 
 
 @dataclass

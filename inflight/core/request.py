@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from inflight.lora.request import LoRARequest
 from inflight.sampling_params import SamplingParams
 
 
@@ -70,6 +71,7 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     priority: int = 0
     cache_salt: Optional[str] = None  # separates tenants in the prefix cache (vLLM's cache_salt)
+    lora_request: Optional[LoRARequest] = None  # the adapter it runs with; None: the base model
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -90,6 +92,11 @@ class Request:
     def __post_init__(self) -> None:
         self.times = RequestTimes(arrival_time=self.arrival_time)
         self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def lora_int_id(self) -> int:
+        """Its adapter's id; 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -49,14 +49,15 @@ class Scheduler:
     frees the blocks that fall out of it). ``layer_windows``: each layer's window where
     they differ and the worker lays its KV pool out in layer groups: the KV manager is
     then a :class:`HybridKVCacheManager` (block counts are pool blocks of one layer per
-    group; every request has a block table per group).
+    group; every request has a block table per group). ``max_loras`` (with LoRA): the
+    adapters the running batch may mix; a request of another adapter waits its turn.
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, max_model_len: int, num_host_blocks: int = 0,
                  speculative_config: Optional[SpeculativeConfig] = None,
                  sliding_window: Optional[int] = None, batching: Optional[BatchingPolicy] = None,
-                 layer_windows: Optional[Sequence[Optional[int]]] = None) -> None:
+                 layer_windows: Optional[Sequence[Optional[int]]] = None, max_loras: Optional[int] = None) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.max_model_len = max_model_len
@@ -77,6 +78,7 @@ class Scheduler:
         self.batching.bind(self.running, self.kv, self._finish_now)
         self.queue = AdmissionQueue(scheduler_config, batching, self.running, self.kv, self.swap,
                                     self.watermark_blocks)
+        self.queue.max_loras = max_loras
         self.victims = VictimPolicy(scheduler_config, self.queue.is_long)
         self.preemptor = Preemptor(scheduler_config, self.kv, self.swap, self.queue, self.victims, batching)
         self.drafts = DraftPlanner(speculative_config, max_model_len) if speculative_config is not None else None

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, TypeVar
 from inflight.engine.async_stream import (Command, EngineDeadError, RequestStream, StepObserver, deliver,
                                           log_abort_failure, observe, request_error)
 from inflight.engine.protocol import EngineClient
+from inflight.lora.request import LoRARequest
 from inflight.sampling_params import SamplingParams
 
 __all__ = ["AsyncLLMEngine", "EngineDeadError", "RequestStream", "StepObserver"]
@@ -181,7 +182,8 @@ class AsyncLLMEngine(EngineClient):
 
     # ------------------------------------------------------------- requests
     async def add_request(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
-                          arrival_time: Optional[float] = None, cache_salt: Optional[str] = None) -> RequestStream:
+                          arrival_time: Optional[float] = None, cache_salt: Optional[str] = None,
+                          lora_request: Optional[LoRARequest] = None) -> RequestStream:
         """Queue a request and return its output stream once the engine accepted it.
 
         Raises ValueError for input the engine rejects (the caller answers 400),
@@ -192,7 +194,8 @@ class AsyncLLMEngine(EngineClient):
             raise EngineDeadError("the server is shutting down")
         stream = RequestStream(self, request_id)
         arrival = arrival_time if arrival_time is not None else time.time()
-        add = self._submit(lambda: self._do_add(stream, prompt, params, arrival, priority, cache_salt), is_add=True)
+        add = self._submit(lambda: self._do_add(stream, prompt, params, arrival, priority, cache_salt, lora_request),
+                           is_add=True)
         try:
             await asyncio.wrap_future(add)
         except asyncio.CancelledError:
@@ -206,10 +209,13 @@ class AsyncLLMEngine(EngineClient):
             self._cond.notify()
 
     def _do_add(self, stream: RequestStream, prompt: Any, params: SamplingParams,
-                arrival: float, priority: int, cache_salt: Optional[str]) -> None:
+                arrival: float, priority: int, cache_salt: Optional[str],
+                lora_request: Optional[LoRARequest] = None) -> None:
         if stream.request_id in self._streams:
             raise ValueError(f"request id {stream.request_id!r} is already in use")
-        kw = {"cache_salt": cache_salt} if cache_salt is not None else {}
+        kw: dict[str, Any] = {"cache_salt": cache_salt} if cache_salt is not None else {}
+        if lora_request is not None:
+            kw["lora_request"] = lora_request
         self.engine.add_request(stream.request_id, prompt, params, arrival_time=arrival, priority=priority, **kw)
         self._streams[stream.request_id] = stream
         self.num_waiting = len(self.engine.scheduler.waiting)

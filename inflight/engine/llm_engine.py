@@ -16,6 +16,7 @@ from inflight.distributed.kv_transfer.factory import start_step
 from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
+from inflight.lora.request import LoRARequest
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
 from inflight.structured_output.manager import StructuredOutputManager
@@ -60,7 +61,8 @@ class LLMEngine:
                                    num_host_blocks=built.num_host_blocks,
                                    speculative_config=config.speculative_config,
                                    sliding_window=built.arch.kv_sliding_window,
-                                   layer_windows=built.layer_windows)
+                                   layer_windows=built.layer_windows,
+                                   max_loras=config.lora_config.max_loras if config.lora_config else None)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.arch.vocab_size, self.eos_token_ids)
         self.scheduler.grammar_masks = GrammarMasks(self.arch.vocab_size)
@@ -91,10 +93,12 @@ class LLMEngine:
 
     def add_request(self, request_id: Optional[str], prompt: PromptType, params: Optional[SamplingParams] = None,
                     arrival_time: Optional[float] = None, priority: int = 0,
-                    cache_salt: Optional[str] = None) -> str:
+                    cache_salt: Optional[str] = None, lora_request: Optional[LoRARequest] = None) -> str:
         """Validate and queue a request; raises ValueError naming the limit it breaks.
 
-        ``cache_salt`` (vLLM's): only requests with the same salt share prefix-cache blocks."""
+        ``cache_salt`` (vLLM's): only requests with the same salt share prefix-cache blocks.
+        ``lora_request``: the LoRA adapter to run with (needs ``enable_lora``); it is
+        loaded and checked here, so a bad adapter fails this call alone."""
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.output_processor.parents:
@@ -104,6 +108,7 @@ class LLMEngine:
         if cut is not None:  # a cut prompt's text no longer matches its ids
             text, ids = None, cut
         self._validate(ids, params)
+        self._check_lora(lora_request)
         if params.bad_words:
             params = replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
         if params.max_tokens is None:
@@ -115,7 +120,8 @@ class LLMEngine:
             # the samples share the prompt: only the first computes its logprobs
             p = params if params.n == 1 else replace(params, n=1, seed=None if params.seed is None else params.seed + i,
                                                      prompt_logprobs=params.prompt_logprobs if i == 0 else None)
-            children.append(Request(cid, ids, p, self.eos_token_ids, arrival, priority, cache_salt=cache_salt))
+            children.append(Request(cid, ids, p, self.eos_token_ids, arrival, priority, cache_salt=cache_salt,
+                                    lora_request=lora_request))
         for child in children:
             self.scheduler.check_feasible(child)
         if params.structured_outputs is not None:
@@ -139,6 +145,14 @@ class LLMEngine:
         if len(ids) >= self.max_model_len or total > self.max_model_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len ({self.max_model_len})")
+
+    def _check_lora(self, lora_request: Optional[LoRARequest]) -> None:
+        if lora_request is None:
+            return
+        if self.config.lora_config is None or self.runner is None or self.runner.lora is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} asked for, but the engine runs without "
+                             "LoRA: start it with enable_lora=True (--enable-lora)")
+        self.runner.lora.add(lora_request)  # ValueError for an adapter that cannot run on this model
 
     def abort_request(self, request_ids: Union[str, list[str]]) -> list[RequestOutput]:
         """Stop requests now; their KV blocks return to the pool before the next step."""

@@ -66,6 +66,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-transfer-config", default=None,
                         help='prefill/decode disaggregation as JSON, e.g. \'{"kv_role": "kv_producer", "kv_port": 14579}\' '
                              '(kv_producer | kv_consumer | kv_both; default: off)')
+    parser.add_argument("--enable-lora", action="store_true",
+                        help="serve LoRA adapters beside the base model (--lora-modules, or loaded at run time)")
+    parser.add_argument("--max-loras", type=int, default=1, help="adapters one step may mix (default 1)")
+    parser.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted (default 16)")
+    parser.add_argument("--max-cpu-loras", type=int, default=None,
+                        help="adapters kept loaded (default: --max-loras; least recently used go first)")
     parser.add_argument("--speculative-config", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                              '"prompt_lookup_max": 4, "disable_by_batch_size": 16}\' (default: off)')
@@ -93,6 +99,9 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     kw["trace_file"] = args.trace_file
     kw["attention_backend"] = args.attention_backend
     kw["enforce_eager"] = getattr(args, "enforce_eager", False)
+    if getattr(args, "enable_lora", False):
+        kw.update(enable_lora=True, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                  max_cpu_loras=args.max_cpu_loras)
     if getattr(args, "speculative_config", None):
         kw["speculative_config"] = args.speculative_config
     if getattr(args, "kv_transfer_config", None):

@@ -83,6 +83,8 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
                        max_len, arch.max_position_embeddings)
     platform.prepare_process()
     model, backend = _build_model(config, platform, arch, weights, device, dtype, max_len)
+    # the fused projections' shard rows, read before packing replaces those modules
+    shard_rows = model.stacked_shard_rows() if hasattr(model, "stacked_shard_rows") else {}
     done = platform.optimize_model(model, dtype, config)
     logger.info("%s, %s: %s", platform.describe(), dtype, ", ".join(done) or "plain torch")
     cc = config.cache_config
@@ -106,6 +108,13 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
         logger.info("swap space: %d host blocks = %d tokens", num_host, num_host * cc.block_size)
     runner = ModelRunner(model, kv, cc.block_size, arch.vocab_size, device, config.model_config.seed,
                          swapper=Swapper(kv, num_host, device), layer_groups=layout and layout.layer_groups)
+    if config.lora_config is not None:  # after the platform's packing: the LoRA layers wrap the packed linears
+        from inflight.lora.manager import LoRAManager
+        from inflight.models.registry import arch_spec
+        runner.lora = LoRAManager(model, config.lora_config, arch_spec(arch.architecture).stacked, shard_rows,
+                                  dtype, device)
+        logger.info("LoRA: %d projections adaptable, up to %d adapters a step, rank up to %d",
+                    len(runner.lora.targets), config.lora_config.max_loras, config.lora_config.max_lora_rank)
     if layout is None:  # a captured graph holds one block table per request: hybrid layouts run eagerly
         platform.attach_graph_runner(runner, model, kv, backend, max_len, config)
     return BuiltRunner(runner, arch, num_blocks, max_len, dtype, device, num_host,

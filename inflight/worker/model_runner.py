@@ -61,6 +61,7 @@ class ModelRunner:
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
         self.graph_runner = None  # CudaGraphRunner for decode-only steps; set by the CUDA platform
+        self.lora = None  # LoRAManager (inflight/lora) with enable_lora; set by the builder
         self.requests = RequestStates()
         self._step_masks: Optional[StepMasks] = None
 
@@ -88,6 +89,8 @@ class ModelRunner:
         groups = [self._block_table([s.state.block_ids[g] for s in items], req_idx, positions)
                   for g in range(len(items[0].state.block_ids))]
         num_decodes = sum(1 for n in q_lens if n == 1)
+        if self.lora is not None:
+            self.lora.set_batch([(s.state.lora_request, qsl[i], qsl[i + 1]) for i, s in enumerate(items)])
         md = AttentionMetadata(
             slot_mapping=groups[0][1], block_tables=groups[0][0],
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
@@ -147,15 +150,19 @@ class ModelRunner:
         for rid in sched.finished_req_ids:
             self.generators.pop(rid, None)
         batch = self.requests.update(sched)
+        out = ModelRunnerOutput()
+        if self.lora is not None and batch:  # an adapter that no longer loads fails its requests alone
+            out.failed.update(self.lora.load_for_step({s.req_id: s.state.lora_request for s in batch}))
+            batch = [s for s in batch if s.req_id not in out.failed]
         if not batch:
-            return ModelRunnerOutput()
+            return out
         inp = self.prepare_inputs(batch)
         # CUDA graphs for decode-only steps (worker/cuda_graphs.py): replay when one fits
-        if self.graph_runner is not None and self.graph_runner.can_run(inp.input_ids, inp.md):
+        if self.graph_runner is not None and not (self.lora is not None and self.lora.active) \
+                and self.graph_runner.can_run(inp.input_ids, inp.md):
             hidden = self.graph_runner.run(inp.input_ids, inp.positions, inp.md)
         else:
             hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.md)
-        out = ModelRunnerOutput()
         # structured output's masks were filled beside the forward pass (structured_output/masks.py)
         self._step_masks = sched.grammar_bitmask.result() if sched.grammar_bitmask is not None else None
         if self._step_masks is not None:

@@ -6,8 +6,10 @@ scheduler ``Request``, so the worker may live in another process."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from inflight.core.outputs import CachedRequestData, GroupBlockIds, NewRequestData, SchedulerOutput
+from inflight.lora.request import LoRARequest
 from inflight.sampling_params import SamplingParams
 
 
@@ -27,13 +29,14 @@ class CachedRequestState:
     all_token_ids: list[int] = field(default_factory=list)
     # prompt-logprob entries made before this state was created (before a preemption)
     num_prompt_logprobs: int = 0
+    lora_request: Optional[LoRARequest] = None
 
     @classmethod
     def from_new(cls, d: NewRequestData) -> "CachedRequestState":
         return cls(d.req_id, d.prompt_token_ids, d.sampling_params, d.eos_token_ids,
                    tuple(list(ids) for ids in d.block_ids),
                    d.num_computed_tokens, list(d.output_token_ids),
-                   list(d.prompt_token_ids) + list(d.output_token_ids), d.num_prompt_logprobs)
+                   list(d.prompt_token_ids) + list(d.output_token_ids), d.num_prompt_logprobs, d.lora_request)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -23,6 +23,7 @@ from inflight.engine.dp.serving_view import ServingView
 from inflight.engine.dp.wire import AbortCommand, AddCommand, OutputDecoder, StepReport
 from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.protocol import EngineClient
+from inflight.lora.request import LoRARequest
 from inflight.errors import InvalidRequestError
 from inflight.sampling_params import SamplingParams
 
@@ -178,7 +179,8 @@ class DPEngineClient(EngineClient):
             self.replicas[replica].send(AbortCommand(request_id))
 
     async def add_request(self, request_id: str, prompt: Any, params: SamplingParams, priority: int = 0,
-                          arrival_time: Optional[float] = None, cache_salt: Optional[str] = None) -> RequestStream:
+                          arrival_time: Optional[float] = None, cache_salt: Optional[str] = None,
+                          lora_request: Optional[LoRARequest] = None) -> RequestStream:
         """Route a request and return its stream once its replica accepted it (ValueError:
         the replica rejected the input; EngineDeadError: no replica can take it)."""
         if not self._accepting or self._dead is not None or self._loop is None:
@@ -187,7 +189,7 @@ class DPEngineClient(EngineClient):
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self._tokens(prompt)
-        hashes = self.router.prompt_hashes(ids, cache_salt)
+        hashes = self.router.prompt_hashes(ids, cache_salt, lora_request.lora_name if lora_request else None)
         decision = self.router.choose(hashes, len(ids))
         r = decision.replica
         if self.router.replicas[r].load == 0:
@@ -200,7 +202,7 @@ class DPEngineClient(EngineClient):
         self._decoder.add(request_id, ids)
         self.replicas[r].send(AddCommand(request_id, {"prompt": text, "prompt_token_ids": ids}, params,
                                          arrival_time if arrival_time is not None else time.time(),
-                                         priority, cache_salt))
+                                         priority, cache_salt, lora_request))
         try:
             await accepted
         except asyncio.CancelledError:

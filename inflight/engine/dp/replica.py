@@ -120,7 +120,7 @@ class ReplicaLoop:
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params,
                                         arrival_time=command.arrival_time, priority=command.priority,
-                                        cache_salt=command.cache_salt)
+                                        cache_salt=command.cache_salt, lora_request=command.lora_request)
                 report.added.append((command.request_id, None))
             except Exception as e:  # the request's fault (or this engine's): the server answers for it
                 report.added.append((command.request_id, (type(e).__name__, str(e))))

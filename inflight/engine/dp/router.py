@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from inflight.core.kv_cache_utils import hash_block_tokens
+from inflight.core.kv_cache_utils import first_block_keys, hash_block_tokens
 
 
 @dataclass
@@ -59,13 +59,15 @@ class PrefixAwareRouter:
         self.replicas = [ReplicaView() for _ in range(num_replicas)]
         self._requests: dict[str, tuple[int, list[bytes]]] = {}
 
-    def prompt_hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> list[bytes]:
+    def prompt_hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None,
+                      lora_name: Optional[str] = None) -> list[bytes]:
         """The chained hashes of the prompt's full blocks, exactly as the KV cache manager
-        computes them (the salt goes into the first block only)."""
+        computes them (the salt and the adapter go into the first block only)."""
         bs, hashes = self.block_size, []
         parent: Optional[bytes] = None
         for i in range(len(token_ids) // bs):
-            parent = hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs], cache_salt if i == 0 else None)
+            keys = first_block_keys(cache_salt, lora_name) if i == 0 else {}
+            parent = hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs], **keys)
             hashes.append(parent)
         return hashes
 

@@ -38,6 +38,7 @@ class AddCommand:
     arrival_time: float
     priority: int = 0
     cache_salt: Optional[str] = None
+    lora_request: Any = None  # a LoRARequest
 
 
 @dataclass

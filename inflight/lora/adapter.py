@@ -1,0 +1,152 @@
+"""A PEFT LoRA adapter folder read into the weights the LoRA layers add: per adapted
+module one pair (A, B) with the scaling folded into B; the shards of a fused module
+(q/k/v -> qkv_proj) stacked into one A and a block-diagonal B, so a fused
+projection adds its whole delta with two matmuls."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from inflight.lora.request import LoRARequest
+
+ADAPTER_CONFIG = "adapter_config.json"
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+# PEFT's names: base_model.model.<the HF module path>.lora_A.weight (older files add ".default")
+_KEY = re.compile(r"^(?:base_model\.model\.)?(?:model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$")
+
+
+@dataclass(frozen=True)
+class LoRATarget:
+    """A module of the model an adapter may adapt: its input and output features and,
+    for a fused projection, the rows of each shard in shard order."""
+
+    in_features: int
+    out_features: int
+    shard_rows: Optional[tuple[int, ...]] = None
+
+
+@dataclass
+class LoRAAdapter:
+    """An adapter's weights on the model's device and dtype: module -> (A [k, in], B [out, k])."""
+
+    request: LoRARequest
+    rank: int
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def read_adapter(req: LoRARequest, targets: dict[str, LoRATarget], stacked: dict[str, tuple[str, int]],
+                 max_rank: int, dtype: torch.dtype, device: torch.device) -> LoRAAdapter:
+    """Load and check the adapter folder ``req.lora_path`` against the model's ``targets``.
+
+    ValueError naming the adapter for anything the layers cannot run: a missing folder or
+    file, another PEFT method, DoRA, biases, extra saved modules, a rank above
+    ``max_rank``, a module the model does not have, or a shape that does not fit it."""
+    cfg = _read_config(req)
+    alpha = float(cfg.get("lora_alpha", cfg.get("r", 8)))
+    sqrt = bool(cfg.get("use_rslora", False))
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in _read_tensors(req).items():
+        m = _KEY.match(key)
+        if m is None:
+            raise ValueError(f"LoRA adapter {req.lora_name!r}: unexpected tensor {key!r} (only lora_A/lora_B weights)")
+        pairs.setdefault(m["module"], {})[m["ab"]] = t
+    shards: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    rank = 0
+    for module, ab in pairs.items():
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"LoRA adapter {req.lora_name!r}: {module} has lora_{next(iter(ab))} only")
+        target, shard = _target(module, stacked, targets, req)
+        a, b = ab["A"], ab["B"]
+        r = a.shape[0]
+        if r > max_rank:
+            raise ValueError(f"LoRA adapter {req.lora_name!r} has rank {r}, above max_lora_rank={max_rank}; "
+                             "start the engine with a larger max_lora_rank")
+        info = targets[target]
+        rows = info.out_features if shard is None else info.shard_rows[shard]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[1] != info.in_features or tuple(b.shape) != (rows, r):
+            raise ValueError(f"LoRA adapter {req.lora_name!r}: {module} has lora_A {tuple(a.shape)} and lora_B "
+                             f"{tuple(b.shape)}; this model needs ({r}, {info.in_features}) and ({rows}, {r})")
+        scale = alpha / (math.sqrt(r) if sqrt else r)
+        shards.setdefault(target, []).append((0 if shard is None else shard, a.float(), b.float() * scale))
+        rank = max(rank, r)
+    if not shards:
+        raise ValueError(f"LoRA adapter {req.lora_name!r} has no lora_A/lora_B weights")
+    weights = {name: _fuse(parts, targets[name], dtype, device) for name, parts in shards.items()}
+    return LoRAAdapter(req, rank, weights)
+
+
+def _read_config(req: LoRARequest) -> dict:
+    path = os.path.join(req.lora_path, ADAPTER_CONFIG)
+    if not os.path.isfile(path):
+        raise ValueError(f"LoRA adapter {req.lora_name!r}: no {ADAPTER_CONFIG} in {req.lora_path!r}")
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"LoRA adapter {req.lora_name!r}: cannot read {path}: {e}") from None
+    unsupported = [
+        (cfg.get("peft_type", "LORA") != "LORA", f"peft_type {cfg.get('peft_type')!r} (only LORA)"),
+        (bool(cfg.get("use_dora")), "DoRA (use_dora)"),
+        (cfg.get("bias", "none") != "none", f"bias={cfg.get('bias')!r}"),
+        (bool(cfg.get("modules_to_save")), f"modules_to_save {cfg.get('modules_to_save')}"),
+        (bool(cfg.get("alpha_pattern")), "alpha_pattern"),
+        (bool(cfg.get("fan_in_fan_out")), "fan_in_fan_out"),
+    ]
+    for bad, what in unsupported:
+        if bad:
+            raise ValueError(f"LoRA adapter {req.lora_name!r}: {what} is not supported")
+    return cfg
+
+
+def _read_tensors(req: LoRARequest) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        path = os.path.join(req.lora_path, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+                return load_file(path)
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(f"LoRA adapter {req.lora_name!r}: cannot read {path}: {e}") from None
+    raise ValueError(f"LoRA adapter {req.lora_name!r}: no {' or '.join(WEIGHT_FILES)} in {req.lora_path!r}")
+
+
+def _target(module: str, stacked: dict[str, tuple[str, int]], targets: dict[str, LoRATarget],
+            req: LoRARequest) -> tuple[str, Optional[int]]:
+    """The model module an HF module name adapts, and its shard of a fused projection."""
+    prefix, _, last = module.rpartition(".")
+    if last in stacked:
+        fused, shard = stacked[last]
+        name = f"{prefix}.{fused}" if prefix else fused
+        if name in targets and targets[name].shard_rows is not None:
+            return name, shard
+    if module in targets:
+        return module, None
+    raise ValueError(f"LoRA adapter {req.lora_name!r} adapts {module}, which is not a linear layer of this "
+                     "model's decoder layers")
+
+
+def _fuse(parts: list[tuple[int, torch.Tensor, torch.Tensor]], target: LoRATarget,
+          dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (A, B) for a module: shards' A stacked, their B placed block-diagonally at their rows."""
+    if len(parts) == 1 and target.shard_rows is None:
+        _, a, b = parts[0]
+        return a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous()
+    offsets = [0]
+    for rows in target.shard_rows:
+        offsets.append(offsets[-1] + rows)
+    a_all = torch.cat([a for _, a, _ in parts])
+    b_all = torch.zeros(target.out_features, a_all.shape[0])
+    col = 0
+    for shard, a, b in parts:
+        b_all[offsets[shard]:offsets[shard + 1], col:col + a.shape[0]] = b
+        col += a.shape[0]
+    return a_all.to(device, dtype).contiguous(), b_all.to(device, dtype).contiguous()

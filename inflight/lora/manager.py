@@ -1,0 +1,105 @@
+"""The worker's adapters: loaded on first use, kept up to ``max_cpu_loras`` (least
+recently used dropped first), and this step's rows of each, which the LoRA layers read."""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+from inflight.config import LoRAConfig
+from inflight.lora.adapter import LoRAAdapter, read_adapter
+from inflight.lora.layers import LoRABatch, wrap_linears
+from inflight.lora.request import LoRARequest
+
+logger = logging.getLogger(__name__)
+
+
+class LoRAManager:
+    """Wraps the model's projections once, at build; then loads adapters and sets each
+    step's batch. A step with adapters runs the layers op by op (the fused layer loop
+    and captured graphs know nothing of them); a step without runs as without LoRA."""
+
+    def __init__(self, model: nn.Module, config: LoRAConfig, stacked: dict[str, tuple[str, int]],
+                 shard_rows: dict[str, list[int]], dtype: torch.dtype, device: torch.device) -> None:
+        self.config = config
+        self.stacked = stacked
+        self.dtype, self.device = dtype, device
+        self.batch = LoRABatch()
+        self.targets = wrap_linears(model, shard_rows, self.batch)
+        self._adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()
+        if getattr(model, "layer_loop", None) is not None:
+            model.layer_loop = _LoopGate(model.layer_loop, self.batch)
+
+    @property
+    def active(self) -> bool:
+        """Whether this step has rows with an adapter."""
+        return self.batch.active
+
+    def loaded(self) -> list[LoRARequest]:
+        return [a.request for a in self._adapters.values()]
+
+    def add(self, req: LoRARequest, keep: Iterable[int] = ()) -> LoRAAdapter:
+        """The adapter of ``req``, loaded now if it is not; ValueError if it cannot run here.
+        Eviction spares the ids in ``keep`` (this step's)."""
+        have = self._adapters.get(req.lora_int_id)
+        if have is not None and have.request.lora_path == req.lora_path:
+            self._adapters.move_to_end(req.lora_int_id)
+            return have
+        adapter = read_adapter(req, self.targets, self.stacked, self.config.max_lora_rank, self.dtype, self.device)
+        self._adapters[req.lora_int_id] = adapter
+        keep = set(keep) | {req.lora_int_id}
+        for lid in [i for i in self._adapters if i not in keep][:max(0, len(self._adapters) - self.config.num_cached)]:
+            del self._adapters[lid]
+        logger.info("LoRA adapter %r (id %d, rank %d) loaded from %s", req.lora_name, req.lora_int_id,
+                    adapter.rank, req.lora_path)
+        return adapter
+
+    def remove(self, lora_int_id: int) -> bool:
+        """Drop a loaded adapter (a later request for it loads it again)."""
+        return self._adapters.pop(lora_int_id, None) is not None
+
+    def load_for_step(self, requests: dict[str, Optional[LoRARequest]]) -> dict[str, Exception]:
+        """Make sure every adapter the step's requests name is loaded; the requests whose
+        adapter failed to load (its folder changed since it was checked), by id."""
+        keep = {r.lora_int_id for r in requests.values() if r is not None}
+        failed: dict[str, Exception] = {}
+        for rid, req in requests.items():
+            if req is None:
+                continue
+            try:
+                self.add(req, keep)
+            except Exception as e:
+                failed[rid] = e
+        return failed
+
+    def set_batch(self, spans: list[tuple[Optional[LoRARequest], int, int]]) -> None:
+        """This step's rows: ``(adapter or None, first row, end row)`` per request, in batch order."""
+        by_id: dict[int, list[tuple[int, int]]] = {}
+        for req, start, end in spans:
+            if req is not None and end > start:
+                by_id.setdefault(req.lora_int_id, []).append((start, end))
+        groups = []
+        for lid, ranges in by_id.items():
+            if len(ranges) == 1:
+                rows = slice(*ranges[0])
+            else:
+                rows = torch.cat([torch.arange(s, e) for s, e in ranges]).to(self.device)
+            groups.append((self._adapters[lid], rows))
+        self.batch.groups = groups
+
+
+class _LoopGate:
+    """The fused layer loop, declined for steps with adapters (they run op by op)."""
+
+    def __init__(self, loop, batch: LoRABatch) -> None:
+        self.loop = loop
+        self.batch = batch
+
+    def can_run(self, *args) -> bool:
+        return not self.batch.active and self.loop.can_run(*args)
+
+    def __getattr__(self, attr: str):
+        return getattr(self.loop, attr)
