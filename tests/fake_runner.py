@@ -18,9 +18,10 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int
     spec = sched_kw.pop("speculative_config", None)
     window = sched_kw.pop("sliding_window", None)
     layer_windows = sched_kw.pop("layer_windows", None)
+    max_loras = sched_kw.pop("max_loras", None)
     return Scheduler(SchedulerConfig(**sched_kw), CacheConfig(block_size=block_size, enable_prefix_caching=caching),
                      num_blocks, max_model_len, num_host_blocks=num_host_blocks, speculative_config=spec,
-                     sliding_window=window, layer_windows=layer_windows)
+                     sliding_window=window, layer_windows=layer_windows, max_loras=max_loras)
 
 
 def make_request(rid: str, prompt_len: int = 8, max_tokens: int = 4, base: int = 0, **kw) -> Request:

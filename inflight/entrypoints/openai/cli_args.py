@@ -32,6 +32,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--log-stats-interval", type=float, default=5.0, help="seconds between stats log lines")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help='LoRA adapters served under their names (needs --enable-lora): name=path or JSON '
+                        '\'{"name": ..., "path": ..., "base_model_name": ...}\'')
     add_limit_args(p)
     add_http_args(p)
     add_engine_args(p)
@@ -49,7 +52,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from inflight.entrypoints.openai.api_server import (build_app, build_state, default_model_name,
                                                         make_uvicorn_server)
 
+    from inflight.entrypoints.openai.serving_lora import parse_lora_module
+
     limits = limits_from_args(args)  # before loading: a bad --chat-template fails fast
+    lora_modules = [parse_lora_module(m) for m in args.lora_modules]
+    if lora_modules and not args.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
     http = http_options_from_args(args)
     kwargs = engine_kwargs_from_args(args)
     kwargs["model"] = args.model
@@ -67,7 +75,8 @@ def run_serve(args: argparse.Namespace) -> int:
                         log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval,
                         limits=limits, response_role=args.response_role, log_requests=args.enable_log_requests,
                         max_log_len=args.max_log_len, model_aliases=names[1:],
-                        force_include_usage=args.enable_force_include_usage)
+                        force_include_usage=args.enable_force_include_usage, enable_lora=args.enable_lora,
+                        lora_modules=lora_modules)
     app = build_app(state, shutdown_grace_s=args.shutdown_timeout, health_stall_timeout_s=args.health_stall_timeout,
                     http=http)
     server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,

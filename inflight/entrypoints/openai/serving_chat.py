@@ -64,7 +64,7 @@ class ChatHandler:
                               prompt_text)
         request_id, created = random_id("chatcmpl"), int(time.time())
         streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
-                                     req.structured_outputs_field())
+                                     req.structured_outputs_field(), model=req.model)
         if req.stream:
             return stream_response(streams, self._events(req, request_id, created, streams, plan,
                                                          prompt["prompt_token_ids"], prompt_text))

@@ -19,6 +19,7 @@ from inflight.entrypoints.openai.errors import OpenAIError, bad_request, engine_
 from inflight.entrypoints.openai.http_options import log_request
 from inflight.entrypoints.openai.limits import ServerLimits, clip
 from inflight.entrypoints.openai.responses import UsageInfo
+from inflight.entrypoints.openai.serving_lora import LoRAModels
 from inflight.entrypoints.openai.validation import check_server_limits, check_truncation
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
@@ -52,6 +53,7 @@ class ServerState:
     response_role: str = "assistant"  # vLLM's --response-role
     log_requests: bool = False  # vLLM's --enable-log-requests, prompts cut to max_log_len
     max_log_len: Optional[int] = None
+    lora: LoRAModels = field(default_factory=LoRAModels)  # adapters clients name as models (--lora-modules)
     # Requests admitted whose adds are not yet queued: counted against max_waiting_requests.
     reserved: int = 0
 
@@ -69,13 +71,13 @@ class ServerState:
 
     def check_model(self, name: Optional[str]) -> None:
         """404 for a model this server does not serve (an absent name means ours)."""
-        if name is not None and name != self.model_name and name not in self.model_aliases:
+        if name is not None and name != self.model_name and name not in self.model_aliases and name not in self.lora:
             raise OpenAIError(404, f"The model `{clip(name)}` does not exist. This server serves "
                                    f"`{self.model_name}`.", param="model", code="model_not_found")
 
     def answer_model(self, name: Optional[str]) -> str:
         """The model name an answer reports: the one asked for, where it is one of ours (vLLM's)."""
-        return name if name is not None and name in self.model_aliases else self.model_name
+        return name if name is not None and (name in self.model_aliases or name in self.lora) else self.model_name
 
     def admit(self, req: Any, num_prompts: int = 1) -> SamplingParams:
         """Checks every request shares (model name, limits, capacity) and returns its
@@ -133,13 +135,14 @@ class ServerState:
 
 async def add_requests(state: ServerState, base_id: str, prompts: list[Any], params: SamplingParams,
                        priority: int, cache_salt: Optional[str] = None,
-                       grammar_field: str = "structured_outputs") -> list[RequestStream]:
+                       grammar_field: str = "structured_outputs", model: Optional[str] = None) -> list[RequestStream]:
     """Add one engine request per prompt, all in the same step; all or none.
 
     Capacity is checked and reserved here, with no await in between, so concurrent
     batches cannot all pass the check. Raises OpenAIError (400 for input the engine
     rejects: its add_request raises ValueError only for that; a constraint that does
-    not compile names ``grammar_field``, the field that set it)."""
+    not compile names ``grammar_field``, the field that set it). ``model``: the name the
+    client asked for; an adapter's name runs the prompts with that LoRA adapter."""
     if params.structured_outputs is not None:
         await compile_grammar(state, params, grammar_field)
     new = len(prompts) * params.n
@@ -148,8 +151,10 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
         log_request(base_id, prompts, params, state.max_log_len)
     state.reserved += new
     ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
+    kw = {"lora_request": lora} if (lora := state.lora.get(model)) is not None else {}
     try:
-        results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority, cache_salt=cache_salt)
+        results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority, cache_salt=cache_salt,
+                                                                  **kw)
                                          for rid, p in zip(ids, prompts)), return_exceptions=True)
     finally:
         state.reserved -= new

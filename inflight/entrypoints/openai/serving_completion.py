@@ -52,7 +52,7 @@ class CompletionHandler:
         prompts = [await self._engine_prompt(p, req) for p in raw_prompts]
         request_id, created = random_id("cmpl"), int(time.time())
         streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt,
-                                     req.structured_outputs_field())
+                                     req.structured_outputs_field(), model=req.model)
         if req.stream:
             return stream_response(streams, self._events(req, request_id, created, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))

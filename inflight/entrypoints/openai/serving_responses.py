@@ -172,7 +172,7 @@ class ResponsesHandler:
         builder = ResponseBuilder(self._base(req, chat))
         field = chat.structured_outputs_field().replace("response_format", "text.format")
         streams = await add_requests(state, builder.response["id"], [prompt], params, req.priority,
-                                     grammar_field=field)
+                                     grammar_field=field, model=req.model)
         thinking = state.reasoning.stream(prompt["prompt"]) if state.reasoning else None
         if req.stream:
             return stream_response(streams, self._events(builder, plan, streams, thinking))

@@ -1,0 +1,116 @@
+"""LoRA adapters as models clients name (vLLM's ``OpenAIServingModels``): those of
+``--lora-modules`` at start, and, where ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is set,
+``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``. A request whose ``model``
+is an adapter's name runs with that adapter."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel
+
+from inflight.entrypoints.openai.errors import OpenAIError, bad_request
+from inflight.entrypoints.openai.limits import clip
+from inflight.lora.request import LoRARequest
+
+RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def parse_lora_module(value: str) -> LoRARequest:
+    """One ``--lora-modules`` entry: ``name=path`` or vLLM's JSON ``{"name", "path", "base_model_name"}``
+    (its id is set when it is registered)."""
+    value = value.strip()
+    if value.startswith("{"):
+        try:
+            d = json.loads(value)
+            return LoRARequest(d["name"], 1, d["path"], d.get("base_model_name"))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"--lora-modules {value!r}: JSON needs \"name\" and \"path\" ({e})") from None
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise ValueError(f"--lora-modules {value!r}: expected name=path or JSON")
+    return LoRARequest(name, 1, path)
+
+
+@dataclass
+class LoRAModels:
+    """The adapters this server answers for, by name, each with its own id."""
+
+    enabled: bool = False  # the engine runs with enable_lora
+    adapters: dict[str, LoRARequest] = field(default_factory=dict)
+    next_id: int = 1
+
+    def get(self, name: Optional[str]) -> Optional[LoRARequest]:
+        return self.adapters.get(name) if name is not None else None
+
+    def __contains__(self, name: Optional[str]) -> bool:
+        return name in self.adapters
+
+    def register(self, req: LoRARequest) -> LoRARequest:
+        """Give ``req`` the next id and answer for its name from now on."""
+        req = LoRARequest(req.lora_name, self.next_id, req.lora_path, req.base_model_name)
+        self.next_id += 1
+        self.adapters[req.lora_name] = req
+        return req
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_int_id: Optional[int] = None
+
+
+runtime = APIRouter()
+
+
+@runtime.post("/v1/load_lora_adapter")
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    state = request.app.state.server
+    models: LoRAModels = state.lora
+    if not models.enabled:
+        raise bad_request("LoRA is not enabled: start the server with --enable-lora", "lora_name")
+    if body.lora_name in models or body.lora_name == state.model_name or body.lora_name in state.model_aliases:
+        raise bad_request(f"The lora adapter '{clip(body.lora_name)}' has already been loaded.", "lora_name")
+    req = LoRARequest(body.lora_name, models.next_id, body.lora_path)
+    await check_adapter(state.engine, req)
+    if body.lora_name in models:  # loaded by a concurrent call meanwhile
+        raise bad_request(f"The lora adapter '{clip(body.lora_name)}' has already been loaded.", "lora_name")
+    models.register(req)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@runtime.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    models: LoRAModels = request.app.state.server.lora
+    req = models.get(body.lora_name)
+    if req is None:
+        raise OpenAIError(404, f"The lora adapter '{clip(body.lora_name)}' cannot be found.", param="lora_name",
+                          code="model_not_found")
+    del models.adapters[body.lora_name]
+    engine = request.app.state.server.engine
+    if hasattr(engine, "call"):  # its weights go now; requests already queued with it reload them
+        await engine.call(lambda e: e.runner.lora.remove(req.lora_int_id))
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+async def check_adapter(engine: Any, req: LoRARequest) -> None:
+    """Load the adapter on the step thread, so a bad one is a 400 now and never a failed request later.
+    Data-parallel replicas each load it with its first request (a bad one fails that request)."""
+    if not hasattr(engine, "call"):
+        return
+    try:
+        await engine.call(lambda e: e._check_lora(req))
+    except ValueError as e:
+        raise bad_request(clip(str(e), 500), "lora_path") from None
+
+
+def runtime_updates_allowed() -> bool:
+    return os.environ.get(RUNTIME_UPDATES_ENV, "").strip().lower() in ("1", "true")
