@@ -19,6 +19,8 @@ from inflight import LLM, LoRARequest, SamplingParams
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.loader.testing import tiny_model, write_tiny_gguf
 from inflight.lora.layers import LoRALinear
+from inflight.lora.testing import write_random_adapter
+from inflight.models.registry import arch_spec
 
 pytestmark = pytest.mark.slow
 
@@ -98,20 +100,51 @@ def test_mixed_batch_equals_peft(folders, backend):
     assert kv.num_free_blocks == kv.num_blocks
 
 
-def test_steps_without_adapters_keep_the_fused_layer_loop(folders, monkeypatch):
+def test_every_step_runs_in_the_fused_layer_loop(folders, monkeypatch):
     llm = _llm(folders)
     model = llm.llm_engine.runner.model
-    loop = model.layer_loop
-    if loop is None:
+    if model.layer_loop is None:
         pytest.skip("no C layer loop on this machine")  # never on x86-64 with AVX2 (test_isa checks)
+    loop = model.layer_loop.loop
     loops, forwards = [], []
-    monkeypatch.setattr(loop.loop, "run", lambda *a, _run=loop.loop.run: loops.append(1) or _run(*a))
+    monkeypatch.setattr(loop, "run", lambda *a, _run=loop.run, **kw: loops.append(1) or _run(*a, **kw))
     monkeypatch.setattr(model, "forward", lambda *a, _fwd=model.forward: forwards.append(1) or _fwd(*a))
+    a = _lora(folders, "a", 1)
     assert _run(llm, PROMPTS[:2], None) == folders[2][None][:2]
-    assert len(loops) == len(forwards) == MAX_TOKENS  # every step of the base model in one C call
-    loops.clear()
-    assert _run(llm, PROMPTS[:2], _lora(folders, "a", 1)) == folders[2]["a"][:2]
-    assert not loops  # a step with an adapter runs op by op
+    assert _run(llm, PROMPTS[:4], [a, None, a, None]) == [folders[2][n][i] for i, n in enumerate(["a", None] * 2)]
+    assert len(loops) == len(forwards) == 2 * MAX_TOKENS  # base and adapter steps alike: one C call each
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_layer_loop_equals_op_by_op(tmp_path, dtype):
+    """SmolLM2 with two random adapters, mixed with the base model in steps of decodes and
+    prefill chunks: the adapters' GEMMs in the C layer loop and in the Python layers give
+    the same logprobs, bit for bit (as tests/test_cpu_layer_loop.py checks for the base model)."""
+    llm = LLM(dtype=dtype, enable_lora=True, max_loras=2, max_num_batched_tokens=64, max_num_seqs=4,
+              enable_prefix_caching=False)
+    engine, model = llm.llm_engine, llm.llm_engine.runner.model
+    assert model.layer_loop is not None  # every CPU with kernels runs it
+    loras = []
+    for i in (1, 2):
+        write_random_adapter(str(tmp_path / f"r{i}"), engine.runner.lora.targets,
+                             arch_spec(engine.arch.architecture).stacked, 8, i, scale=0.05)
+        loras.append(LoRARequest(f"r{i}", i, str(tmp_path / f"r{i}")))
+    prompts = ["The capital of France is", "Here is a long story about a lighthouse keeper. " * 12, "1, 2, 3,",
+               "Here is a long story about a lighthouse keeper. " * 8 + "His name was"]
+    sp = SamplingParams(temperature=0.0, max_tokens=10, logprobs=3)
+
+    def run(lora):
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                for o in llm.generate(prompts, sp, lora_request=lora, use_tqdm=False)]
+
+    mixed = [loras[0], loras[1], None, loras[0]]
+    fused = run(mixed)
+    assert fused[0] != run(None)[0]  # the adapters change the logprobs
+    loop, model.layer_loop = model.layer_loop, None
+    try:
+        assert run(mixed) == fused
+    finally:
+        model.layer_loop = loop
 
 
 def test_one_adapter_a_step_with_max_loras_1(folders, monkeypatch):

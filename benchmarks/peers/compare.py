@@ -88,7 +88,7 @@ def start_server(system: str, args: argparse.Namespace, log_dir: str, stack: con
 
 def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Namespace) -> dict:
     """One workload against a running server: the client's summary, with MFU."""
-    cfg = ClientConfig(base_url=url, model=SERVED_NAME, ignore_eos=True, temperature=0.0,
+    cfg = ClientConfig(base_url=url, model=args.model_name or SERVED_NAME, ignore_eos=True, temperature=0.0,
                        warmup_requests=1, show_progress=False)
     # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto"
     peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
@@ -175,6 +175,8 @@ def parse_args() -> argparse.Namespace:
                     help="LD_PRELOAD tcmalloc and libiomp5 for vLLM, as its CPU guide says (default on)")
     ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server, one string")
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`, one string")
+    ap.add_argument("--model-name", default=None,
+                    help="the model the client asks for (default: the served name; e.g. a LoRA adapter's name)")
     ap.add_argument("--baseline", default=None, help="checkout for the 'baseline' system (e.g. a git worktree)")
     ap.add_argument("--baseline-args", default="", help="more flags for the baseline's server only, one string")
     ap.add_argument("--vllm-dtype", default=None, choices=["float32", "bfloat16"],

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from typing import Any
+from typing import Any, Optional
 
 from inflight.bench.common import (add_workload_args, load_requests, make_report, make_run, parse_percentiles,
                                    workload_name, write_report)
@@ -68,8 +68,10 @@ def record_step_outputs(outs, recs: dict[str, RequestRecord], last: dict[str, fl
     return finished
 
 
-def run_offline(llm, requests: list[WorkloadRequest], show_progress: bool = True) -> tuple[list[RequestRecord], float]:
-    """Queue every request at once, step the engine to the end; records in input order."""
+def run_offline(llm, requests: list[WorkloadRequest], show_progress: bool = True,
+                lora_requests: Optional[list] = None) -> tuple[list[RequestRecord], float]:
+    """Queue every request at once, step the engine to the end; records in input order.
+    ``lora_requests``: each request's LoRA adapter (or None)."""
     from tqdm.auto import tqdm
 
     from inflight import SamplingParams
@@ -80,8 +82,10 @@ def run_offline(llm, requests: list[WorkloadRequest], show_progress: bool = True
     last: dict[str, float] = {}
     bar = tqdm(total=len(requests), desc="Requests", dynamic_ncols=True, disable=not show_progress)
     t0 = time.perf_counter()
-    for (rid, rec), r in zip(recs.items(), requests):
-        engine.add_request(rid, r.prompt, SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True))
+    for i, ((rid, rec), r) in enumerate(zip(recs.items(), requests)):
+        lora = {"lora_request": lora_requests[i]} if lora_requests and lora_requests[i] is not None else {}
+        engine.add_request(rid, r.prompt, SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True),
+                           **lora)
         rec.start = time.perf_counter() - t0
     try:
         while engine.has_unfinished_requests():

@@ -1,17 +1,18 @@
 """A PEFT LoRA adapter folder read into the weights the LoRA layers add: per adapted
-module one pair (A, B) with the scaling folded into B; the shards of a fused module
-(q/k/v -> qkv_proj) stacked into one A and a block-diagonal B, so a fused
-projection adds its whole delta with two matmuls."""
+module a shrink (A) and an expand (B, the scaling folded in) linear; the shards of a
+fused module (q/k/v -> qkv_proj) stacked into one A and a block-diagonal B, so a fused
+projection adds its whole delta with two GEMMs."""
 from __future__ import annotations
 
 import json
 import math
 import os
 import re
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
+from torch import nn
 
 from inflight.lora.request import LoRARequest
 
@@ -31,22 +32,42 @@ class LoRATarget:
     shard_rows: Optional[tuple[int, ...]] = None
 
 
+class MatmulLinear(nn.Module):
+    """``x @ W.T`` with W [out, in] kept transposed: the LoRA weights' holder where the
+    platform has no packed linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight_t", weight.t().contiguous(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight_t
+
+
+# a weight [out, in] on the model's device and dtype -> the module that applies it
+LinearFactory = Callable[[torch.Tensor, Optional[torch.Tensor]], nn.Module]
+
+
 @dataclass
 class LoRAAdapter:
-    """An adapter's weights on the model's device and dtype: module -> (A [k, in], B [out, k])."""
+    """An adapter's weights: module name -> (shrink: x -> x A^T, expand: -> . B^T)."""
 
     request: LoRARequest
     rank: int
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    weights: dict[str, tuple[nn.Module, nn.Module]]
+    layouts: dict[str, Any] = field(default_factory=dict)  # the weights as a fused kernel reads them, by kernel
 
 
 def read_adapter(req: LoRARequest, targets: dict[str, LoRATarget], stacked: dict[str, tuple[str, int]],
-                 max_rank: int, dtype: torch.dtype, device: torch.device) -> LoRAAdapter:
+                 max_rank: int, dtype: torch.dtype, device: torch.device,
+                 linear: Optional[LinearFactory] = None) -> LoRAAdapter:
     """Load and check the adapter folder ``req.lora_path`` against the model's ``targets``.
 
     ValueError naming the adapter for anything the layers cannot run: a missing folder or
     file, another PEFT method, DoRA, biases, extra saved modules, a rank above
-    ``max_rank``, a module the model does not have, or a shape that does not fit it."""
+    ``max_rank``, a module the model does not have, or a shape that does not fit it.
+    ``linear`` holds each weight (the platform's packed linear; default: MatmulLinear)."""
     cfg = _read_config(req)
     alpha = float(cfg.get("lora_alpha", cfg.get("r", 8)))
     sqrt = bool(cfg.get("use_rslora", False))
@@ -77,7 +98,11 @@ def read_adapter(req: LoRARequest, targets: dict[str, LoRATarget], stacked: dict
         rank = max(rank, r)
     if not shards:
         raise ValueError(f"LoRA adapter {req.lora_name!r} has no lora_A/lora_B weights")
-    weights = {name: _fuse(parts, targets[name], dtype, device) for name, parts in shards.items()}
+    make = linear or MatmulLinear
+    weights = {}
+    for name, parts in shards.items():
+        a, b = _fuse(parts, targets[name])
+        weights[name] = (make(a.to(device, dtype), None), make(b.to(device, dtype), None))
     return LoRAAdapter(req, rank, weights)
 
 
@@ -134,12 +159,11 @@ def _target(module: str, stacked: dict[str, tuple[str, int]], targets: dict[str,
                      "model's decoder layers")
 
 
-def _fuse(parts: list[tuple[int, torch.Tensor, torch.Tensor]], target: LoRATarget,
-          dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _fuse(parts: list[tuple[int, torch.Tensor, torch.Tensor]], target: LoRATarget) -> tuple[torch.Tensor, torch.Tensor]:
     """One (A, B) for a module: shards' A stacked, their B placed block-diagonally at their rows."""
     if len(parts) == 1 and target.shard_rows is None:
         _, a, b = parts[0]
-        return a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous()
+        return a.contiguous(), b.contiguous()
     offsets = [0]
     for rows in target.shard_rows:
         offsets.append(offsets[-1] + rows)
@@ -149,4 +173,4 @@ def _fuse(parts: list[tuple[int, torch.Tensor, torch.Tensor]], target: LoRATarge
     for shard, a, b in parts:
         b_all[offsets[shard]:offsets[shard + 1], col:col + a.shape[0]] = b
         col += a.shape[0]
-    return a_all.to(device, dtype).contiguous(), b_all.to(device, dtype).contiguous()
+    return a_all, b_all

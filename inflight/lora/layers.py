@@ -1,32 +1,31 @@
 """The model's linear layers with the LoRA deltas of this step's adapters added
 (vLLM's ``BaseLayerWithLoRA``): each wrapped layer runs its own (packed) projection,
-then, for each adapter in the batch, ``y[rows] += (x[rows] @ A.T) @ B.T`` over the
-rows of the requests that use it. Rows without an adapter get the base output alone."""
+then, for each run of rows with an adapter, ``y[rows] += (x[rows] @ A.T) @ B.T``
+(the same GEMM calls on the same rows, and the same roundings to the model's dtype,
+as the fused layer loop: csrc/llama_layers.c). Rows without an adapter get the base
+output alone."""
 from __future__ import annotations
 
 import re
-from typing import Union
-
 import torch
 from torch import nn
 
 from inflight.lora.adapter import LoRAAdapter, LoRATarget
 
-Rows = Union[slice, torch.Tensor]
 # the projections inside decoder layers; not the embedding, the logits head or an MoE router
 _DECODER_LINEAR = re.compile(r"^layers\.\d+\..+_proj$")
 
 
 class LoRABatch:
-    """This step's adapters and the rows of the flattened batch each one adapts;
-    empty in a step without adapters (the layers then add nothing)."""
+    """This step's runs of consecutive rows of the flattened batch with an adapter:
+    (first row, end row, adapter); empty in a step without adapters (the layers then add nothing)."""
 
     def __init__(self) -> None:
-        self.groups: list[tuple[LoRAAdapter, Rows]] = []
+        self.runs: list[tuple[int, int, LoRAAdapter]] = []
 
     @property
     def active(self) -> bool:
-        return bool(self.groups)
+        return bool(self.runs)
 
 
 class LoRALinear(nn.Module):
@@ -46,15 +45,11 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base_layer(x)
-        for adapter, rows in self.lora_batch.groups:
+        for start, end, adapter in self.lora_batch.runs:
             w = adapter.weights.get(self.lora_module_name)
-            if w is None:
-                continue
-            a, b = w
-            if isinstance(rows, slice):
-                y[rows] += (x[rows] @ a.t()) @ b.t()
-            else:
-                y.index_add_(0, rows, (x.index_select(0, rows) @ a.t()) @ b.t())
+            if w is not None:
+                shrink, expand = w
+                y[start:end] += expand(shrink(x[start:end]))
         return y
 
 

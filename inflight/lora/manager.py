@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from inflight.config import LoRAConfig
-from inflight.lora.adapter import LoRAAdapter, read_adapter
-from inflight.lora.layers import LoRABatch, wrap_linears
+from inflight.lora.adapter import LinearFactory, LoRAAdapter, read_adapter
+from inflight.lora.layers import LoRABatch, LoRALinear, wrap_linears
 from inflight.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
@@ -19,19 +19,23 @@ logger = logging.getLogger(__name__)
 
 class LoRAManager:
     """Wraps the model's projections once, at build; then loads adapters and sets each
-    step's batch. A step with adapters runs the layers op by op (the fused layer loop
-    and captured graphs know nothing of them); a step without runs as without LoRA."""
+    step's batch. The adapters' weights are held in the platform's ``linear`` class; where
+    that is the fused layer loop's, a step with adapters runs in the loop, else op by op
+    (captured graphs know nothing of adapters). A step without adapters runs as without LoRA."""
 
     def __init__(self, model: nn.Module, config: LoRAConfig, stacked: dict[str, tuple[str, int]],
-                 shard_rows: dict[str, list[int]], dtype: torch.dtype, device: torch.device) -> None:
+                 shard_rows: dict[str, list[int]], dtype: torch.dtype, device: torch.device,
+                 linear: Optional[LinearFactory] = None) -> None:
         self.config = config
         self.stacked = stacked
         self.dtype, self.device = dtype, device
+        self.linear = linear
         self.batch = LoRABatch()
         self.targets = wrap_linears(model, shard_rows, self.batch)
         self._adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()
         if getattr(model, "layer_loop", None) is not None:
-            model.layer_loop = _LoopGate(model.layer_loop, self.batch)
+            names = {id(m.base_layer): name for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+            model.layer_loop = LoRALoop(model.layer_loop, self.batch, names)
 
     @property
     def active(self) -> bool:
@@ -48,7 +52,8 @@ class LoRAManager:
         if have is not None and have.request.lora_path == req.lora_path:
             self._adapters.move_to_end(req.lora_int_id)
             return have
-        adapter = read_adapter(req, self.targets, self.stacked, self.config.max_lora_rank, self.dtype, self.device)
+        adapter = read_adapter(req, self.targets, self.stacked, self.config.max_lora_rank, self.dtype, self.device,
+                               self.linear)
         self._adapters[req.lora_int_id] = adapter
         keep = set(keep) | {req.lora_int_id}
         for lid in [i for i in self._adapters if i not in keep][:max(0, len(self._adapters) - self.config.num_cached)]:
@@ -79,27 +84,45 @@ class LoRAManager:
         """This step's rows: ``(adapter or None, first row, end row)`` per request, in batch order."""
         by_id: dict[int, list[tuple[int, int]]] = {}
         for req, start, end in spans:
-            if req is not None and end > start:
-                by_id.setdefault(req.lora_int_id, []).append((start, end))
-        groups = []
-        for lid, ranges in by_id.items():
-            if len(ranges) == 1:
-                rows = slice(*ranges[0])
+            if req is None or end <= start:
+                continue
+            ranges = by_id.setdefault(req.lora_int_id, [])
+            if ranges and ranges[-1][1] == start:  # the next request of the same adapter: one run of rows
+                ranges[-1] = (ranges[-1][0], end)
             else:
-                rows = torch.cat([torch.arange(s, e) for s, e in ranges]).to(self.device)
-            groups.append((self._adapters[lid], rows))
-        self.batch.groups = groups
+                ranges.append((start, end))
+        self.batch.runs = [(s, e, self._adapters[lid]) for lid, ranges in by_id.items() for s, e in ranges]
 
 
-class _LoopGate:
-    """The fused layer loop, declined for steps with adapters (they run op by op)."""
+class LoRALoop:
+    """The fused layer loop with this step's adapters handed in: each adapter's weights
+    per layer are laid out for the loop once (``lora_layers``), by the base projection
+    each one adapts (``names``: its module name). A step whose adapters the loop cannot
+    run (weights not in its packed form) is declined and runs op by op."""
 
-    def __init__(self, loop, batch: LoRABatch) -> None:
+    def __init__(self, loop, batch: LoRABatch, names: dict[int, str]) -> None:
         self.loop = loop
         self.batch = batch
+        self.names = names
 
-    def can_run(self, *args) -> bool:
-        return not self.batch.active and self.loop.can_run(*args)
+    def _runs(self) -> Optional[list]:
+        runs = []
+        for start, end, adapter in self.batch.runs:
+            # kept on the adapter: the array points into its weights and lives as long as they do
+            if "layer_loop" not in adapter.layouts:
+                adapter.layouts["layer_loop"] = self.loop.lora_layers(
+                    lambda base: adapter.weights.get(self.names.get(id(base))))
+            layers = adapter.layouts["layer_loop"]
+            if layers is None:
+                return None
+            runs.append((start, end, layers))
+        return runs
+
+    def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
+        return self.loop.can_run(x, kv_caches) and (not self.batch.active or self._runs() is not None)
+
+    def run(self, x, rope, kv_caches, md):
+        return self.loop.run(x, rope, kv_caches, md, lora=self._runs() or ())
 
     def __getattr__(self, attr: str):
         return getattr(self.loop, attr)

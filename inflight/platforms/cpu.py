@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -82,6 +82,15 @@ class CpuPlatform(Platform):
             if model.layer_loop is not None:
                 done.append("layers in one C call")
         return done
+
+    def lora_linear(self, dtype: torch.dtype, config: "EngineConfig") -> Optional[type[nn.Module]]:
+        """The packed linears of ``optimize_model``: the fused layer loop then runs the
+        adapters' GEMMs too."""
+        if config.attention_backend == "torch" or self.isa is None:
+            return None
+        from inflight.kernels.cpu.packing import packed_linear_class
+
+        return packed_linear_class(dtype)
 
     def zeros(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """Huge pages for the pools: decode attention's scattered block reads are bound by

@@ -67,6 +67,12 @@ class Platform(abc.ABC):
         The default keeps the plain-torch model."""
         return []
 
+    def lora_linear(self, dtype: torch.dtype, config: "EngineConfig") -> Optional[type[nn.Module]]:
+        """The linear class LoRA adapters' weights are held in (built from a weight and a
+        bias, as ``nn.Linear``'s), so they run on the projections' fast kernels; None:
+        plain torch matmuls."""
+        return None
+
     def profile_peak_bytes(self, model: nn.Module, arch: "ModelArchConfig", dtype: torch.dtype,
                            max_len: int, config: "EngineConfig") -> Optional[int]:
         """Peak bytes of a worst-case step, where the KV pool is sized from what is left; else None."""

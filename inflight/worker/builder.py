@@ -112,7 +112,7 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
         from inflight.lora.manager import LoRAManager
         from inflight.models.registry import arch_spec
         runner.lora = LoRAManager(model, config.lora_config, arch_spec(arch.architecture).stacked, shard_rows,
-                                  dtype, device)
+                                  dtype, device, platform.lora_linear(dtype, config))
         logger.info("LoRA: %d projections adaptable, up to %d adapters a step, rank up to %d",
                     len(runner.lora.targets), config.lora_config.max_loras, config.lora_config.max_lora_rank)
     if layout is None:  # a captured graph holds one block table per request: hybrid layouts run eagerly

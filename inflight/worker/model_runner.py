@@ -66,8 +66,9 @@ class ModelRunner:
         self._step_masks: Optional[StepMasks] = None
 
     def prepare_inputs(self, batch: list[ScheduledState]) -> StepInputs:
-        """Flatten every scheduled token; decodes (one-token rows) first."""
-        items = sorted(batch, key=lambda s: s.num_new_tokens != 1)
+        """Flatten every scheduled token; decodes (one-token rows) first, each kind by LoRA adapter
+        (an adapter's rows then form at most two runs)."""
+        items = sorted(batch, key=lambda s: (s.num_new_tokens != 1, _lora_id(s)))
         ids: list[int] = []
         q_lens, starts = [], []
         for s in items:
@@ -238,6 +239,11 @@ class ModelRunner:
             if result.logprobs is not None and s.state.sampling_params.logprobs is not None:
                 out.logprobs[rid] = result.logprobs[row]
             row += k + 1
+
+
+def _lora_id(s: ScheduledState) -> int:
+    lora = s.state.lora_request
+    return 0 if lora is None else lora.lora_int_id
 
 
 def _try(fn: Callable[[], object], group: _Group, out: ModelRunnerOutput) -> bool:

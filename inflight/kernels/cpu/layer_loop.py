@@ -49,10 +49,27 @@ class _Layer(ctypes.Structure):
         + [(n, _I64) for n in ("qkv_bits", "o_bits", "gate_up_bits", "down_bits", "no_rope")]
 
 
+class _LoRAProj(ctypes.Structure):
+    _fields_ = [("a", _P), ("b", _P), ("k", _I64)]
+
+
+class _LoRALayer(ctypes.Structure):
+    _fields_ = [("p", _LoRAProj * 4)]
+
+
+class _LoRARun(ctypes.Structure):
+    _fields_ = [("start", _I64), ("end", _I64), ("layers", _P)]
+
+
 class _Step(ctypes.Structure):
     _fields_ = [(n, _I64) for n in ("T", "num_decodes", "num_prefills", "bt_stride", "max_decode_len")] \
         + [(n, _P) for n in ("slots", "block_tables", "seq_lens", "q_start", "q_len", "pf_seq_len", "workspace",
-                             "cos", "sin", "res", "y", "h", "qkv", "attn", "gate_up", "act", "ticks")]
+                             "cos", "sin", "res", "y", "h", "qkv", "attn", "gate_up", "act", "ticks",
+                             "lora_runs")] \
+        + [("num_lora_runs", _I64), ("lora_mid", _P), ("lora_out", _P)]
+
+# csrc/llama_layers.c's enum lora_which: the projections an adapter's weights are laid out for
+LORA_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 # csrc/llama_layers.c's enum tick, in order ("gate_up_proj" includes the SiLU when fused)
 KERNELS = ("rmsnorm", "qkv_proj", "qk_norm", "rope", "kv_write", "decode_attention", "prefill_attention", "o_proj",
@@ -183,6 +200,24 @@ class CpuLayerLoop:
         total = max(int(ticks.sum()), 1)
         return {name: int(t) / total for name, t in zip(KERNELS, ticks)}
 
+    def lora_layers(self, weights_of) -> Optional[ctypes.Array]:
+        """A LoRA adapter's weights per layer as the loop reads them: ``weights_of(base
+        projection)`` gives its (shrink, expand) linears or None; None where any is not
+        packed for this loop's GEMM."""
+        arr = (_LoRALayer * len(self.plan.layers))()
+        for entry, layer in zip(arr, self.plan.layers):
+            for j, name in enumerate(LORA_PROJECTIONS):
+                w = weights_of(getattr(layer, name))
+                if w is None:
+                    continue
+                a, b = w
+                if any(getattr(m, "packed_dtype", None) != self.dtype or getattr(m, "lib", None) is not
+                       layer.down_proj.lib for m in (a, b)):
+                    return None
+                entry.p[j] = _LoRAProj(a.packed.data_ptr(), b.packed.data_ptr(), a.out_features)
+        arr.max_rank = max((p.k for entry in arr for p in entry.p), default=0)
+        return arr
+
     def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
         k = kv_caches[0][0]
         return (x.dtype == self.dtype and not is_quantized(k) and kv_suffix(self.dtype, k.dtype) in self._kernels
@@ -211,9 +246,10 @@ class CpuLayerLoop:
         return self._layers[1]
 
     def run(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_caches: list,
-            md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+            md: AttentionMetadata, lora: list = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer over the step; returns (last layer's output, residual stream),
-        what the Python loop hands to the final norm. ``x`` becomes the residual."""
+        what the Python loop hands to the final norm. ``x`` becomes the residual.
+        ``lora``: (first row, end row, ``lora_layers`` array) per run of rows with an adapter."""
         layers = self._layer_array(kv_caches)
         p, T = self.plan, x.shape[0]
         nh, nkv, hd = p.num_heads, p.num_kv_heads, p.head_dim
@@ -223,7 +259,7 @@ class CpuLayerLoop:
         new = lambda *shape: torch.empty(shape, dtype=self.dtype)  # noqa: E731
         y, h, qkv, attn = new(T, p.hidden_size), new(T, p.hidden_size), new(T, (nh + 2 * nkv) * hd), new(T, nh * hd)
         act = new(T, self.inter)
-        gate_up = new(T, 2 * self.inter) if self.kernels.gemm_silu is None else None
+        gate_up = new(T, 2 * self.inter) if self.kernels.gemm_silu is None or lora else None
         cos, sin = rope[0].contiguous(), rope[1].contiguous()
         slots = md.slot_mapping.contiguous()
         bt = md.block_tables.contiguous()
@@ -237,6 +273,12 @@ class CpuLayerLoop:
         s.res, s.y, s.h, s.qkv, s.attn = res.data_ptr(), y.data_ptr(), h.data_ptr(), qkv.data_ptr(), attn.data_ptr()
         s.gate_up, s.act = None if gate_up is None else gate_up.data_ptr(), act.data_ptr()
         s.ticks = None if self.ticks is None else self.ticks.data_ptr()
+        if lora:  # NOTE: the runs array and the scratch rows stay alive as locals until the call returns
+            runs = (_LoRARun * len(lora))(*(_LoRARun(a, b, ctypes.addressof(arr)) for a, b, arr in lora))
+            mid = new(T, max(arr.max_rank for _, _, arr in lora))
+            out = new(T, max(qkv.shape[1], 2 * self.inter, p.hidden_size))
+            s.lora_runs, s.num_lora_runs, s.lora_mid, s.lora_out = (ctypes.addressof(runs), len(lora),
+                                                                    mid.data_ptr(), out.data_ptr())
         kernels = self._kernels[kv_suffix(self.dtype, kv_caches[0][0].dtype)]
         rc = self.lib.llama_layers(ctypes.byref(kernels), ctypes.byref(self.dims), layers,
                                    len(self.plan.layers), ctypes.byref(s), 0)

@@ -83,6 +83,14 @@ struct layer {
     int64_t no_rope;  /* a layer without positions (SmolLM3's every fourth) */
 };
 
+/* LoRA: one adapter's weights for one projection of one layer, packed as the projection is
+ * (a: [k, in], the shrink; b: [out, k], the expand); a NULL: the adapter leaves it alone */
+struct lora_proj { const void *a, *b; int64_t k; };
+enum lora_which { L_QKV, L_O, L_GATE_UP, L_DOWN };
+struct lora_layer { struct lora_proj p[4]; };  /* by enum lora_which */
+/* rows [start, end) of the step run with the adapter whose weights per layer are `layers` */
+struct lora_run { int64_t start, end; const struct lora_layer* layers; };
+
 /* one step: decodes are rows [0, num_decodes), one token each; prefill request i
  * has q_start[i], q_len[i], seq_len[i] and block table row num_decodes + i */
 struct step {
@@ -92,6 +100,11 @@ struct step {
     const void *cos, *sin;                    /* [T, head_dim] each */
     void *res, *y, *h, *qkv, *attn, *gate_up, *act;
     uint64_t* ticks;  /* NULL, or per-kernel time-stamp counter totals (enum tick) to add to */
+    /* LoRA runs (none: num_lora_runs 0); lora_mid [T, largest k] and lora_out [T, widest
+     * projection] are their scratch rows */
+    const struct lora_run* lora_runs;
+    int64_t num_lora_runs;
+    void *lora_mid, *lora_out;
 };
 
 /* where the time of a step goes: kernel kinds in the order of struct step's ticks */
@@ -120,6 +133,55 @@ static int proj(const struct kernels* k, const struct dims* d, const void* x, in
     return low ? low(x, T, K, K, lb, N, bias, out, N) : k->gemm(x, T, K, K, packed, N, bias, out, N);
 }
 
+static inline float bf16_f32(uint16_t v) {
+    union { uint32_t u; float f; } c = {(uint32_t)v << 16};
+    return c.f;
+}
+
+static inline uint16_t f32_bf16(float f) {  /* round to nearest even, as torch (no NaN payloads here) */
+    union { float f; uint32_t u; } c = {f};
+    return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
+}
+
+/* out[r, :n] += add[r, :n] for rows r < rows; out's row stride ldo, add's n */
+static void add_rows(void* out, int64_t ldo, const void* add, int64_t rows, int64_t n, int64_t es) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (es == 4) {
+            float* o = (float*)out + r * ldo;
+            const float* a = (const float*)add + r * n;
+            for (int64_t i = 0; i < n; i++) o[i] += a[i];
+        } else {
+            uint16_t* o = (uint16_t*)out + r * ldo;
+            const uint16_t* a = (const uint16_t*)add + r * n;
+            for (int64_t i = 0; i < n; i++) o[i] = f32_bf16(bf16_f32(o[i]) + bf16_f32(a[i]));
+        }
+    }
+}
+
+static int lora_adapts(const struct step* s, int l, int which) {
+    for (int64_t r = 0; r < s->num_lora_runs; r++)
+        if (s->lora_runs[r].layers[l].p[which].a) return 1;
+    return 0;
+}
+
+/* out[rows, :N] += (x[rows, :K] . A^T) . B^T for each LoRA run that adapts this projection:
+ * the same two GEMMs and the same rounding as the Python LoRA layer (lora/layers.py) */
+static int add_lora(const struct kernels* k, const struct dims* d, const struct step* s, int l, int which,
+                    const void* x, int64_t K, int64_t N, void* out) {
+    const int64_t es = d->elem_size;
+    for (int64_t r = 0; r < s->num_lora_runs; r++) {
+        const struct lora_run* run = &s->lora_runs[r];
+        const struct lora_proj* p = &run->layers[l].p[which];
+        const int64_t n = run->end - run->start;
+        if (!p->a || n <= 0) continue;
+        int rc = k->gemm((const char*)x + run->start * K * es, n, K, K, p->a, p->k, NULL, s->lora_mid, p->k);
+        if (!rc) rc = k->gemm(s->lora_mid, n, p->k, p->k, p->b, N, NULL, s->lora_out, N);
+        if (rc) return rc;
+        add_rows((char*)out + run->start * N * es, N, s->lora_out, n, N, es);
+    }
+    return 0;
+}
+
 int llama_layers(const struct kernels* k, const struct dims* d, const struct layer* layers, int num_layers,
                       const struct step* s, int has_residual) {
     const int64_t T = s->T, hd = d->head_dim, nh = d->num_heads, nkv = d->num_kv_heads;
@@ -133,6 +195,7 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         k->add_rmsnorm(add ? s->y : s->res, s->res, w->input_norm, s->h, T, d->hidden, d->eps, add);
         tick(tk, T_NORM, &last);
         int rc = proj(k, d, s->h, T, d->hidden, w->qkv, w->qkv_lb, w->qkv_bits, qkv_dim, w->qkv_bias, s->qkv);
+        if (!rc) rc = add_lora(k, d, s, l, L_QKV, s->h, d->hidden, qkv_dim, s->qkv);
         if (rc) return rc;
         tick(tk, T_QKV, &last);
         if (w->q_norm) {  /* after the bias, before RoPE, as the Python loop's _norm_qk */
@@ -169,11 +232,12 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         }
         tick(tk, T_PREFILL, &last);
         rc = proj(k, d, s->attn, T, attn_dim, w->o, w->o_lb, w->o_bits, d->hidden, NULL, s->y);
+        if (!rc) rc = add_lora(k, d, s, l, L_O, s->attn, attn_dim, d->hidden, s->y);
         if (rc) return rc;
         tick(tk, T_O, &last);
         k->add_rmsnorm(s->y, s->res, w->post_norm, s->h, T, d->hidden, d->eps, 1);
         tick(tk, T_NORM, &last);
-        if (k->gemm_silu) {  /* the SiLU counts as gate_up's */
+        if (k->gemm_silu && !lora_adapts(s, l, L_GATE_UP)) {  /* the SiLU counts as gate_up's */
             const gemm_silu_fn low = !lowbit_gemm(k, d, w->gate_up_lb, w->gate_up_bits, T) ? NULL
                                      : w->gate_up_bits == 4 ? k->gemm_q4_silu : k->gemm_q8_silu;
             rc = low ? low(s->h, T, d->hidden, d->hidden, w->gate_up_lb, 2 * d->inter, s->act, d->inter)
@@ -183,12 +247,14 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         } else {
             rc = proj(k, d, s->h, T, d->hidden, w->gate_up, w->gate_up_lb, w->gate_up_bits, 2 * d->inter, NULL,
                       s->gate_up);
+            if (!rc) rc = add_lora(k, d, s, l, L_GATE_UP, s->h, d->hidden, 2 * d->inter, s->gate_up);
             if (rc) return rc;
             tick(tk, T_GATE_UP, &last);
             k->silu_mul(s->gate_up, s->act, T, d->inter);
             tick(tk, T_SILU, &last);
         }
         rc = proj(k, d, s->act, T, d->inter, w->down, w->down_lb, w->down_bits, d->hidden, NULL, s->y);
+        if (!rc) rc = add_lora(k, d, s, l, L_DOWN, s->act, d->inter, d->hidden, s->y);
         if (rc) return rc;
         tick(tk, T_DOWN, &last);
     }
