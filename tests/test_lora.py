@@ -220,13 +220,13 @@ def test_an_adapter_deleted_after_eviction_fails_its_request_alone(folders, tmp_
 
 def test_served_under_their_names(folders, monkeypatch):
     from inflight.entrypoints.openai.server_thread import ServerThread
-    from inflight.entrypoints.openai.serving_lora import parse_lora_module
+    from inflight.entrypoints.openai.serving_lora import LoRAModels, parse_lora_module
 
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     llm = _llm(folders)
     want = folders[2]
-    modules = [parse_lora_module(f"a={folders[1]['a']}")]
-    with ServerThread(llm.llm_engine, "base", log_stats=False, enable_lora=True, lora_modules=modules) as srv, \
+    lora = LoRAModels.from_modules([parse_lora_module(f"a={folders[1]['a']}")])
+    with ServerThread(llm.llm_engine, "base", log_stats=False, lora=lora) as srv, \
             httpx.Client(base_url=srv.base_url) as h:
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x")
         cards = {m.id: m for m in client.models.list().data}
@@ -263,3 +263,10 @@ def test_lora_module_flags():
     for bad in ("sql", "=/x", '{"name": "sql"}'):
         with pytest.raises(ValueError, match="--lora-modules"):
             parse_lora_module(bad)
+
+
+def test_lora_modules_need_enable_lora(capsys):
+    from inflight.entrypoints.cli import main
+
+    assert main(["serve", "--lora-modules", "sql=/x/sql"]) == 2  # before any model is loaded
+    assert "--lora-modules needs --enable-lora" in capsys.readouterr().err

@@ -28,7 +28,6 @@ from inflight.entrypoints.openai.serving_completion import CompletionHandler
 from inflight.entrypoints.openai.serving_lora import LoRAModels, runtime, runtime_updates_allowed
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_responses import ResponsesHandler
-from inflight.lora.request import LoRARequest
 from inflight.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
@@ -49,13 +48,11 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                 log_interval_s: float = 5.0, limits: Optional[ServerLimits] = None,
                 response_role: str = "assistant", log_requests: bool = False,
                 max_log_len: Optional[int] = None, model_aliases: Sequence[str] = (),
-                force_include_usage: bool = False, enable_lora: bool = False,
-                lora_modules: Sequence[LoRARequest] = ()) -> ServerState:
+                force_include_usage: bool = False, lora: Optional[LoRAModels] = None) -> ServerState:
     """Wrap a loaded LLMEngine (or an AsyncLLMEngine around one, or a DPEngineClient)
     for serving: metrics observer, async engine, settings.
 
-    ``lora_modules``: adapters served under their names (with ``enable_lora``); each is
-    loaded and checked here, so a bad one stops the start.
+    ``lora``: the LoRA adapters served under their names (``--lora-modules``), if LoRA is on.
 
     The step thread is started by the app's lifespan (or by the caller)."""
     interval = log_interval_s if log_stats else float("inf")
@@ -66,7 +63,7 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
         async_engine = engine if isinstance(engine, AsyncLLMEngine) else AsyncLLMEngine(engine)
         async_engine.observer = metrics
     engine = async_engine.engine
-    state = ServerState(engine=async_engine, tokenizer=engine.tokenizer, model_name=model_name,
+    return ServerState(engine=async_engine, tokenizer=engine.tokenizer, model_name=model_name,
                        max_model_len=engine.max_model_len, metrics=metrics,
                        model_root=getattr(engine, "model_source", None), api_key=api_key,
                        max_waiting_requests=max_waiting_requests, limits=limits or ServerLimits(),
@@ -74,12 +71,7 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}),
                        response_role=response_role, log_requests=log_requests, max_log_len=max_log_len,
                        model_aliases=list(model_aliases), max_logprobs=_max_logprobs(engine),
-                       force_include_usage=force_include_usage, lora=LoRAModels(enabled=enable_lora))
-    for module in lora_modules:
-        lora = state.lora.register(module)
-        if hasattr(engine, "_check_lora"):  # data-parallel replicas load it with its first request
-            engine._check_lora(lora)
-    return state
+                       force_include_usage=force_include_usage, lora=lora or LoRAModels())
 
 
 def _max_logprobs(engine: Any) -> int:

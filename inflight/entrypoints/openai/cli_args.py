@@ -52,12 +52,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from inflight.entrypoints.openai.api_server import (build_app, build_state, default_model_name,
                                                         make_uvicorn_server)
 
-    from inflight.entrypoints.openai.serving_lora import parse_lora_module
+    from inflight.entrypoints.openai.serving_lora import LoRAModels, parse_lora_module
 
     limits = limits_from_args(args)  # before loading: a bad --chat-template fails fast
     lora_modules = [parse_lora_module(m) for m in args.lora_modules]
     if lora_modules and not args.enable_lora:
         raise ValueError("--lora-modules needs --enable-lora")
+    lora = LoRAModels.from_modules(lora_modules) if args.enable_lora else None
     http = http_options_from_args(args)
     kwargs = engine_kwargs_from_args(args)
     kwargs["model"] = args.model
@@ -68,15 +69,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
         async_engine = DPEngineClient(kwargs, kwargs["data_parallel_size"])
     else:
-        async_engine = AsyncLLMEngine.from_factory(lambda: LLMEngine.from_kwargs(**kwargs))
+        async_engine = AsyncLLMEngine.from_factory(lambda: _loaded(LLMEngine.from_kwargs(**kwargs), lora))
     engine = async_engine.engine
     state = build_state(async_engine, model_name, api_key=args.api_key,
                         max_waiting_requests=args.max_waiting_requests,
                         log_stats=not args.disable_log_stats, log_interval_s=args.log_stats_interval,
                         limits=limits, response_role=args.response_role, log_requests=args.enable_log_requests,
                         max_log_len=args.max_log_len, model_aliases=names[1:],
-                        force_include_usage=args.enable_force_include_usage, enable_lora=args.enable_lora,
-                        lora_modules=lora_modules)
+                        force_include_usage=args.enable_force_include_usage, lora=lora)
     app = build_app(state, shutdown_grace_s=args.shutdown_timeout, health_stall_timeout_s=args.health_stall_timeout,
                     http=http)
     server = make_uvicorn_server(app, args.host, args.port, log_level=args.uvicorn_log_level,
@@ -95,3 +95,12 @@ def run_serve(args: argparse.Namespace) -> int:
     else:
         logger.info("server stopped")
     return server.exit_code
+
+
+def _loaded(engine, lora) -> object:
+    """The engine with --lora-modules' adapters loaded and checked (a bad one stops the start).
+    NOTE: called on the step thread, as the model's load: torch ops on another thread
+    would start a second OpenMP pool, and every later step would pay for it."""
+    for req in (lora.adapters.values() if lora is not None else ()):
+        engine._check_lora(req)
+    return engine

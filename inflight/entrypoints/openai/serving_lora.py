@@ -50,6 +50,14 @@ class LoRAModels:
     def __contains__(self, name: Optional[str]) -> bool:
         return name in self.adapters
 
+    @classmethod
+    def from_modules(cls, modules: list[LoRARequest]) -> "LoRAModels":
+        """LoRA on, with ``--lora-modules``' adapters registered (each with its own id)."""
+        models = cls(enabled=True)
+        for m in modules:
+            models.register(m)
+        return models
+
     def register(self, req: LoRARequest) -> LoRARequest:
         """Give ``req`` the next id and answer for its name from now on."""
         req = LoRARequest(req.lora_name, self.next_id, req.lora_path, req.base_model_name)
