@@ -161,6 +161,21 @@ def test_one_adapter_a_step_with_max_loras_1(folders, monkeypatch):
     assert max(len(ids) for ids in seen) == 1 and {1, 2} <= set().union(*seen)
 
 
+def test_preemption_and_drafts_keep_each_requests_adapter(folders):
+    """Recompute preemption resends a request to the worker with its adapter, and n-gram
+    drafts are verified under it: the tokens stay PEFT's."""
+    want = folders[2]
+    a, b = _lora(folders, "a", 1), _lora(folders, "b", 2)
+    loras = [a, b, None, b, a]
+    expect = [want[lora.lora_name if lora else None][i] for i, lora in enumerate(loras)]
+    llm = _llm(folders, num_gpu_blocks_override=8, max_num_batched_tokens=32)
+    assert _run(llm, PROMPTS, loras) == expect
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    llm = _llm(folders, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
+    assert _run(llm, PROMPTS, loras) == expect
+    assert llm.llm_engine.scheduler.num_accepted_tokens > 0
+
+
 def test_prefix_cache_never_serves_another_adapters_kv(folders):
     llm = _llm(folders, enable_prefix_caching=True)
     kv = llm.llm_engine.scheduler.kv
