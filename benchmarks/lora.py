@@ -68,7 +68,9 @@ def main() -> None:
     plan = {"no-lora": (plain, None), "lora-engine, base": (lora_llm, None),
             "one adapter": (lora_llm, [adapters[0]] * n),
             "two adapters": (lora_llm, [adapters[i % 2] for i in range(n)])}
-    for llm, loras in plan.values():  # warm-up: every adapter loaded, every path run once
+    for llm in (plain, lora_llm):  # warm-up: each engine's first full batch (its pools' first touch) untimed
+        run_mode(llm, requests, None)
+    for llm, loras in plan.values():  # every adapter loaded, every path run once
         run_mode(llm, requests[:4], loras[:4] if loras else None)
     results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     for rep in range(args.repeats):
