@@ -51,7 +51,8 @@ def main() -> None:
     if args.write_adapter:
         llm = LLM(args.model, dtype=args.dtype, enable_lora=True, max_lora_rank=args.rank)
         e = llm.llm_engine
-        write_random_adapter(args.write_adapter, e.runner.lora.targets, arch_spec(e.arch.architecture).stacked, args.rank, 1)
+        stacked = arch_spec(e.arch.architecture).stacked
+        write_random_adapter(args.write_adapter, e.runner.lora.targets, stacked, args.rank, 1)
         return
 
     lora_llm = LLM(args.model, dtype=args.dtype, enable_lora=True, max_loras=2, max_lora_rank=args.rank)
@@ -62,7 +63,8 @@ def main() -> None:
     adapters = []
     for i in (1, 2):
         folder = os.path.join(tmp, f"adapter{i}")
-        write_random_adapter(folder, engine.runner.lora.targets, arch_spec(engine.arch.architecture).stacked, args.rank, i)
+        stacked = arch_spec(engine.arch.architecture).stacked
+        write_random_adapter(folder, engine.runner.lora.targets, stacked, args.rank, i)
         adapters.append(LoRARequest(f"adapter{i}", i, folder))
     n = len(requests)
     plan = {"no-lora": (plain, None), "lora-engine, base": (lora_llm, None),

@@ -215,12 +215,22 @@ def test_bad_adapters_are_refused_and_the_engine_goes_on(folders, tmp_path):
         _run(plain, PROMPTS[:1], _lora(folders, "a", 1))
 
 
+def test_engine_lora_api(folders):
+    """vLLM's LLMEngine.add_lora / list_loras / remove_lora; max_cpu_loras bounds what stays loaded."""
+    engine = _llm(folders, max_loras=1, max_cpu_loras=1).llm_engine
+    assert engine.add_lora(_lora(folders, "a", 1)) and engine.list_loras() == {1}
+    assert engine.add_lora(_lora(folders, "b", 2)) and engine.list_loras() == {2}  # a, least recently used, went
+    assert engine.remove_lora(2) and engine.list_loras() == set()
+    assert not engine.remove_lora(2)
+
+
 def test_an_adapter_deleted_after_eviction_fails_its_request_alone(folders, tmp_path):
     llm = _llm(folders, max_loras=1, max_cpu_loras=1)
     shutil.copytree(folders[1]["a"], tmp_path / "a")
     engine = llm.llm_engine
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    engine.add_request("first", {"prompt_token_ids": PROMPTS[0]}, sp, lora_request=LoRARequest("a", 1, str(tmp_path / "a")))
+    gone = LoRARequest("a", 1, str(tmp_path / "a"))
+    engine.add_request("first", {"prompt_token_ids": PROMPTS[0]}, sp, lora_request=gone)
     engine.add_request("second", {"prompt_token_ids": PROMPTS[1]}, sp, lora_request=_lora(folders, "b", 2))
     shutil.rmtree(tmp_path / "a")  # b's load evicted a (one adapter kept): a cannot load again
     done = {}
@@ -263,6 +273,8 @@ def test_served_under_their_names(folders, monkeypatch):
         r = h.post("/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": folders[1]["big"]})
         assert r.status_code == 400 and "max_lora_rank" in r.json()["error"]["message"]
         assert h.post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": folders[1]["a"]}).status_code == 400
+        r = h.post("/v1/load_lora_adapter", json={"lora_name": "", "lora_path": folders[1]["a"]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
         assert h.post("/v1/unload_lora_adapter", json={"lora_name": "b"}).status_code == 200
         assert h.post("/v1/unload_lora_adapter", json={"lora_name": "b"}).status_code == 404
         with pytest.raises(openai.NotFoundError):

@@ -108,7 +108,8 @@ class LLMEngine:
         if cut is not None:  # a cut prompt's text no longer matches its ids
             text, ids = None, cut
         self._validate(ids, params)
-        self._check_lora(lora_request)
+        if lora_request is not None:
+            self.add_lora(lora_request)
         if params.bad_words:
             params = replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
         if params.max_tokens is None:
@@ -146,13 +147,24 @@ class LLMEngine:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len ({self.max_model_len})")
 
-    def _check_lora(self, lora_request: Optional[LoRARequest]) -> None:
-        if lora_request is None:
-            return
+    # ------------------------------------------------------------------- LoRA
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load and check an adapter (vLLM's ``add_lora``): ValueError for one that cannot run
+        on this model, or when the engine runs without ``enable_lora``."""
         if self.config.lora_config is None or self.runner is None or self.runner.lora is None:
             raise ValueError(f"LoRA adapter {lora_request.lora_name!r} asked for, but the engine runs without "
                              "LoRA: start it with enable_lora=True (--enable-lora)")
-        self.runner.lora.add(lora_request)  # ValueError for an adapter that cannot run on this model
+        self.runner.lora.add(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop a loaded adapter's weights; requests that name it later load it again."""
+        return self.runner is not None and self.runner.lora is not None and self.runner.lora.remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters loaded now."""
+        lora = self.runner.lora if self.runner is not None else None
+        return {r.lora_int_id for r in lora.loaded()} if lora is not None else set()
 
     def abort_request(self, request_ids: Union[str, list[str]]) -> list[RequestOutput]:
         """Stop requests now; their KV blocks return to the pool before the next step."""

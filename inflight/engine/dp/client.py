@@ -23,8 +23,8 @@ from inflight.engine.dp.serving_view import ServingView
 from inflight.engine.dp.wire import AbortCommand, AddCommand, OutputDecoder, StepReport
 from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.protocol import EngineClient
-from inflight.lora.request import LoRARequest
 from inflight.errors import InvalidRequestError
+from inflight.lora.request import LoRARequest
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -102,5 +102,5 @@ def _loaded(engine, lora) -> object:
     NOTE: called on the step thread, as the model's load: torch ops on another thread
     would start a second OpenMP pool, and every later step would pay for it."""
     for req in (lora.adapters.values() if lora is not None else ()):
-        engine._check_lora(req)
+        engine.add_lora(req)
     return engine

@@ -60,9 +60,14 @@ class LoRAModels:
 
     def register(self, req: LoRARequest) -> LoRARequest:
         """Give ``req`` the next id and answer for its name from now on."""
-        req = LoRARequest(req.lora_name, self.next_id, req.lora_path, req.base_model_name)
-        self.next_id += 1
+        req = self.numbered(req.lora_name, req.lora_path, req.base_model_name)
         self.adapters[req.lora_name] = req
+        return req
+
+    def numbered(self, name: str, path: str, base_model_name: Optional[str] = None) -> LoRARequest:
+        """A request for this adapter under an id no other adapter of this server has had."""
+        req = LoRARequest(name, self.next_id, path, base_model_name)
+        self.next_id += 1
         return req
 
 
@@ -87,11 +92,14 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
         raise bad_request("LoRA is not enabled: start the server with --enable-lora", "lora_name")
     if body.lora_name in models or body.lora_name == state.model_name or body.lora_name in state.model_aliases:
         raise bad_request(f"The lora adapter '{clip(body.lora_name)}' has already been loaded.", "lora_name")
-    req = LoRARequest(body.lora_name, models.next_id, body.lora_path)
+    try:
+        req = models.numbered(body.lora_name, body.lora_path)
+    except ValueError as e:
+        raise bad_request(str(e), "lora_name") from None
     await check_adapter(state.engine, req)
     if body.lora_name in models:  # loaded by a concurrent call meanwhile
         raise bad_request(f"The lora adapter '{clip(body.lora_name)}' has already been loaded.", "lora_name")
-    models.register(req)
+    models.adapters[req.lora_name] = req
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
@@ -105,7 +113,7 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) 
     del models.adapters[body.lora_name]
     engine = request.app.state.server.engine
     if hasattr(engine, "call"):  # its weights go now; requests already queued with it reload them
-        await engine.call(lambda e: e.runner.lora.remove(req.lora_int_id))
+        await engine.call(lambda e: e.remove_lora(req.lora_int_id))
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
@@ -115,7 +123,7 @@ async def check_adapter(engine: Any, req: LoRARequest) -> None:
     if not hasattr(engine, "call"):
         return
     try:
-        await engine.call(lambda e: e._check_lora(req))
+        await engine.call(lambda e: e.add_lora(req))
     except ValueError as e:
         raise bad_request(clip(str(e), 500), "lora_path") from None
 
