@@ -7,6 +7,7 @@ output alone."""
 from __future__ import annotations
 
 import re
+
 import torch
 from torch import nn
 

@@ -43,6 +43,7 @@ class LoRAManager:
         return self.batch.active
 
     def loaded(self) -> list[LoRARequest]:
+        """The adapters loaded now, least recently used first."""
         return [a.request for a in self._adapters.values()]
 
     def add(self, req: LoRARequest, keep: Iterable[int] = ()) -> LoRAAdapter:
