@@ -98,7 +98,7 @@ class AdmissionQueue:
     """
 
     def __init__(self, config: SchedulerConfig, policy: "BatchingPolicy", running: list[Request],
-                 kv: KVCacheManager, swap: SwapSpace, watermark_blocks: int) -> None:
+                 kv: KVCacheManager, swap: SwapSpace, watermark_blocks: int, max_loras: Optional[int] = None) -> None:
         self.config = config
         self.policy = policy
         self.running = running
@@ -109,7 +109,7 @@ class AdmissionQueue:
         self.swapped: list[Request] = []
         self.preempted_now: set[str] = set()  # preempted in the current schedule(): not resumed in it
         # LoRA: adapters the running batch may mix (None: no LoRA); a request of one more waits
-        self.max_loras: Optional[int] = None
+        self.max_loras = max_loras
 
     def room_for(self, num_blocks: int) -> bool:
         """Whether ``num_blocks`` more blocks can be taken while keeping the watermark."""

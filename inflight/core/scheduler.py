@@ -77,8 +77,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.batching.bind(self.running, self.kv, self._finish_now)
         self.queue = AdmissionQueue(scheduler_config, batching, self.running, self.kv, self.swap,
-                                    self.watermark_blocks)
-        self.queue.max_loras = max_loras
+                                    self.watermark_blocks, max_loras)
         self.victims = VictimPolicy(scheduler_config, self.queue.is_long)
         self.preemptor = Preemptor(scheduler_config, self.kv, self.swap, self.queue, self.victims, batching)
         self.drafts = DraftPlanner(speculative_config, max_model_len) if speculative_config is not None else None

@@ -5,7 +5,7 @@ import argparse
 from dataclasses import MISSING, fields
 from typing import Any
 
-from inflight.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from inflight.config import CacheConfig, LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
 _HELP = {
     "model": "HF folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
@@ -68,8 +68,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                              '(kv_producer | kv_consumer | kv_both; default: off)')
     parser.add_argument("--enable-lora", action="store_true",
                         help="serve LoRA adapters beside the base model (--lora-modules, or loaded at run time)")
-    parser.add_argument("--max-loras", type=int, default=1, help="adapters one step may mix (default 1)")
-    parser.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted (default 16)")
+    lora = LoRAConfig()
+    parser.add_argument("--max-loras", type=int, default=lora.max_loras,
+                        help=f"adapters one step may mix (default {lora.max_loras})")
+    parser.add_argument("--max-lora-rank", type=int, default=lora.max_lora_rank,
+                        help=f"the largest adapter rank accepted (default {lora.max_lora_rank})")
     parser.add_argument("--max-cpu-loras", type=int, default=None,
                         help="adapters kept loaded (default: --max-loras; least recently used go first)")
     parser.add_argument("--speculative-config", default=None,

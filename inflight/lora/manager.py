@@ -70,15 +70,16 @@ class LoRAManager:
     def load_for_step(self, requests: dict[str, Optional[LoRARequest]]) -> dict[str, Exception]:
         """Make sure every adapter the step's requests name is loaded; the requests whose
         adapter failed to load (its folder changed since it was checked), by id."""
-        keep = {r.lora_int_id for r in requests.values() if r is not None}
-        failed: dict[str, Exception] = {}
+        by_adapter: dict[int, tuple[LoRARequest, list[str]]] = {}
         for rid, req in requests.items():
-            if req is None:
-                continue
+            if req is not None:
+                by_adapter.setdefault(req.lora_int_id, (req, []))[1].append(rid)
+        failed: dict[str, Exception] = {}
+        for req, rids in by_adapter.values():
             try:
-                self.add(req, keep)
+                self.add(req, by_adapter)
             except Exception as e:
-                failed[rid] = e
+                failed.update(dict.fromkeys(rids, e))
         return failed
 
     def set_batch(self, spans: list[tuple[Optional[LoRARequest], int, int]]) -> None:

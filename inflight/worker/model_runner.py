@@ -68,7 +68,7 @@ class ModelRunner:
     def prepare_inputs(self, batch: list[ScheduledState]) -> StepInputs:
         """Flatten every scheduled token; decodes (one-token rows) first, each kind by LoRA adapter
         (an adapter's rows then form at most two runs)."""
-        items = sorted(batch, key=lambda s: (s.num_new_tokens != 1, _lora_id(s)))
+        items = sorted(batch, key=lambda s: (s.num_new_tokens != 1, s.state.lora_int_id))
         ids: list[int] = []
         q_lens, starts = [], []
         for s in items:
@@ -239,11 +239,6 @@ class ModelRunner:
             if result.logprobs is not None and s.state.sampling_params.logprobs is not None:
                 out.logprobs[rid] = result.logprobs[row]
             row += k + 1
-
-
-def _lora_id(s: ScheduledState) -> int:
-    lora = s.state.lora_request
-    return 0 if lora is None else lora.lora_int_id
 
 
 def _try(fn: Callable[[], object], group: _Group, out: ModelRunnerOutput) -> bool:

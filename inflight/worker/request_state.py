@@ -46,6 +46,11 @@ class CachedRequestState:
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
 
+    @property
+    def lora_int_id(self) -> int:
+        """Its adapter's id; 0 for the base model (as ``Request.lora_int_id``)."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
+
     def apply(self, d: CachedRequestData) -> None:
         """Apply one step's diff: tokens appended since, new blocks, progress."""
         self.output_token_ids.extend(d.new_token_ids)

@@ -90,17 +90,22 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
     models: LoRAModels = state.lora
     if not models.enabled:
         raise bad_request("LoRA is not enabled: start the server with --enable-lora", "lora_name")
-    if body.lora_name in models or body.lora_name == state.model_name or body.lora_name in state.model_aliases:
-        raise bad_request(f"The lora adapter '{clip(body.lora_name)}' has already been loaded.", "lora_name")
+    taken = lambda: body.lora_name in models or body.lora_name in (state.model_name, *state.model_aliases)  # noqa: E731
+    if taken():
+        raise _already_loaded(body.lora_name)
     try:
         req = models.numbered(body.lora_name, body.lora_path)
     except ValueError as e:
         raise bad_request(str(e), "lora_name") from None
     await check_adapter(state.engine, req)
-    if body.lora_name in models:  # loaded by a concurrent call meanwhile
-        raise bad_request(f"The lora adapter '{clip(body.lora_name)}' has already been loaded.", "lora_name")
+    if taken():  # loaded by a concurrent call meanwhile
+        raise _already_loaded(body.lora_name)
     models.adapters[req.lora_name] = req
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+def _already_loaded(name: str) -> OpenAIError:
+    return bad_request(f"The lora adapter '{clip(name)}' has already been loaded.", "lora_name")
 
 
 @runtime.post("/v1/unload_lora_adapter")
