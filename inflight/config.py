@@ -6,6 +6,7 @@ from typing import Any, Optional, Union
 
 from inflight.distributed.kv_transfer.config import KVTransferConfig
 from inflight.json_config import parse_json_config
+from inflight.pooling.config import CONVERTS, RUNNERS, PoolerConfig
 
 
 @dataclass
@@ -23,6 +24,11 @@ class ModelConfig:
     # sampling defaults from the model's generation_config.json: "auto" | "vllm" (none) | a path
     generation_config: str = "auto"
     override_generation_config: Optional[Union[str, dict]] = None  # JSON text or dict, over the file's
+    # pooling models (inflight/pooling): "pooling" serves embeddings of prompts instead of generating;
+    # "auto" picks it for a sentence-transformers folder or with convert="embed"
+    runner: str = "auto"  # auto | generate | pooling
+    convert: str = "auto"  # auto | none | embed
+    pooler_config: Optional[Union[str, dict, PoolerConfig]] = None  # JSON text, dict or PoolerConfig
 
 
 @dataclass
@@ -238,6 +244,7 @@ class EngineConfig:
         if s.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {s.preemption_mode!r}")
         self.parallel_config.validate()
+        self._validate_runner()
         if self.lora_config is not None:
             self.lora_config.validate()
             if self.parallel_config.world_size > 1:
@@ -247,6 +254,14 @@ class EngineConfig:
             if s.scheduling == "static":
                 raise ValueError("speculative decoding needs scheduling='continuous'")
         self._validate_pressure()
+
+    def _validate_runner(self) -> None:
+        m = self.model_config
+        if m.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {m.runner!r}")
+        if m.convert not in CONVERTS:
+            raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got {m.convert!r}")
+        m.pooler_config = PoolerConfig.parse(m.pooler_config)
 
     def _validate_pressure(self) -> None:
         """Settings for scheduling under pressure: swap, watermark, preemption cap, fairness, KV dtype."""

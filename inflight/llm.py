@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
 from inflight.engine.llm_engine import LLMEngine, PromptType
 from inflight.lora.request import LoRARequest
-from inflight.outputs import RequestOutput
+from inflight.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
 
@@ -40,6 +42,9 @@ class LLM:
                  lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order. ``lora_request``:
         one adapter for every prompt, or one (or None) per prompt (needs ``enable_lora``)."""
+        if getattr(self.llm_engine, "pooler_config", None) is not None:
+            raise ValueError("LLM.generate needs a generative model; this one runs with runner='pooling': "
+                             "use LLM.embed")
         items = self._normalise(prompts, prompt_token_ids)
         params = self._params_for(sampling_params, len(items))
         loras = self._per_prompt(lora_request, len(items), LoRARequest)
@@ -48,6 +53,11 @@ class LLM:
         if vocab:
             for p in params:
                 p.verify_vocab(vocab)  # the sampler would silently drop out-of-vocabulary stop ids
+        return self._add_and_run(items, params, loras, priority, use_tqdm)
+
+    def _add_and_run(self, items: list, params: list, loras: list, priority: Optional[Sequence[int]],
+                     use_tqdm: bool) -> list:
+        engine = self.llm_engine
         ids = []
         try:
             for i, (prompt, p) in enumerate(zip(items, params)):
@@ -79,6 +89,32 @@ class LLM:
             continue_final_message=continue_final_message, chat_template=chat_template, tools=tools,
             **(chat_template_kwargs or {})), add_special_tokens=False).input_ids} for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+    def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
+               pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None, *,
+               use_tqdm: bool = True, lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+               pooling_task: str = "embed", truncate_prompt_tokens: Optional[int] = None
+               ) -> list[PoolingRequestOutput]:
+        """Pool every prompt with a pooling model (``runner="pooling"``); outputs come back in
+        input order, each ``outputs.data`` a float32 tensor."""
+        if getattr(self.llm_engine, "pooler_config", None) is None:
+            raise ValueError("LLM.encode and LLM.embed need a pooling model: LLM(model, runner='pooling')")
+        items = self._normalise(prompts, None)
+        params = self._per_prompt(pooling_params or PoolingParams(), len(items), PoolingParams)
+        params = [replace(p, task=p.task or pooling_task) for p in params]
+        if truncate_prompt_tokens is not None:
+            params = [replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+        return self._add_and_run(items, params, self._per_prompt(lora_request, len(items), LoRARequest), None,
+                                 use_tqdm)
+
+    def embed(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
+              pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
+              lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+              truncate_prompt_tokens: Optional[int] = None) -> list[EmbeddingRequestOutput]:
+        """An embedding vector for each prompt (vLLM's ``LLM.embed``): ``outputs.embedding``."""
+        outs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request,
+                           pooling_task="embed", truncate_prompt_tokens=truncate_prompt_tokens)
+        return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
     @staticmethod
     def _normalise(prompts, prompt_token_ids) -> list[PromptType]:
@@ -116,7 +152,8 @@ class LLM:
         try:
             while engine.has_unfinished_requests():
                 for out in engine.step():
-                    n_out += sum(len(c.delta_token_ids) for c in out.outputs)
+                    if isinstance(out, RequestOutput):
+                        n_out += sum(len(c.delta_token_ids) for c in out.outputs)
                     if out.finished:
                         done[out.request_id] = out
                         n_in += len(out.prompt_token_ids)

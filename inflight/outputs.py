@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 
 @dataclass
@@ -82,3 +82,55 @@ class RequestOutput:
     error_is_bad_input: bool = False
     # With SamplingParams.prompt_logprobs: set once the prompt is computed (vLLM's field)
     prompt_logprobs: Optional[PromptLogprobs] = None
+
+
+@dataclass
+class PoolingOutput:
+    """A pooling request's result: ``data``, a float32 tensor (vLLM's ``PoolingOutput``)."""
+
+    data: Any
+
+
+@dataclass
+class PoolingRequestOutput:
+    """The output of one pooling request (vLLM's ``PoolingRequestOutput``); ``outputs`` is
+    None until it finishes, and for a request that was aborted or failed."""
+
+    request_id: str
+    outputs: Optional[PoolingOutput]
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+    prompt: Optional[str] = None
+    metrics: Optional[RequestMetrics] = None
+    error: Optional[str] = None
+    error_is_bad_input: bool = False
+
+
+@dataclass
+class EmbeddingOutput:
+    """An embedding as a list of floats (vLLM's ``EmbeddingOutput``)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """``LLM.embed``'s result per prompt (vLLM's ``EmbeddingRequestOutput``)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        if out.outputs is None:
+            raise ValueError(f"request {out.request_id} has no embedding: {out.error or 'it did not finish'}")
+        return cls(out.request_id, EmbeddingOutput(out.outputs.data.tolist()), out.prompt_token_ids, out.finished,
+                   out.num_cached_tokens)

@@ -93,7 +93,7 @@ class HybridKVCacheManager:
         to the shortest, until they agree (a windowed group's shorter prefix may need blocks
         it lacks, so the cut repeats)."""
         empty = HybridComputedBlocks([ComputedBlocks([], 0) for _ in self.managers], 0)
-        if not self.enable_caching or request.needs_prompt_logprobs:
+        if not self.enable_caching or request.skips_prefix_cache:
             return empty
         hashes = self.managers[0]._update_block_hashes(request)
         n = (request.num_tokens - 1) // self.block_size

@@ -112,7 +112,7 @@ class KVCacheManager:
         NOTE: at most ``num_tokens - 1`` tokens can hit, so the last prompt token
         is always recomputed and its logits sampled. A request still owed prompt
         logprobs takes no hit (as vLLM): a cached position has no logits."""
-        if not self.enable_caching or request.needs_prompt_logprobs:
+        if not self.enable_caching or request.skips_prefix_cache:
             return ComputedBlocks([], 0)
         hashes = self._update_block_hashes(request)
         hits = self.find_hit(hashes[:(request.num_tokens - 1) // self.block_size])

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
+from inflight.core.pooling import PooledChunk
 from inflight.core.request import Request
 from inflight.lora.request import LoRARequest
+from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
 # (token_id, logprob, rank): the sampled token first, then the top-N.
@@ -64,12 +66,13 @@ class NewRequestData:
     # prompt-logprob entries the request already has (made before a preemption by recompute)
     num_prompt_logprobs: int = 0
     lora_request: Optional[LoRARequest] = None
+    pooling_params: Optional[PoolingParams] = None  # a pooling request: pooled, never sampled
 
     @classmethod
     def from_request(cls, req: Request, block_ids: GroupBlockIds) -> "NewRequestData":
         return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params, tuple(map(list, block_ids)),
                    req.num_computed_tokens, tuple(req.eos_token_ids), list(req.output_token_ids),
-                   len(req.prompt_logprobs), req.lora_request)
+                   len(req.prompt_logprobs), req.lora_request, req.pooling_params)
 
 
 @dataclass
@@ -133,6 +136,8 @@ class ModelRunnerOutput:
     logprobs: dict[str, LogprobEntry] = field(default_factory=dict)
     # request id -> (index of the first entry, entries): the prompt logprobs this step's rows made
     prompt_logprobs: dict[str, tuple[int, list[LogprobEntry]]] = field(default_factory=dict)
+    # pooling requests: what this step's chunk of each adds to its embedding
+    pooled: dict[str, PooledChunk] = field(default_factory=dict)
     # Requests whose own sampling failed this step (no token for them); the engine
     # finishes them with an error and every other request goes on.
     failed: dict[str, Exception] = field(default_factory=dict)
@@ -150,3 +155,5 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     # every prompt token's logprobs but the first's, sent once, with the first output token
     prompt_logprobs: Optional[list[LogprobEntry]] = None
+    # a finished pooling request's pooled vector (before dimensions and normalization)
+    pooling_output: Any = None

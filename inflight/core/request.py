@@ -6,7 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from inflight.core.pooling import PoolingState
 from inflight.lora.request import LoRARequest
+from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
 
@@ -72,6 +74,9 @@ class Request:
     priority: int = 0
     cache_salt: Optional[str] = None  # separates tenants in the prefix cache (vLLM's cache_salt)
     lora_request: Optional[LoRARequest] = None  # the adapter it runs with; None: the base model
+    # A pooling request (an embedding of its prompt): it computes its prompt, samples nothing
+    # and finishes with the pooled vector (core/pooling.py).
+    pooling_params: Optional[PoolingParams] = None
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -86,12 +91,15 @@ class Request:
     # With sampling_params.prompt_logprobs: entry i is [(token, logprob, rank), top-N...] of prompt token i + 1.
     prompt_logprobs: list[list[tuple[int, float, int]]] = field(default_factory=list)
     times: RequestTimes = field(init=False)
+    pooling: Optional[PoolingState] = field(init=False, default=None)
     # Token ids after the prompt, including the ones generated so far.
     all_token_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.times = RequestTimes(arrival_time=self.arrival_time)
         self.all_token_ids = list(self.prompt_token_ids)
+        if self.pooling_params is not None:
+            self.pooling = PoolingState(self.pooling_params.pooling_type or "LAST")
 
     @property
     def lora_int_id(self) -> int:
@@ -124,6 +132,13 @@ class Request:
         """True while prompt logprobs were asked for (even 0: the token's own) and are not all computed."""
         return (self.sampling_params.prompt_logprobs is not None
                 and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
+
+    @property
+    def skips_prefix_cache(self) -> bool:
+        """True while a cached prefix would lose what the request needs: prompt logprobs not yet
+        computed, or a pooling that reads every prompt position (a cached position has no hidden state)."""
+        return self.needs_prompt_logprobs or (self.pooling_params is not None
+                                              and self.pooling_params.skip_reading_prefix_cache)
 
     def add_prompt_logprobs(self, start: int, entries: list[list[tuple[int, float, int]]]) -> None:
         """Add a chunk's prompt-logprob entries, which begin at entry ``start``; entries

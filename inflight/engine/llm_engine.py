@@ -17,7 +17,9 @@ from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
 from inflight.lora.request import LoRARequest
-from inflight.outputs import RequestOutput
+from inflight.outputs import PoolingRequestOutput, RequestOutput
+from inflight.pooling.config import resolve_pooler
+from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
 from inflight.structured_output.manager import StructuredOutputManager
 from inflight.structured_output.masks import GrammarMasks
@@ -45,6 +47,9 @@ class LLMEngine:
         self.eos_token_ids = tuple(loaded.eos_token_ids)
         self.model_source = loaded.source
         mc = config.model_config
+        # None: a generative model; else the pooler of a pooling model (inflight/pooling)
+        mc.pooler_config = self.pooler_config = resolve_pooler(mc.runner, mc.convert, mc.pooler_config,
+                                                               loaded.source, loaded.hf_config)
         self.default_sampling_params = default_sampling_params(loaded.source, mc.generation_config,
                                                                mc.override_generation_config)
         # uni: the runner in this process; mp / ray: a worker per tensor-parallel rank
@@ -91,18 +96,26 @@ class LLMEngine:
             return prompt, self.tokenizer(prompt).input_ids
         return None, list(prompt)
 
-    def add_request(self, request_id: Optional[str], prompt: PromptType, params: Optional[SamplingParams] = None,
+    def add_request(self, request_id: Optional[str], prompt: PromptType,
+                    params: Union[SamplingParams, PoolingParams, None] = None,
                     arrival_time: Optional[float] = None, priority: int = 0,
                     cache_salt: Optional[str] = None, lora_request: Optional[LoRARequest] = None) -> str:
         """Validate and queue a request; raises ValueError naming the limit it breaks.
 
+        ``params``: SamplingParams to generate, PoolingParams for a pooling model's embedding.
         ``cache_salt`` (vLLM's): only requests with the same salt share prefix-cache blocks.
         ``lora_request``: the LoRA adapter to run with (needs ``enable_lora``); it is
         loaded and checked here, so a bad adapter fails this call alone."""
-        params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if isinstance(params, PoolingParams) or (params is None and self.pooler_config is not None):
+            return self._add_pooling_request(request_id, prompt, params or PoolingParams(), arrival_time, priority,
+                                             cache_salt, lora_request)
+        if self.pooler_config is not None:
+            raise ValueError("this model runs with runner='pooling' (--runner pooling): it returns embeddings "
+                             "(LLM.embed, /v1/embeddings) and does not generate")
+        params = params or SamplingParams()
         text, ids = self.tokenize_prompt(prompt)
         cut = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
         if cut is not None:  # a cut prompt's text no longer matches its ids
@@ -132,6 +145,36 @@ class LLMEngine:
             if self.kv_connector is None or not self.kv_connector.add_remote_request(child):
                 self.scheduler.add_request(child)
         self.output_processor.add_request(request_id, text, children)
+        return request_id
+
+    def _add_pooling_request(self, request_id: str, prompt: PromptType, params: PoolingParams,
+                             arrival_time: Optional[float], priority: int, cache_salt: Optional[str],
+                             lora_request: Optional[LoRARequest]) -> str:
+        """Queue a pooling request: its prompt is computed, then it finishes with its embedding."""
+        if self.pooler_config is None:
+            raise ValueError("embeddings need a pooling model: start the engine with runner='pooling' "
+                             "(--runner pooling)")
+        params = params.resolve(self.pooler_config, self.arch.hidden_size,
+                                self.config.model_config.served_model_name or self.model_source)
+        text, ids = self.tokenize_prompt(prompt)
+        cut = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
+        if cut is not None:
+            text, ids = None, cut
+        if not ids:
+            raise ValueError("the prompt is empty: it must contain at least one token")
+        if any(not 0 <= t < self.arch.vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.arch.vocab_size})")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the prompt ({len(ids)} tokens) exceeds max_model_len ({self.max_model_len})")
+        if lora_request is not None:
+            self.add_lora(lora_request)
+        # NOTE: max_tokens=1 only sizes the feasibility check; a pooling request samples nothing
+        req = Request(request_id, ids, SamplingParams(max_tokens=1, temperature=0.0), (),
+                      arrival_time if arrival_time is not None else time.time(), priority, cache_salt=cache_salt,
+                      lora_request=lora_request, pooling_params=params)
+        self.scheduler.check_feasible(req)
+        self.scheduler.add_request(req)
+        self.output_processor.add_request(request_id, text, [req])
         return request_id
 
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
@@ -183,7 +226,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or bool(self.kv_connector and self.kv_connector.has_pending())
 
     # -------------------------------------------------------------------- step
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[Union[RequestOutput, PoolingRequestOutput]]:
         """Run one engine iteration and return the outputs of requests that progressed."""
         t0 = time.time()
         if self.kv_connector is not None:

@@ -3,12 +3,14 @@ logprobs, and fan-in of the ``n`` samples of one request."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from inflight.core.outputs import EngineCoreOutput
 from inflight.core.request import Request
 from inflight.engine.detokenizer import IncrementalDetokenizer
-from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
+from inflight.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, PromptLogprobs,
+                              RequestMetrics, RequestOutput)
+from inflight.pooling.pooler import finish_embedding
 
 
 @dataclass
@@ -26,6 +28,7 @@ class _ParentState:
     prompt_token_ids: list[int]
     samples: list[_SampleState] = field(default_factory=list)
     prompt_logprobs: Optional[PromptLogprobs] = None
+    pooled: Optional[PoolingOutput] = None  # a pooling request's embedding, once finished
 
 
 class OutputProcessor:
@@ -72,6 +75,8 @@ class OutputProcessor:
             parent = self.parents[key[0]]
             sample = parent.samples[key[1]]
             try:
+                if o.pooling_output is not None:
+                    parent.pooled = PoolingOutput(finish_embedding(o.pooling_output, sample.request.pooling_params))
                 if o.prompt_logprobs is not None and parent.prompt_logprobs is None:
                     parent.prompt_logprobs = [None] + [self._to_logprob_dict(e) for e in o.prompt_logprobs]
                 if self._apply(sample, o):
@@ -121,7 +126,7 @@ class OutputProcessor:
                 d[tok] = Logprob(lp, rank, self.tokenizer.decode([tok]))
         return d
 
-    def abort(self, parent_id: str) -> Optional[RequestOutput]:
+    def abort(self, parent_id: str) -> Union[RequestOutput, PoolingRequestOutput, None]:
         """Mark every unfinished sample aborted and return the final output."""
         parent = self.parents.get(parent_id)
         if parent is None:
@@ -132,7 +137,7 @@ class OutputProcessor:
                 s.completion.finish_reason = "abort"
         return self._make_output(parent)
 
-    def fail(self, parent_id: str, error: str, bad_input: bool) -> Optional[RequestOutput]:
+    def fail(self, parent_id: str, error: str, bad_input: bool) -> Union[RequestOutput, PoolingRequestOutput, None]:
         """Finish every sample of a request with finish_reason "error"; returns the final output."""
         parent = self.parents.get(parent_id)
         if parent is None:
@@ -144,7 +149,7 @@ class OutputProcessor:
         out.error, out.error_is_bad_input = error, bad_input
         return out
 
-    def _make_output(self, parent: _ParentState) -> RequestOutput:
+    def _make_output(self, parent: _ParentState) -> Union[RequestOutput, PoolingRequestOutput]:
         comps = [s.completion for s in parent.samples]
         finished = all(c.finished for c in comps)
         first = parent.samples[0].request
@@ -152,9 +157,13 @@ class OutputProcessor:
         metrics = RequestMetrics(t.arrival_time, t.first_scheduled_time, t.first_token_time,
                                  t.last_token_time, t.finished_time,
                                  sum(s.request.num_preemptions for s in parent.samples))
-        out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
-                            [_snapshot(c) for c in comps], finished, metrics,
-                            max(first.num_cached_tokens, 0), prompt_logprobs=parent.prompt_logprobs)
+        if first.pooling_params is not None:
+            out = PoolingRequestOutput(parent.request_id, parent.pooled, parent.prompt_token_ids, finished,
+                                       max(first.num_cached_tokens, 0), parent.prompt, metrics)
+        else:
+            out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids,
+                                [_snapshot(c) for c in comps], finished, metrics,
+                                max(first.num_cached_tokens, 0), prompt_logprobs=parent.prompt_logprobs)
         if finished:
             del self.parents[parent.request_id]
             for s in parent.samples:

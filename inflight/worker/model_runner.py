@@ -10,6 +10,7 @@ from inflight.attention.base import AttentionMetadata
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.spec_decode import accept_greedy
 from inflight.errors import InvalidRequestError
+from inflight.pooling.pooler import PoolRows, pool_hidden, pool_rows
 from inflight.structured_output.masks import StepMasks
 from inflight.worker.prompt_logprobs import PromptRows, compute_prompt_logprobs, prompt_rows
 from inflight.worker.request_state import RequestStates, ScheduledState
@@ -40,6 +41,7 @@ class StepInputs:
     logits_indices: torch.Tensor  # rows whose hidden state is projected to logits
     sampling: list[ScheduledState]  # in logits row order; one with k drafts has k + 1 rows
     prompt_rows: list[PromptRows] = field(default_factory=list)  # extra rows of requests with prompt_logprobs
+    pool_rows: list[PoolRows] = field(default_factory=list)  # rows of pooling requests
 
 
 class ModelRunner:
@@ -105,8 +107,9 @@ class ModelRunner:
         logits_idx = [j for i, s in enumerate(items) if s.samples
                       for j in range(qsl[i + 1] - 1 - len(s.spec_token_ids), qsl[i + 1])]
         prompt = [r for i, s in enumerate(items) if (r := prompt_rows(s, qsl[i])) is not None]
+        pool = [r for i, s in enumerate(items) if (r := pool_rows(s, qsl[i])) is not None]
         return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), md,
-                          torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling, prompt)
+                          torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling, prompt, pool)
 
     def _block_table(self, tables: list[list[int]], req_idx: torch.Tensor,
                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,6 +172,8 @@ class ModelRunner:
         if self._step_masks is not None:
             out.failed.update(self._step_masks.failed)
         compute_prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_rows, out)
+        if inp.pool_rows:
+            pool_hidden(hidden, inp.pool_rows, out)
         groups = self._groups(inp, out)
         if groups:
             self._sample_groups(hidden[inp.logits_indices], groups, out)

@@ -10,6 +10,7 @@ from typing import Optional
 
 from inflight.core.outputs import CachedRequestData, GroupBlockIds, NewRequestData, SchedulerOutput
 from inflight.lora.request import LoRARequest
+from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
 
@@ -30,13 +31,15 @@ class CachedRequestState:
     # prompt-logprob entries made before this state was created (before a preemption)
     num_prompt_logprobs: int = 0
     lora_request: Optional[LoRARequest] = None
+    pooling_params: Optional[PoolingParams] = None  # a pooling request: pooled, never sampled
 
     @classmethod
     def from_new(cls, d: NewRequestData) -> "CachedRequestState":
         return cls(d.req_id, d.prompt_token_ids, d.sampling_params, d.eos_token_ids,
                    tuple(list(ids) for ids in d.block_ids),
                    d.num_computed_tokens, list(d.output_token_ids),
-                   list(d.prompt_token_ids) + list(d.output_token_ids), d.num_prompt_logprobs, d.lora_request)
+                   list(d.prompt_token_ids) + list(d.output_token_ids), d.num_prompt_logprobs, d.lora_request,
+                   d.pooling_params)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -79,9 +82,10 @@ class ScheduledState:
 
     @property
     def samples(self) -> bool:
-        """True when this chunk reaches the end of the known tokens, so a token is sampled."""
+        """True when this chunk reaches the end of the known tokens, so a token is sampled
+        (never for a pooling request: it is pooled instead)."""
         st = self.state
-        return st.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == st.num_tokens
+        return st.pooling_params is None and st.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == st.num_tokens
 
 
 class RequestStates:

@@ -1,0 +1,129 @@
+"""The pooler of a pooling model (vLLM's ``PoolerConfig``), and which runner a model gets.
+
+A decoder served with ``runner="pooling"`` returns, for each prompt, one vector made from
+its final hidden states (after the last norm): the last token's (``LAST``, the default for
+decoder embedding models such as Qwen3-Embedding or e5-mistral), their mean (``MEAN``) or
+the first token's (``CLS``), L2-normalized unless ``use_activation`` is false. A folder
+made by sentence-transformers (``modules.json``) names its pooling and normalization there;
+such a folder selects the pooling runner by itself, as in vLLM."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Union
+
+logger = logging.getLogger(__name__)
+
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed")
+_ST_POOLING = {"sentence_transformers.models.Pooling",
+               "sentence_transformers.sentence_transformer.modules.pooling.Pooling"}
+_ST_NORMALIZE = {"sentence_transformers.models.Normalize", "sentence_transformers.base.modules.normalize.Normalize",
+                 "sentence_transformers.sentence_transformer.modules.normalize.Normalize"}
+
+
+@dataclass
+class PoolerConfig:
+    """``pooling_type`` (or vLLM's ``seq_pooling_type``): LAST | MEAN | CLS (None: the
+    sentence-transformers config's, else LAST); ``use_activation``: normalize the
+    embeddings (None: the sentence-transformers config's, else True); ``dimensions``: the
+    default Matryoshka size. ``is_matryoshka`` / ``matryoshka_dimensions`` come from the
+    model's config.json (vLLM reads them there too)."""
+
+    pooling_type: Optional[str] = None
+    seq_pooling_type: Optional[str] = None
+    use_activation: Optional[bool] = None
+    dimensions: Optional[int] = None
+    task: Optional[str] = None
+    is_matryoshka: bool = False
+    matryoshka_dimensions: Optional[list[int]] = None
+
+    def __post_init__(self) -> None:
+        if self.seq_pooling_type is not None:
+            if self.pooling_type is not None:
+                raise ValueError("Cannot set both `pooling_type` and `seq_pooling_type`")
+            self.pooling_type, self.seq_pooling_type = self.seq_pooling_type, None
+        if self.pooling_type is not None:
+            self.pooling_type = str(self.pooling_type).upper()
+            if self.pooling_type not in POOLING_TYPES:
+                raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
+        if self.task not in (None, "embed"):
+            raise ValueError(f"pooler task {self.task!r} is not supported; supported: embed")
+
+    @classmethod
+    def parse(cls, value: Union[None, str, dict, "PoolerConfig"]) -> Optional["PoolerConfig"]:
+        """From a JSON text (``--pooler-config``), a dict or a PoolerConfig."""
+        if value is None or isinstance(value, PoolerConfig):
+            return value
+        data = json.loads(value) if isinstance(value, str) else dict(value)
+        if not isinstance(data, dict):
+            raise ValueError(f"pooler_config must be a JSON object, got {value!r}")
+        if "normalize" in data:
+            raise ValueError("Parameter `normalize` was removed; use `use_activation` instead.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown pooler_config fields {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def sentence_transformers_pooling(folder: str) -> Optional[dict[str, Any]]:
+    """The pooling type and normalization a sentence-transformers folder declares
+    (``modules.json`` and its Pooling module's ``config.json``); None for other folders."""
+    path = os.path.join(folder, "modules.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        modules = json.load(f)
+    found: dict[str, Any] = {"use_activation": any(m.get("type") in _ST_NORMALIZE for m in modules)}
+    pooling = next((m for m in modules if m.get("type") in _ST_POOLING), None)
+    if pooling is not None:
+        cfg_path = os.path.join(folder, pooling.get("path", ""), "config.json")
+        cfg = json.load(open(cfg_path)) if os.path.isfile(cfg_path) else {}
+        for key, val in cfg.items():
+            name = val if key == "pooling_mode" and isinstance(val, str) else key if val is True else None
+            kind = _pooling_name(name) if name else None
+            if kind in POOLING_TYPES:
+                found["pooling_type"] = kind
+                break
+    return found
+
+
+def _pooling_name(name: str) -> str:
+    """``pooling_mode_mean_tokens`` -> MEAN, ``pooling_mode_lasttoken`` -> LAST (vLLM's reading)."""
+    name = name.replace("pooling_mode_", "").split("_", 1)[0]
+    return "LAST" if "lasttoken" in name else name.upper()
+
+
+def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], folder: Optional[str],
+                   hf_config: dict[str, Any]) -> Optional[PoolerConfig]:
+    """The pooler the model runs with, or None for a generative model.
+
+    ``runner="auto"`` picks pooling for a sentence-transformers folder or with
+    ``convert="embed"``, as vLLM does; the user's pooler config wins over the folder's."""
+    if runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    if convert not in CONVERTS:
+        raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got {convert!r}")
+    st = sentence_transformers_pooling(folder) if folder and os.path.isdir(folder) else None
+    if runner == "auto":
+        runner = "pooling" if st is not None or convert == "embed" else "generate"
+        if runner == "pooling":
+            logger.info("Resolved `--runner auto` to `--runner pooling`.")
+    if runner == "generate":
+        if pooler is not None:
+            raise ValueError("pooler_config needs runner='pooling' (--runner pooling)")
+        return None
+    out = PoolerConfig(**{f.name: getattr(pooler, f.name) for f in fields(PoolerConfig)}) if pooler else PoolerConfig()
+    for key, val in (st or {}).items():
+        if getattr(out, key) is None:
+            setattr(out, key, val)
+    out.pooling_type = out.pooling_type or "LAST"
+    out.task = "embed"
+    dims = hf_config.get("matryoshka_dimensions")
+    out.is_matryoshka = bool(dims) or bool(hf_config.get("is_matryoshka", False))
+    out.matryoshka_dimensions = list(dims) if dims else None
+    return out
