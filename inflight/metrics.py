@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from inflight.outputs import RequestOutput
+from inflight.outputs import PoolingRequestOutput, RequestOutput
 
 logger = logging.getLogger("inflight.stats")
 
@@ -128,6 +128,11 @@ class EngineMetrics:
         new_prompt = new_generated = 0
         for out in outputs:
             timing = self._requests.setdefault(out.request_id, _RequestTiming(_arrival(out, now)))
+            if isinstance(out, PoolingRequestOutput):  # a pooling request: its prompt, once it is done
+                if out.finished:
+                    new_prompt += len(out.prompt_token_ids) if out.outputs is not None else 0
+                    self._finish(out, timing, now)
+                continue
             total = sum(len(c.token_ids) for c in out.outputs)
             new = total - timing.num_generated
             if new > 0:
@@ -161,7 +166,10 @@ class EngineMetrics:
 
     def _finish(self, out: RequestOutput, timing: _RequestTiming, now: float) -> None:
         self._requests.pop(out.request_id, None)
-        reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
+        if isinstance(out, PoolingRequestOutput):
+            reasons = ["stop" if out.outputs is not None else "error" if out.error else "abort"]
+        else:
+            reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
         self.request_success.labels(model_name=self.model_name,
                                     finished_reason=reasons[0] if reasons else "abort").inc()
         self.e2e_request_latency.observe(now - timing.arrival_time)

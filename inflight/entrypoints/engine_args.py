@@ -14,6 +14,12 @@ _HELP = {
     "generation_config": "sampling defaults for unset request fields: auto (the model folder's "
                          "generation_config.json) | vllm (none) | a folder",
     "override_generation_config": 'JSON over those defaults, e.g. \'{"temperature": 0.5}\'',
+    "runner": "auto | generate | pooling (embeddings of prompts: /v1/embeddings); auto picks pooling for a "
+              "sentence-transformers folder (modules.json) or with --convert embed",
+    "convert": "auto | none | embed (serve a *ForCausalLM checkpoint as an embedding model)",
+    "pooler_config": 'a pooling model\'s pooler as JSON, e.g. \'{"pooling_type": "MEAN", "use_activation": true}\' '
+                     "(pooling_type LAST | MEAN | CLS; default: the folder's sentence-transformers config, else LAST, "
+                     "normalized)",
     "max_model_len": "longest prompt + output in tokens (default: the model's)",
     "kv_cache_memory": "bytes for the KV pool on CPU (default 2 GiB)",
     "max_num_seqs": "most requests running at once (default: the platform's; CPU 256, CUDA 256)",

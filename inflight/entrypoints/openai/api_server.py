@@ -25,6 +25,8 @@ from inflight.entrypoints.openai.responses import (DetokenizeResponse, ModelCard
 from inflight.entrypoints.openai.serving_chat import ChatHandler
 from inflight.entrypoints.openai.serving_common import ServerState
 from inflight.entrypoints.openai.serving_completion import CompletionHandler
+from inflight.entrypoints.openai.protocol_embeddings import EmbeddingRequest
+from inflight.entrypoints.openai.serving_embedding import EmbeddingHandler
 from inflight.entrypoints.openai.serving_lora import LoRAModels, runtime, runtime_updates_allowed
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_responses import ResponsesHandler
@@ -71,7 +73,9 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        default_sampling=dict(getattr(engine, "default_sampling_params", None) or {}),
                        response_role=response_role, log_requests=log_requests, max_log_len=max_log_len,
                        model_aliases=list(model_aliases), max_logprobs=_max_logprobs(engine),
-                       force_include_usage=force_include_usage, lora=lora or LoRAModels())
+                       force_include_usage=force_include_usage, lora=lora or LoRAModels(),
+                       pooler_config=getattr(engine, "pooler_config", None),
+                       hidden_size=getattr(getattr(engine, "arch", None), "hidden_size", None))
 
 
 def _max_logprobs(engine: Any) -> int:
@@ -164,6 +168,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 @protected.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     return await _guarded(ChatHandler(_state(request)).create(body, request))
+
+
+@protected.post("/v1/embeddings")
+async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
+    return await _guarded(EmbeddingHandler(_state(request)).create(body, request))
 
 
 @protected.post("/v1/responses")

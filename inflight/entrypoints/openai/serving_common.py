@@ -23,6 +23,7 @@ from inflight.entrypoints.openai.serving_lora import LoRAModels
 from inflight.entrypoints.openai.validation import check_server_limits, check_truncation
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
+from inflight.pooling.config import PoolerConfig
 from inflight.reasoning import get_reasoning_parser
 from inflight.sampling_params import SamplingParams
 
@@ -54,6 +55,9 @@ class ServerState:
     log_requests: bool = False  # vLLM's --enable-log-requests, prompts cut to max_log_len
     max_log_len: Optional[int] = None
     lora: LoRAModels = field(default_factory=LoRAModels)  # adapters clients name as models (--lora-modules)
+    # a pooling model's pooler (--runner pooling): it serves /v1/embeddings and nothing that generates
+    pooler_config: Optional[PoolerConfig] = None
+    hidden_size: Optional[int] = None
     # Requests admitted whose adds are not yet queued: counted against max_waiting_requests.
     reserved: int = 0
 
@@ -83,6 +87,9 @@ class ServerState:
         """Checks every request shares (model name, limits, capacity) and returns its
         SamplingParams; invalid values become a 400 naming the field."""
         self.check_model(req.model)
+        if self.pooler_config is not None:
+            raise OpenAIError(404, f"The model `{self.model_name}` is a pooling model (--runner pooling): it serves "
+                                   "/v1/embeddings, not text generation.", param="model", code="model_not_supported")
         try:
             params = req.to_sampling_params(self.default_sampling)
             check_server_limits(req, params, self.limits.max_n, self.vocab_size, self.max_logprobs)
@@ -143,9 +150,9 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
     rejects: its add_request raises ValueError only for that; a constraint that does
     not compile names ``grammar_field``, the field that set it). ``model``: the name the
     client asked for; an adapter's name runs the prompts with that LoRA adapter."""
-    if params.structured_outputs is not None:
+    if getattr(params, "structured_outputs", None) is not None:
         await compile_grammar(state, params, grammar_field)
-    new = len(prompts) * params.n
+    new = len(prompts) * getattr(params, "n", 1)
     state.check_capacity(new)
     if state.log_requests:
         log_request(base_id, prompts, params, state.max_log_len)
