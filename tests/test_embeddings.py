@@ -192,3 +192,18 @@ def test_a_generative_server_answers_embeddings_with_404(tiny):
     with ServerThread(llm.llm_engine, "gen", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
         r = h.post("/v1/embeddings", json={"input": "hello"})
         assert r.status_code == 404 and "--runner pooling" in r.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_data_parallel_replicas_serve_the_same_embeddings(tiny):
+    from inflight.engine.dp import DPEngineClient
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    folder, hidden = tiny
+    want = [F.normalize(h[-1], dim=-1) for h in hidden]
+    dp = DPEngineClient(dict(SMALL, model=str(folder), runner="pooling", served_model_name="emb"), data_parallel_size=2)
+    with ServerThread(dp, "emb", log_stats=False) as srv:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x")
+        r = client.embeddings.create(model="emb", input=PROMPTS * 4)
+        _close([torch.tensor(d.embedding) for d in r.data], want * 4)
+        assert r.usage.prompt_tokens == 4 * sum(map(len, PROMPTS))

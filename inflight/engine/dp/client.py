@@ -76,10 +76,11 @@ class DPEngineClient(EngineClient):
         atexit.register(self._kill_replicas)
         info = infos[0]
         self.engine = ServingView(tokenizer, info.max_model_len, info.model_source,
-                                  SimpleNamespace(vocab_size=info.vocab_size), info.eos_token_ids,
+                                  SimpleNamespace(vocab_size=info.vocab_size, hidden_size=info.hidden_size),
+                                  info.eos_token_ids,
                                   default_sampling_params(info.model_source, kwargs.get("generation_config", "auto"),
                                                           kwargs.get("override_generation_config")),
-                                  kwargs.get("max_logprobs", 20))
+                                  kwargs.get("max_logprobs", 20), info.pooler_config)
         self.block_size = info.block_size
         self.router = PrefixAwareRouter(data_parallel_size, info.block_size, balance_abs_threshold)
         self.metrics = DPMetrics(kwargs.get("served_model_name") or "model", data_parallel_size,

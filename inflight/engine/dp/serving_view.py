@@ -18,6 +18,7 @@ class ServingView:
     eos_token_ids: tuple[int, ...]
     default_sampling_params: dict = field(default_factory=dict)  # the generation config the replicas read
     max_logprobs: int = 20  # the replicas' max_logprobs
+    pooler_config: Any = None  # a pooling model's PoolerConfig (the replicas serve embeddings)
 
     def __post_init__(self) -> None:
         from inflight.structured_output.manager import StructuredOutputManager

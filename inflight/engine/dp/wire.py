@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from inflight.outputs import CompletionOutput, RequestOutput
+from inflight.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
+from inflight.pooling.config import PoolerConfig
 
 
 @dataclass
@@ -26,6 +27,8 @@ class ReplicaInfo:
     model_source: Optional[str]
     eos_token_ids: tuple[int, ...]
     pid: int
+    pooler_config: Optional[PoolerConfig] = None  # a pooling model's (None: it generates)
+    hidden_size: int = 0
 
 
 @dataclass
@@ -77,6 +80,8 @@ class OutputEncoder:
         self._prompt_logprobs_sent: set[str] = set()
 
     def encode(self, out: RequestOutput) -> RequestOutput:
+        if isinstance(out, PoolingRequestOutput):  # one message, at its end
+            return replace(out, prompt_token_ids=[])
         sent = self._sent.setdefault(out.request_id, {})
         comps = []
         for c in out.outputs:
@@ -121,6 +126,9 @@ class OutputDecoder:
         state = self._requests.get(out.request_id)
         if state is None:
             return out
+        if isinstance(out, PoolingRequestOutput):
+            self._requests.pop(out.request_id, None)
+            return replace(out, prompt_token_ids=state.prompt_token_ids)
         if out.prompt_logprobs is not None:
             state.prompt_logprobs = out.prompt_logprobs
         comps = []
