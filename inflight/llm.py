@@ -5,11 +5,13 @@ import time
 from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
+import torch
 from tqdm.auto import tqdm
 
 from inflight.engine.llm_engine import LLMEngine, PromptType
 from inflight.lora.request import LoRARequest
-from inflight.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from inflight.outputs import (EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput, ScoringOutput,
+                              ScoringRequestOutput)
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
@@ -115,6 +117,22 @@ class LLM:
         outs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request,
                            pooling_task="embed", truncate_prompt_tokens=truncate_prompt_tokens)
         return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+    def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]], *, use_tqdm: bool = True,
+              truncate_prompt_tokens: Optional[int] = None) -> list[ScoringRequestOutput]:
+        """The cosine similarity of each pair's embeddings (vLLM's ``LLM.score`` with an
+        embedding model): 1:1, 1:N (one ``data_1`` against every ``data_2``) or N:N."""
+        first = [data_1] if isinstance(data_1, str) else list(data_1)
+        second = [data_2] if isinstance(data_2, str) else list(data_2)
+        if not first or not second or (len(first) > 1 and len(first) != len(second)):
+            raise ValueError("Input lengths must be either 1:1, 1:N or N:N")
+        outs = self.encode(first + second, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
+        a, b = outs[:len(first)], outs[len(first):]
+        a = a * len(b) if len(a) == 1 else a
+        return [ScoringRequestOutput(f"{x.request_id}_{y.request_id}",
+                                     ScoringOutput(torch.nn.functional.cosine_similarity(
+                                         x.outputs.data, y.outputs.data, dim=0).item()),
+                                     x.prompt_token_ids + y.prompt_token_ids) for x, y in zip(a, b)]
 
     @staticmethod
     def _normalise(prompts, prompt_token_ids) -> list[PromptType]:

@@ -134,3 +134,20 @@ class EmbeddingRequestOutput:
             raise ValueError(f"request {out.request_id} has no embedding: {out.error or 'it did not finish'}")
         return cls(out.request_id, EmbeddingOutput(out.outputs.data.tolist()), out.prompt_token_ids, out.finished,
                    out.num_cached_tokens)
+
+
+@dataclass
+class ScoringOutput:
+    """A pair's score (vLLM's ``ScoringOutput``)."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """``LLM.score``'s result per pair (vLLM's ``ScoringRequestOutput``)."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

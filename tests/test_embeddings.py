@@ -207,3 +207,32 @@ def test_data_parallel_replicas_serve_the_same_embeddings(tiny):
         r = client.embeddings.create(model="emb", input=PROMPTS * 4)
         _close([torch.tensor(d.embedding) for d in r.data], want * 4)
         assert r.usage.prompt_tokens == 4 * sum(map(len, PROMPTS))
+
+
+def test_score_and_rerank_are_cosine_similarities(tiny):
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    folder, _ = tiny
+    llm = LLM(str(folder), runner="pooling", **SMALL)
+    query, docs = "the cat sat", ["a cat sat down", "stock prices fell", "the cat sat"]
+    emb = {t: torch.tensor(e.outputs.embedding) for t, e in zip([query] + docs, llm.embed([query] + docs,
+                                                                                        use_tqdm=False))}
+    want = [float(emb[query] @ emb[d]) for d in docs]  # unit vectors
+    assert [s.outputs.score for s in llm.score(query, docs, use_tqdm=False)] == pytest.approx(want, abs=1e-5)
+    with pytest.raises(ValueError, match="1:1, 1:N or N:N"):
+        llm.score(["a", "b"], docs)
+    with ServerThread(llm.llm_engine, "emb", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        for body in ({"text_1": query, "text_2": docs}, {"queries": query, "documents": docs}):
+            r = h.post("/v1/score", json=body).json()
+            assert [d["score"] for d in r["data"]] == pytest.approx(want, abs=1e-5)
+        n = h.post("/score", json={"text_1": docs, "text_2": docs[::-1]}).json()
+        assert n["data"][1]["score"] == pytest.approx(1.0, abs=1e-5)
+        r = h.post("/v1/rerank", json={"query": query, "documents": docs, "top_n": 2}).json()
+        order = sorted(range(3), key=lambda i: -want[i])[:2]
+        assert [x["index"] for x in r["results"]] == order and r["results"][0]["document"]["text"] == docs[order[0]]
+        ntok = len(llm.get_tokenizer()(query).input_ids)
+        assert r["usage"]["prompt_tokens"] == ntok + sum(len(llm.get_tokenizer()(d).input_ids) for d in docs)
+        bad = h.post("/v2/rerank", json={"query": query, "documents": []})
+        assert bad.status_code == 400
+        bad = h.post("/v1/score", json={"text_1": ["a", "b"], "text_2": docs})
+        assert bad.status_code == 400 and "1:1, 1:N or N:N" in bad.json()["error"]["message"]

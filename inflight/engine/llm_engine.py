@@ -18,7 +18,7 @@ from inflight.engine.output_processor import OutputProcessor
 from inflight.errors import InvalidRequestError
 from inflight.lora.request import LoRARequest
 from inflight.outputs import PoolingRequestOutput, RequestOutput
-from inflight.pooling.config import resolve_pooler
+from inflight.pooling.config import PoolerConfig, resolve_pooler
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
 from inflight.structured_output.manager import StructuredOutputManager
@@ -35,6 +35,8 @@ class LLMEngine:
     One ``step()`` = schedule, one forward pass over the flattened batch,
     update, detokenize. Not thread-safe: the async engine drives it from one thread.
     """
+
+    pooler_config: Optional[PoolerConfig] = None  # a pooling model's pooler; None: the model generates
 
     def __init__(self, config: EngineConfig) -> None:
         from inflight.executor import Executor

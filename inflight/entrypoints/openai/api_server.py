@@ -27,6 +27,7 @@ from inflight.entrypoints.openai.serving_common import ServerState
 from inflight.entrypoints.openai.serving_completion import CompletionHandler
 from inflight.entrypoints.openai.protocol_embeddings import EmbeddingRequest
 from inflight.entrypoints.openai.serving_embedding import EmbeddingHandler
+from inflight.entrypoints.openai.serving_score import RerankRequest, ScoreHandler, ScoreRequest
 from inflight.entrypoints.openai.serving_lora import LoRAModels, runtime, runtime_updates_allowed
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_responses import ResponsesHandler
@@ -173,6 +174,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 @protected.post("/v1/embeddings")
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
     return await _guarded(EmbeddingHandler(_state(request)).create(body, request))
+
+
+@protected.post("/score")
+@protected.post("/v1/score")
+async def create_score(body: ScoreRequest, request: Request) -> Response:
+    return await _guarded(ScoreHandler(_state(request)).score(body, request))
+
+
+@protected.post("/rerank")
+@protected.post("/v1/rerank")
+@protected.post("/v2/rerank")
+async def create_rerank(body: RerankRequest, request: Request) -> Response:
+    return await _guarded(ScoreHandler(_state(request)).rerank(body, request))
 
 
 @protected.post("/v1/responses")
