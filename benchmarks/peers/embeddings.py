@@ -1,0 +1,183 @@
+"""Embeddings served by inflight and by vLLM's CPU build, in one sitting: both as pooling
+models (`--runner pooling`: the last token's final hidden state, L2-normalized) of the same
+SmolLM2 weights, over `POST /v1/embeddings`.
+
+    .venv/bin/python benchmarks/peers/embeddings.py --out benchmarks/results/peers_vllm_embeddings.json
+    .venv/bin/python benchmarks/peers/embeddings.py --num-docs 8 --num-queries 8 --repeats 1  # a check
+
+Two workloads, every request sent at once, one input each: `docs`, documents of 128-512
+tokens (indexing a corpus for retrieval), and `queries`, texts of 8-32 tokens (the
+questions asked of it). Both servers are up for the whole sitting; each round runs every
+workload on both, the order reversed from one workload to the next, and the table gives
+medians over --repeats rounds. The embeddings of the two servers are compared too
+(cosine similarity, the same weights in the same dtype). Run setup_vllm.sh and
+make_hf_folder.py first (README.md here).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import httpx  # noqa: E402
+
+from compare import start_server  # noqa: E402
+from cpu_serving import workload_file  # noqa: E402
+from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
+from servers import DEFAULT_VLLM_VENV, SERVED_NAME, cpu_facts  # noqa: E402
+
+from inflight.bench.common import json_safe, machine_info  # noqa: E402
+
+WORKLOADS = {"docs": (128, 512), "queries": (8, 32)}  # token lengths, uniform
+
+
+def make_inputs(n: int, lengths: tuple[int, int], seed: int, tmp: str) -> list[str]:
+    """``n`` texts of the given token lengths, cut from the longprompt workload's words."""
+    from inflight.loader import load_tokenizer
+
+    tok = load_tokenizer()
+    words = " ".join(json.loads(line)["prompt"] for line in open(workload_file("longprompt", tmp))).split()
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        want, start = rng.randint(*lengths), rng.randrange(len(words) - 1000)
+        text = " ".join(words[start:start + want])  # a word is at least one token: cut down from here
+        ids = tok(text, add_special_tokens=False).input_ids[:want]
+        out.append(tok.decode(ids))
+    return out
+
+
+async def run_once(url: str, texts: list[str]) -> dict:
+    """Every text as its own request, all at once; throughput and latency percentiles."""
+    lat: list[float] = []
+    tokens = 0
+
+    async def one(client: httpx.AsyncClient, text: str) -> None:
+        nonlocal tokens
+        t0 = time.perf_counter()
+        r = await client.post("/v1/embeddings", json={"model": SERVED_NAME, "input": text, "encoding_format": "float"})
+        r.raise_for_status()
+        lat.append(time.perf_counter() - t0)
+        tokens += r.json()["usage"]["prompt_tokens"]
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+        await one(client, "warm up")
+        lat.clear()
+        tokens = 0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, t) for t in texts))
+        duration = time.perf_counter() - t0
+    lat.sort()
+    return {"duration_s": duration, "inputs_per_s": len(texts) / duration, "prompt_tokens_per_s": tokens / duration,
+            "prompt_tokens": tokens, "latency_p50_s": lat[len(lat) // 2],
+            "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))]}
+
+
+def embeddings_of(url: str, texts: list[str]):
+    import torch
+
+    r = httpx.post(url + "/v1/embeddings", json={"model": SERVED_NAME, "input": texts}, timeout=600)
+    r.raise_for_status()
+    return torch.tensor([d["embedding"] for d in r.json()["data"]])
+
+
+def median_of(runs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", default="vllm,inflight")
+    ap.add_argument("--num-docs", type=int, default=256)
+    ap.add_argument("--num-queries", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", DEFAULT_VLLM_VENV))
+    ap.add_argument("--hf-folder", default=DEFAULT_HF_FOLDER)
+    ap.add_argument("--vllm-dtype", default=None, choices=["float32", "bfloat16"],
+                    help="vLLM's --dtype (default: what inflight's \"auto\" resolves to on this CPU)")
+    ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server")
+    ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`")
+    ap.add_argument("--idle-after-start", type=float, default=30.0)
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    args = ap.parse_args()
+    args.systems = [s for s in args.systems.split(",") if s]
+    if args.vllm_dtype is None:
+        from inflight.platforms import current_platform
+        args.vllm_dtype = str(current_platform("cpu").resolve_dtype("auto")).removeprefix("torch.")
+    # what servers.py reads; both run as pooling models
+    args.vllm_args = f"--runner pooling {args.vllm_args}"
+    args.inflight_args = f"--runner pooling {args.inflight_args}"
+    args.vllm_preload, args.cap_isa, args.baseline, args.baseline_args = True, None, None, ""
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
+                     "machine": machine_info(), "systems": {}, "workloads": {}}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
+        os.makedirs(log_dir, exist_ok=True)
+        inputs = {"docs": make_inputs(args.num_docs, WORKLOADS["docs"], 1, tmp),
+                  "queries": make_inputs(args.num_queries, WORKLOADS["queries"], 2, tmp)}
+        urls = {}
+        for system in args.systems:
+            rec = start_server(system, args, log_dir, stack)
+            urls[system] = rec.pop("url")
+            results["systems"][system] = rec
+        time.sleep(args.idle_after_start)
+        runs: dict = {(w, s): [] for w in inputs for s in args.systems}
+        for rnd in range(args.repeats):
+            for i, (name, texts) in enumerate(inputs.items()):
+                order = args.systems if (rnd + i) % 2 == 0 else args.systems[::-1]
+                for system in order:
+                    r = asyncio.run(run_once(urls[system], texts))
+                    runs[(name, system)].append(r)
+                    print(f"[{system}] {name} round {rnd}: {r['inputs_per_s']:.1f} inputs/s, "
+                          f"{r['prompt_tokens_per_s']:.0f} tok/s, p99 {r['latency_p99_s']:.2f} s",
+                          file=sys.stderr, flush=True)
+        for name in inputs:
+            per = results["workloads"][name] = {s: {"median": median_of(runs[(name, s)]), "runs": runs[(name, s)]}
+                                                for s in args.systems}
+            if "vllm" in per and "inflight" in per:
+                per["ratio_inputs_per_s"] = per["inflight"]["median"]["inputs_per_s"] / per["vllm"]["median"]["inputs_per_s"]
+        if len(urls) == 2:
+            import torch
+            a, b = (embeddings_of(urls[s], inputs["docs"][:16]) for s in args.systems)
+            results["min_cosine_between_systems"] = torch.nn.functional.cosine_similarity(a, b).min().item()
+    print(table(results, args.systems))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(json_safe(results), f, indent=1, allow_nan=False)
+    return 0
+
+
+def table(results: dict, systems: list[str]) -> str:
+    lines = ["| workload | " + " | ".join(f"{s}: inputs/s, tok/s, p50 s, p99 s" for s in systems) + " | ratio |",
+             "|---|" + "---|" * (len(systems) + 1)]
+    for name, per in results["workloads"].items():
+        cells = [f"{m['inputs_per_s']:.1f}, {m['prompt_tokens_per_s']:.0f}, {m['latency_p50_s']:.2f}, "
+                 f"{m['latency_p99_s']:.2f}" for m in (per[s]["median"] for s in systems)]
+        ratio = per.get("ratio_inputs_per_s")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio:.2f}x |" if ratio else " |")
+    if "min_cosine_between_systems" in results:
+        lines.append(f"\nmin cosine similarity between the systems' embeddings: {results['min_cosine_between_systems']:.5f}")
+    lines.append("start-up: " + ", ".join(f"{s} {results['systems'][s]['startup_s']:.1f} s" for s in systems))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
