@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Iterable
 
-from inflight.models.registry import parse_hf_config, resolve_spec
+from inflight.models.registry import headless_spec, parse_hf_config, resolve_spec
 
 from .types import ModelLoadError, unsupported_architecture
 
@@ -46,6 +46,10 @@ def normalize_hf_config(raw: dict[str, Any], source: str) -> dict[str, Any]:
     except (ValueError, TypeError) as exc:
         raise ModelLoadError(f"config of {source}: {exc}") from exc
     cfg.update({k: v for k, v in asdict(arch).items() if k != "architecture"})
+    archs = raw.get("architectures") or []
+    if archs and headless_spec(archs[0] if isinstance(archs, list) else archs) is spec:
+        # no logits head in the checkpoint: nothing to tie or load; it serves embeddings only
+        cfg["tie_word_embeddings"], cfg["has_lm_head"] = True, False
     cfg["architectures"] = [spec.architecture]
     cfg["model_type"] = spec.model_type
     cfg.setdefault("hidden_act", "silu")

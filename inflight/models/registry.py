@@ -161,11 +161,21 @@ def resolve_spec(hf: dict[str, Any]) -> ArchSpec:
     for arch in archs:
         if arch in _specs():
             return _specs()[arch]
+        if headless_spec(arch) is not None:
+            return headless_spec(arch)
     spec = None if archs else spec_for_model_type(hf.get("model_type"))
     if spec is None:
         name = archs[0] if archs else hf.get("model_type") or "(none given)"
         raise ValueError(f"unsupported architecture {name}; supported: {', '.join(supported_architectures())}")
     return spec
+
+
+def headless_spec(architecture: str) -> Optional[ArchSpec]:
+    """The spec of a bare decoder checkpoint without its logits head (``Qwen3Model``,
+    ``MistralModel``: how embedding models such as e5-mistral ship), else None."""
+    if not architecture.endswith("Model") or architecture.endswith("ForCausalLM"):
+        return None
+    return _specs().get(architecture.removesuffix("Model") + "ForCausalLM")
 
 
 def _rope(c: Any) -> tuple[float, Optional[dict]]:

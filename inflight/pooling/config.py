@@ -102,17 +102,22 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
                    hf_config: dict[str, Any]) -> Optional[PoolerConfig]:
     """The pooler the model runs with, or None for a generative model.
 
-    ``runner="auto"`` picks pooling for a sentence-transformers folder or with
-    ``convert="embed"``, as vLLM does; the user's pooler config wins over the folder's."""
+    ``runner="auto"`` picks pooling for a sentence-transformers folder, a checkpoint without
+    a logits head (``Qwen3Model``) or with ``convert="embed"``, as vLLM does; the user's
+    pooler config wins over the folder's."""
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
     if convert not in CONVERTS:
         raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got {convert!r}")
     st = sentence_transformers_pooling(folder) if folder and os.path.isdir(folder) else None
+    headless = hf_config.get("has_lm_head") is False
     if runner == "auto":
-        runner = "pooling" if st is not None or convert == "embed" else "generate"
+        runner = "pooling" if st is not None or convert == "embed" or headless else "generate"
         if runner == "pooling":
             logger.info("Resolved `--runner auto` to `--runner pooling`.")
+    if runner == "generate" and headless:
+        raise ValueError("the checkpoint is a bare decoder without a logits head (architecture *Model): "
+                         "it serves embeddings only (runner='pooling')")
     if runner == "generate":
         if pooler is not None:
             raise ValueError("pooler_config needs runner='pooling' (--runner pooling)")
