@@ -5,13 +5,15 @@ SmolLM2 weights, over `POST /v1/embeddings`.
     .venv/bin/python benchmarks/peers/embeddings.py --out benchmarks/results/peers_vllm_embeddings.json
     .venv/bin/python benchmarks/peers/embeddings.py --num-docs 8 --num-queries 8 --repeats 1  # a check
 
-Two workloads, every request sent at once, one input each: `docs`, documents of 128-512
-tokens (indexing a corpus for retrieval), and `queries`, texts of 8-32 tokens (the
-questions asked of it). Both servers are up for the whole sitting; each round runs every
-workload on both, the order reversed from one workload to the next, and the table gives
-medians over --repeats rounds. The embeddings of the two servers are compared too
-(cosine similarity, the same weights in the same dtype). Run setup_vllm.sh and
-make_hf_folder.py first (README.md here).
+Two workloads, every request sent at once: `docs`, documents of 128-512 tokens, 16 to a
+request (indexing a corpus for retrieval, as OpenAI's clients batch inputs), and `queries`,
+texts of 8-32 tokens, one to a request (the questions asked of it). Both servers are up for
+the whole sitting; each round runs every workload on both, the order reversed from one
+workload to the next, with texts new to both servers (so no round is served from a prefix
+cache), and the table gives medians over --repeats rounds. The embeddings of the two
+servers are compared too (cosine similarity, the same weights in the same dtype). Run
+setup_vllm.sh and make_hf_folder.py first (README.md here). `--cap-isa avx2` runs the
+sitting as on an AVX2+FMA CPU, as compare.py does.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ sys.path.insert(0, HERE)
 
 import httpx  # noqa: E402
 
-from compare import start_server  # noqa: E402
+from compare import ISA_CAPS, start_server  # noqa: E402
 from cpu_serving import workload_file  # noqa: E402
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
 from servers import DEFAULT_VLLM_VENV, SERVED_NAME, cpu_facts  # noqa: E402
@@ -40,6 +42,7 @@ from servers import DEFAULT_VLLM_VENV, SERVED_NAME, cpu_facts  # noqa: E402
 from inflight.bench.common import json_safe, machine_info  # noqa: E402
 
 WORKLOADS = {"docs": (128, 512), "queries": (8, 32)}  # token lengths, uniform
+PER_REQUEST = {"docs": 16, "queries": 1}  # inputs in one request
 
 
 def make_inputs(n: int, lengths: tuple[int, int], seed: int, tmp: str) -> list[str]:
@@ -58,12 +61,12 @@ def make_inputs(n: int, lengths: tuple[int, int], seed: int, tmp: str) -> list[s
     return out
 
 
-async def run_once(url: str, texts: list[str]) -> dict:
-    """Every text as its own request, all at once; throughput and latency percentiles."""
+async def run_once(url: str, texts: list[str], per_request: int = 1) -> dict:
+    """Every request at once, ``per_request`` texts each; throughput and latency percentiles."""
     lat: list[float] = []
     tokens = 0
 
-    async def one(client: httpx.AsyncClient, text: str) -> None:
+    async def one(client: httpx.AsyncClient, text) -> None:
         nonlocal tokens
         t0 = time.perf_counter()
         r = await client.post("/v1/embeddings", json={"model": SERVED_NAME, "input": text, "encoding_format": "float"})
@@ -77,7 +80,7 @@ async def run_once(url: str, texts: list[str]) -> dict:
         lat.clear()
         tokens = 0
         t0 = time.perf_counter()
-        await asyncio.gather(*(one(client, t) for t in texts))
+        await asyncio.gather(*(one(client, texts[i:i + per_request]) for i in range(0, len(texts), per_request)))
         duration = time.perf_counter() - t0
     lat.sort()
     return {"duration_s": duration, "inputs_per_s": len(texts) / duration, "prompt_tokens_per_s": tokens / duration,
@@ -112,7 +115,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`")
     ap.add_argument("--idle-after-start", type=float, default=30.0)
     ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--cap-isa", default=None, choices=sorted(ISA_CAPS),
+                    help="run both servers as on a CPU with only this ISA (compare.py's --cap-isa)")
     args = ap.parse_args()
+    if args.cap_isa and any(os.environ.get(k) != v for k, v in ISA_CAPS[args.cap_isa].items()):
+        # NOTE: torch, MKL and oneDNN read their caps when loaded: start again with them set
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ISA_CAPS[args.cap_isa]})
     args.systems = [s for s in args.systems.split(",") if s]
     if args.vllm_dtype is None:
         from inflight.platforms import current_platform
@@ -120,19 +128,23 @@ def parse_args() -> argparse.Namespace:
     # what servers.py reads; both run as pooling models
     args.vllm_args = f"--runner pooling {args.vllm_args}"
     args.inflight_args = f"--runner pooling {args.inflight_args}"
-    args.vllm_preload, args.cap_isa, args.baseline, args.baseline_args = True, None, None, ""
+    args.vllm_preload, args.baseline, args.baseline_args = True, None, ""
     return args
 
 
 def main() -> int:
     args = parse_args()
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
-                     "machine": machine_info(), "systems": {}, "workloads": {}}
+                     "machine": machine_info(), "isa_cap": ISA_CAPS.get(args.cap_isa), "vllm_dtype": args.vllm_dtype,
+                     "inputs_per_request": PER_REQUEST, "systems": {}, "workloads": {}}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
         os.makedirs(log_dir, exist_ok=True)
-        inputs = {"docs": make_inputs(args.num_docs, WORKLOADS["docs"], 1, tmp),
-                  "queries": make_inputs(args.num_queries, WORKLOADS["queries"], 2, tmp)}
+        sizes = {"docs": args.num_docs, "queries": args.num_queries}
+        # texts of their own for every round and system: each run is computed in full
+        inputs = {name: [[make_inputs(sizes[name], WORKLOADS[name], 100 * rnd + 10 * i + j, tmp)
+                          for j in range(len(args.systems))] for rnd in range(args.repeats)]
+                  for i, name in enumerate(WORKLOADS)}
         urls = {}
         for system in args.systems:
             rec = start_server(system, args, log_dir, stack)
@@ -141,10 +153,10 @@ def main() -> int:
         time.sleep(args.idle_after_start)
         runs: dict = {(w, s): [] for w in inputs for s in args.systems}
         for rnd in range(args.repeats):
-            for i, (name, texts) in enumerate(inputs.items()):
+            for i, name in enumerate(inputs):
                 order = args.systems if (rnd + i) % 2 == 0 else args.systems[::-1]
-                for system in order:
-                    r = asyncio.run(run_once(urls[system], texts))
+                for j, system in enumerate(order):
+                    r = asyncio.run(run_once(urls[system], inputs[name][rnd][j], PER_REQUEST[name]))
                     runs[(name, system)].append(r)
                     print(f"[{system}] {name} round {rnd}: {r['inputs_per_s']:.1f} inputs/s, "
                           f"{r['prompt_tokens_per_s']:.0f} tok/s, p99 {r['latency_p99_s']:.2f} s",
@@ -156,7 +168,7 @@ def main() -> int:
                 per["ratio_inputs_per_s"] = per["inflight"]["median"]["inputs_per_s"] / per["vllm"]["median"]["inputs_per_s"]
         if len(urls) == 2:
             import torch
-            a, b = (embeddings_of(urls[s], inputs["docs"][:16]) for s in args.systems)
+            a, b = (embeddings_of(urls[s], inputs["docs"][0][0][:16]) for s in args.systems)
             results["min_cosine_between_systems"] = torch.nn.functional.cosine_similarity(a, b).min().item()
     print(table(results, args.systems))
     if args.out:
@@ -172,7 +184,7 @@ def table(results: dict, systems: list[str]) -> str:
         cells = [f"{m['inputs_per_s']:.1f}, {m['prompt_tokens_per_s']:.0f}, {m['latency_p50_s']:.2f}, "
                  f"{m['latency_p99_s']:.2f}" for m in (per[s]["median"] for s in systems)]
         ratio = per.get("ratio_inputs_per_s")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio:.2f}x |" if ratio else " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else " | |"))
     if "min_cosine_between_systems" in results:
         lines.append(f"\nmin cosine similarity between the systems' embeddings: {results['min_cosine_between_systems']:.5f}")
     lines.append("start-up: " + ", ".join(f"{s} {results['systems'][s]['startup_s']:.1f} s" for s in systems))
