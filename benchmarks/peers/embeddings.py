@@ -9,8 +9,8 @@ Two workloads, every request sent at once: `docs`, documents of 128-512 tokens, 
 request (indexing a corpus for retrieval, as OpenAI's clients batch inputs), and `queries`,
 texts of 8-32 tokens, one to a request (the questions asked of it). Both servers are up for
 the whole sitting; each round runs every workload on both, the order reversed from one
-workload to the next, with texts new to both servers (so no round is served from a prefix
-cache), and the table gives medians over --repeats rounds. The embeddings of the two
+workload to the next, with texts new to both servers (the same for both: so no round is
+served from a prefix cache), and the table gives medians over --repeats rounds. The embeddings of the two
 servers are compared too (cosine similarity, the same weights in the same dtype). Run
 setup_vllm.sh and make_hf_folder.py first (README.md here). `--cap-isa avx2` runs the
 sitting as on an AVX2+FMA CPU, as compare.py does.
@@ -141,9 +141,8 @@ def main() -> int:
         log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
         os.makedirs(log_dir, exist_ok=True)
         sizes = {"docs": args.num_docs, "queries": args.num_queries}
-        # texts of their own for every round and system: each run is computed in full
-        inputs = {name: [[make_inputs(sizes[name], WORKLOADS[name], 100 * rnd + 10 * i + j, tmp)
-                          for j in range(len(args.systems))] for rnd in range(args.repeats)]
+        # new texts every round (each server has its own cache: both get the same ones)
+        inputs = {name: [make_inputs(sizes[name], WORKLOADS[name], 100 * rnd + i, tmp) for rnd in range(args.repeats)]
                   for i, name in enumerate(WORKLOADS)}
         urls = {}
         for system in args.systems:
@@ -155,8 +154,8 @@ def main() -> int:
         for rnd in range(args.repeats):
             for i, name in enumerate(inputs):
                 order = args.systems if (rnd + i) % 2 == 0 else args.systems[::-1]
-                for j, system in enumerate(order):
-                    r = asyncio.run(run_once(urls[system], inputs[name][rnd][j], PER_REQUEST[name]))
+                for system in order:
+                    r = asyncio.run(run_once(urls[system], inputs[name][rnd], PER_REQUEST[name]))
                     runs[(name, system)].append(r)
                     print(f"[{system}] {name} round {rnd}: {r['inputs_per_s']:.1f} inputs/s, "
                           f"{r['prompt_tokens_per_s']:.0f} tok/s, p99 {r['latency_p99_s']:.2f} s",
@@ -165,10 +164,11 @@ def main() -> int:
             per = results["workloads"][name] = {s: {"median": median_of(runs[(name, s)]), "runs": runs[(name, s)]}
                                                 for s in args.systems}
             if "vllm" in per and "inflight" in per:
-                per["ratio_inputs_per_s"] = per["inflight"]["median"]["inputs_per_s"] / per["vllm"]["median"]["inputs_per_s"]
+                per["ratio_inputs_per_s"] = (per["inflight"]["median"]["inputs_per_s"]
+                                             / per["vllm"]["median"]["inputs_per_s"])
         if len(urls) == 2:
             import torch
-            a, b = (embeddings_of(urls[s], inputs["docs"][0][0][:16]) for s in args.systems)
+            a, b = (embeddings_of(urls[s], inputs["docs"][0][:16]) for s in args.systems)
             results["min_cosine_between_systems"] = torch.nn.functional.cosine_similarity(a, b).min().item()
     print(table(results, args.systems))
     if args.out:
