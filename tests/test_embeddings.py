@@ -142,6 +142,8 @@ def test_each_runner_refuses_the_other_task(tiny):
     assert len(emb.embed([{"prompt_token_ids": PROMPTS[2][:32]}], use_tqdm=False)[0].outputs.embedding) == 64
     with pytest.raises(ValueError, match="does not generate"):
         emb.llm_engine.add_request("y", "hello", SamplingParams())
+    with pytest.raises(ValueError, match="needs scheduling='continuous'"):
+        LLM(str(folder), runner="pooling", scheduling="static", **SMALL)
 
 
 def test_served_embeddings(tiny):

@@ -51,7 +51,8 @@ class LLMEngine:
         mc = config.model_config
         # None: a generative model; else the pooler of a pooling model (inflight/pooling)
         mc.pooler_config = self.pooler_config = resolve_pooler(mc.runner, mc.convert, mc.pooler_config,
-                                                               loaded.source, loaded.hf_config)
+                                                               loaded.source, loaded.hf_config,
+                                                               config.scheduler_config.scheduling)
         self.default_sampling_params = default_sampling_params(loaded.source, mc.generation_config,
                                                                mc.override_generation_config)
         # uni: the runner in this process; mp / ray: a worker per tensor-parallel rank

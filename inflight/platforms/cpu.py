@@ -67,7 +67,7 @@ class CpuPlatform(Platform):
         from inflight.kernels.cpu.packing import pack_linears
 
         done = []
-        packed = pack_linears(model, dtype)
+        packed = pack_linears(model, dtype, logits=config.model_config.pooler_config is None)
         if packed:
             done.append(f"{packed} packed linears")
             rows = tune_lowbit_max_rows(model)

@@ -99,7 +99,7 @@ def _pooling_name(name: str) -> str:
 
 
 def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], folder: Optional[str],
-                   hf_config: dict[str, Any]) -> Optional[PoolerConfig]:
+                   hf_config: dict[str, Any], scheduling: str = "continuous") -> Optional[PoolerConfig]:
     """The pooler the model runs with, or None for a generative model.
 
     ``runner="auto"`` picks pooling for a sentence-transformers folder, a checkpoint without
@@ -122,6 +122,8 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
         if pooler is not None:
             raise ValueError("pooler_config needs runner='pooling' (--runner pooling)")
         return None
+    if scheduling != "continuous":  # static batching's padding rows would pool a prompt twice
+        raise ValueError("runner='pooling' needs scheduling='continuous'")
     out = PoolerConfig(**{f.name: getattr(pooler, f.name) for f in fields(PoolerConfig)}) if pooler else PoolerConfig()
     for key, val in (st or {}).items():
         if getattr(out, key) is None:

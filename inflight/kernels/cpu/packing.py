@@ -69,12 +69,13 @@ def packed_linear_class(dtype: torch.dtype = torch.bfloat16) -> Optional[type[nn
     return PanelLinear if load_gemm() is not None else PackedLinear
 
 
-def pack_linears(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.bfloat16, logits: bool = True) -> int:
     """Replace every ``nn.Linear`` in ``model`` by a packed one for ``dtype``; returns how
     many (0 where packing does not pay for ``dtype`` on this CPU).
 
-    A model with ``pack_lm_head`` also gets a packed projection for its logits
-    (a copy of the tied embedding when the weights are tied).
+    With ``logits``, a model with ``pack_lm_head`` also gets a packed projection for its
+    logits (a copy of the tied embedding when the weights are tied); a pooling model
+    computes no logits and goes without.
     """
     cls = packed_linear_class(dtype)
     if cls is None:
@@ -91,7 +92,7 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
         setattr(module, name, pack(cls) if pack is not None else cls(child.weight, child.bias))
         del child, pack
     count = len(slots)
-    pack_head = getattr(model, "pack_lm_head", None)
+    pack_head = getattr(model, "pack_lm_head", None) if logits else None
     if pack_head is not None:
         pack_head(cls)
         count += 1
