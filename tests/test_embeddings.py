@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import httpx
 import numpy as np
@@ -254,3 +255,26 @@ def test_a_bare_decoder_checkpoint_serves_embeddings(tmp_path):
     _close(_embed(llm), want)
     with pytest.raises(ValueError, match="without a logits head"):
         LLM(str(tmp_path / "bare"), runner="generate", **SMALL)
+
+
+def test_a_client_that_leaves_aborts_its_embeddings_and_frees_their_blocks(tiny):
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    folder, _ = tiny
+    llm = LLM(str(folder), runner="pooling", **{**SMALL, "max_num_batched_tokens": 16})
+    engine = llm.llm_engine
+    with ServerThread(engine, "emb", log_stats=False) as srv:
+        # 400 inputs of 71 tokens that share no prefix, 16 tokens a step: seconds of work
+        inputs = [[5 + (k + j * 13) % 250 for j in range(71)] for k in range(400)]
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(srv.base_url + "/v1/embeddings", json={"input": inputs}, timeout=0.3)
+        deadline = time.monotonic() + 5
+        while srv.state.engine.num_unfinished and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.state.engine.num_unfinished == 0
+        assert srv.state.engine.call_sync(lambda e: e.scheduler.kv.usage) == 0.0
+        aborted = [line for line in httpx.get(srv.base_url + "/metrics").text.splitlines()
+                   if line.startswith("inflight:request_success_total") and 'finished_reason="abort"' in line]
+        assert aborted and float(aborted[0].split()[-1]) >= 1, "the inputs were computed, not aborted"
+        ok = httpx.post(srv.base_url + "/v1/embeddings", json={"input": "still serving"})
+        assert ok.status_code == 200

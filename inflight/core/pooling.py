@@ -53,3 +53,20 @@ class PoolingState:
         if self.num_pooled < num_prompt_tokens or self.data is None:
             return None
         return self.data / num_prompt_tokens if self.pooling_type == "MEAN" else self.data
+
+
+def step_result(req: Any, pooled: dict[str, PooledChunk], failed: dict[str, Exception]) -> Optional[Any]:
+    """Add the step's chunk of pooling request ``req``; its pooled vector once its prompt is
+    computed, else None. A failure is the request's alone: it lands in ``failed``."""
+    try:
+        if req.request_id in pooled:
+            req.pooling.add(pooled[req.request_id])
+        if req.num_computed_tokens < req.num_prompt_tokens:
+            return None
+        data = req.pooling.result(req.num_prompt_tokens)
+        if data is None:  # NOTE: cannot happen while the worker pools every chunk it runs
+            raise RuntimeError("the prompt was computed but nothing was pooled")
+        return data
+    except Exception as e:
+        failed[req.request_id] = e
+        return None

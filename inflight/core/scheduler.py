@@ -11,6 +11,7 @@ from inflight.core.admission import AdmissionQueue, check_feasible, chunk_size
 from inflight.core.batching import BatchingPolicy
 from inflight.core.hybrid_kv import make_kv_cache_manager
 from inflight.core.outputs import EngineCoreOutput, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.core.pooling import step_result
 from inflight.core.preemption import Preemptor, VictimPolicy
 from inflight.core.request import Request, RequestStatus
 from inflight.core.spec_decode import DraftPlanner
@@ -270,8 +271,12 @@ class Scheduler:
             req.num_computed_tokens += num_new - num_rejected
             if req.request_id in result.prompt_logprobs:
                 req.add_prompt_logprobs(*result.prompt_logprobs[req.request_id])
-            if req.pooling is not None:  # it samples nothing: it ends with its prompt
-                self._update_pooling(req, result, now, outputs)
+            if req.pooling is not None:  # it samples nothing: it ends with its prompt, pooled
+                if (data := step_result(req, result.pooled, result.failed)) is not None:
+                    req.times.first_token_time = req.times.last_token_time = now
+                    self._finish(req, RequestStatus.FINISHED_STOPPED)
+                    outputs.append(EngineCoreOutput(req.request_id, [], "stop", None, None,
+                                                    max(req.num_cached_tokens, 0), pooling_output=data))
                 continue
             if not tokens:
                 continue
@@ -292,23 +297,3 @@ class Scheduler:
                 req.request_id, new, status.finish_reason if status else None, req.stop_reason,
                 [lp] if lp is not None else None, max(req.num_cached_tokens, 0), plp))
         return self.batching.release(outputs)
-
-    def _update_pooling(self, req: Request, result: ModelRunnerOutput, now: float,
-                        outputs: list[EngineCoreOutput]) -> None:
-        """Add the step's chunk to a pooling request's embedding; finish it once its prompt is done."""
-        try:
-            if req.request_id in result.pooled:
-                req.pooling.add(result.pooled[req.request_id])
-            data = req.pooling.result(req.num_prompt_tokens)
-        except Exception as e:  # this request's alone: the engine fails it
-            result.failed[req.request_id] = e
-            return
-        if req.num_computed_tokens < req.num_prompt_tokens:
-            return
-        if data is None:  # NOTE: cannot happen while the worker pools every chunk it runs
-            result.failed[req.request_id] = RuntimeError("the prompt was computed but nothing was pooled")
-            return
-        req.times.first_token_time = req.times.last_token_time = now
-        self._finish(req, RequestStatus.FINISHED_STOPPED)
-        outputs.append(EngineCoreOutput(req.request_id, [], "stop", None, None, max(req.num_cached_tokens, 0),
-                                        pooling_output=data))

@@ -163,12 +163,7 @@ class LLMEngine:
         cut = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
         if cut is not None:
             text, ids = None, cut
-        if not ids:
-            raise ValueError("the prompt is empty: it must contain at least one token")
-        if any(not 0 <= t < self.arch.vocab_size for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {self.arch.vocab_size})")
-        if len(ids) > self.max_model_len:
-            raise ValueError(f"the prompt ({len(ids)} tokens) exceeds max_model_len ({self.max_model_len})")
+        self._validate(ids, params)
         if lora_request is not None:
             self.add_lora(lora_request)
         # NOTE: max_tokens=1 only sizes the feasibility check; a pooling request samples nothing
@@ -180,12 +175,16 @@ class LLMEngine:
         self.output_processor.add_request(request_id, text, [req])
         return request_id
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def _validate(self, ids: list[int], params: Union[SamplingParams, PoolingParams]) -> None:
         if not ids:
             raise ValueError("the prompt is empty: it must contain at least one token")
         vocab = self.arch.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if isinstance(params, PoolingParams):  # nothing is generated: the prompt may fill the context
+            if len(ids) > self.max_model_len:
+                raise ValueError(f"the prompt ({len(ids)} tokens) exceeds max_model_len ({self.max_model_len})")
+            return
         params.verify_vocab(vocab)  # ids past the vocabulary would fail the sampler's scatter: the whole step
         params.verify_max_logprobs(self.config.model_config.max_logprobs)
         total = len(ids) + (params.max_tokens or 0)
