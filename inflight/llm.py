@@ -10,8 +10,8 @@ from tqdm.auto import tqdm
 
 from inflight.engine.llm_engine import LLMEngine, PromptType
 from inflight.lora.request import LoRARequest
-from inflight.outputs import (EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput, ScoringOutput,
-                              ScoringRequestOutput)
+from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
+                              RequestOutput, ScoringOutput, ScoringRequestOutput)
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
@@ -95,10 +95,11 @@ class LLM:
     def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
                pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None, *,
                use_tqdm: bool = True, lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
-               pooling_task: str = "embed", truncate_prompt_tokens: Optional[int] = None
+               pooling_task: Optional[str] = None, truncate_prompt_tokens: Optional[int] = None
                ) -> list[PoolingRequestOutput]:
         """Pool every prompt with a pooling model (``runner="pooling"``); outputs come back in
-        input order, each ``outputs.data`` a float32 tensor."""
+        input order, each ``outputs.data`` a float32 tensor. ``pooling_task``: embed or
+        classify (None: the model's)."""
         if getattr(self.llm_engine, "pooler_config", None) is None:
             raise ValueError("LLM.encode and LLM.embed need a pooling model: LLM(model, runner='pooling')")
         items = self._normalise(prompts, None)
@@ -118,14 +119,29 @@ class LLM:
                            pooling_task="embed", truncate_prompt_tokens=truncate_prompt_tokens)
         return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
+    def classify(self, prompts: Union[PromptType, Sequence[PromptType]], *, use_tqdm: bool = True,
+                 pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
+                 lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None
+                 ) -> list[ClassificationRequestOutput]:
+        """Each prompt's label probabilities with a sequence classifier (vLLM's ``LLM.classify``)."""
+        outs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request,
+                           pooling_task="classify")
+        return [ClassificationRequestOutput.from_base(o) for o in outs]
+
     def score(self, data_1: Union[str, Sequence[str]], data_2: Union[str, Sequence[str]], *, use_tqdm: bool = True,
               truncate_prompt_tokens: Optional[int] = None) -> list[ScoringRequestOutput]:
-        """The cosine similarity of each pair's embeddings (vLLM's ``LLM.score`` with an
-        embedding model): 1:1, 1:N (one ``data_1`` against every ``data_2``) or N:N."""
+        """Each pair's score (vLLM's ``LLM.score``): 1:1, 1:N (one ``data_1`` against every
+        ``data_2``) or N:N. With an embedding model, the cosine similarity of the two texts'
+        embeddings; with a cross-encoder (a classifier of one label), its probability for
+        the pair read as one prompt."""
         first = [data_1] if isinstance(data_1, str) else list(data_1)
         second = [data_2] if isinstance(data_2, str) else list(data_2)
         if not first or not second or (len(first) > 1 and len(first) != len(second)):
             raise ValueError("Input lengths must be either 1:1, 1:N or N:N")
+        pooler = getattr(self.llm_engine, "pooler_config", None)
+        if pooler is not None and pooler.task == "classify":
+            return self._cross_encode(first * len(second) if len(first) == 1 else first, second, use_tqdm,
+                                      truncate_prompt_tokens)
         outs = self.encode(first + second, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
         a, b = outs[:len(first)], outs[len(first):]
         a = a * len(b) if len(a) == 1 else a
@@ -133,6 +149,16 @@ class LLM:
                                      ScoringOutput(torch.nn.functional.cosine_similarity(
                                          x.outputs.data, y.outputs.data, dim=0).item()),
                                      x.prompt_token_ids + y.prompt_token_ids) for x, y in zip(a, b)]
+
+    def _cross_encode(self, first: list[str], second: list[str], use_tqdm: bool,
+                      truncate: Optional[int]) -> list[ScoringRequestOutput]:
+        if len(self.llm_engine.pooler_config.labels or []) != 1:
+            raise ValueError("LLM.score needs an embedding model or a classifier of one label (a cross-encoder)")
+        tok = self.get_tokenizer()
+        prompts = [{"prompt_token_ids": tok(a, text_pair=b).input_ids} for a, b in zip(first, second)]
+        outs = self.encode(prompts, PoolingParams(truncate_prompt_tokens=truncate), use_tqdm=use_tqdm)
+        return [ScoringRequestOutput(o.request_id, ScoringOutput(o.outputs.data[0].item()), o.prompt_token_ids)
+                for o in outs]
 
     @staticmethod
     def _normalise(prompts, prompt_token_ids) -> list[PromptType]:

@@ -151,3 +151,32 @@ class ScoringRequestOutput:
     outputs: ScoringOutput
     prompt_token_ids: list[int]
     finished: bool = True
+
+
+@dataclass
+class ClassificationOutput:
+    """A classifier's probabilities per label (vLLM's ``ClassificationOutput``)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """``LLM.classify``'s result per prompt (vLLM's ``ClassificationRequestOutput``)."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> "ClassificationRequestOutput":
+        if out.outputs is None:
+            raise ValueError(f"request {out.request_id} has no result: {out.error or 'it did not finish'}")
+        return cls(out.request_id, ClassificationOutput(out.outputs.data.tolist()), out.prompt_token_ids,
+                   out.finished, out.num_cached_tokens)

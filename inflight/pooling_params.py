@@ -7,14 +7,15 @@ from typing import Optional
 from inflight.errors import InvalidRequestError
 from inflight.pooling.config import PoolerConfig
 
-POOLING_TASKS = ("embed",)
+POOLING_TASKS = ("embed", "classify")
 
 
 @dataclass
 class PoolingParams:
     """``dimensions``: keep the embedding's first N values (Matryoshka models only);
-    ``use_activation``: L2-normalize the embedding (None: the model's pooler config,
-    which normalizes unless it says otherwise).
+    ``use_activation``: L2-normalize the embedding, or for a classifier turn its logits into
+    probabilities (softmax; sigmoid for one label) (None: the model's pooler config, which
+    does unless it says otherwise).
 
     ``task``, ``pooling_type`` and ``skip_reading_prefix_cache`` are set by the engine
     from the model's pooler config (:meth:`resolve`); a user leaves them unset."""
@@ -37,10 +38,16 @@ class PoolingParams:
     def resolve(self, pooler: PoolerConfig, hidden_size: int, model_name: str) -> "PoolingParams":
         """A copy with the model's defaults filled in and ``dimensions`` checked as vLLM
         checks it; raises InvalidRequestError naming the limit."""
+        task = self.task or pooler.task or "embed"
+        if task != (pooler.task or "embed"):
+            raise InvalidRequestError(f"Model {model_name!r} serves the pooling task {pooler.task!r}, not {task!r}")
+        if task == "classify" and self.dimensions is not None:
+            raise InvalidRequestError("Task 'classify' only supports ['use_activation'] parameters, does not "
+                                      "support ['dimensions'] parameters")
         use_activation = self.use_activation
         if use_activation is None:
             use_activation = pooler.use_activation if pooler.use_activation is not None else True
-        dims = self.dimensions if self.dimensions is not None else pooler.dimensions
+        dims = self.dimensions if self.dimensions is not None else pooler.dimensions if task == "embed" else None
         if dims is not None:
             if not pooler.is_matryoshka:
                 raise InvalidRequestError(f"Model {model_name!r} does not support Matryoshka embeddings; "
@@ -53,6 +60,6 @@ class PoolingParams:
                                           f"{pooler.matryoshka_dimensions}, got {dims}.")
         kind = pooler.pooling_type
         # NOTE: MEAN and CLS read every prompt position's hidden state; a cached prefix has none.
-        return replace(self, task=self.task or "embed", use_activation=use_activation, dimensions=dims,
+        return replace(self, task=task, use_activation=use_activation, dimensions=dims,
                        pooling_type=kind, skip_reading_prefix_cache=kind != "LAST")
 

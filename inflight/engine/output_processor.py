@@ -10,7 +10,7 @@ from inflight.core.request import Request
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.outputs import (CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, PromptLogprobs,
                               RequestMetrics, RequestOutput)
-from inflight.pooling.pooler import finish_embedding
+from inflight.pooling.pooler import finish_pooled
 
 
 @dataclass
@@ -76,7 +76,7 @@ class OutputProcessor:
             sample = parent.samples[key[1]]
             try:
                 if o.pooling_output is not None:
-                    parent.pooled = PoolingOutput(finish_embedding(o.pooling_output, sample.request.pooling_params))
+                    parent.pooled = PoolingOutput(finish_pooled(o.pooling_output, sample.request.pooling_params))
                 if o.prompt_logprobs is not None and parent.prompt_logprobs is None:
                     parent.prompt_logprobs = [None] + [self._to_logprob_dict(e) for e in o.prompt_logprobs]
                 if self._apply(sample, o):

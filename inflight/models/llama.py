@@ -12,6 +12,7 @@ from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.distributed.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                                          VocabParallelEmbedding, qkv_parallel_linear)
 from inflight.layers.activation import SiluAndMul
+from inflight.layers.classifier import ClassifierHead
 from inflight.layers.layernorm import QKNorm, RMSNorm
 from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
 from inflight.models.layer_plan import DecoderLayerPlan, LayerPlan
@@ -91,6 +92,8 @@ class LlamaForCausalLM(nn.Module):
     # each layer reads its own metadata (md.for_layer): stacks that mix windowed and global
     # layers (Qwen2's max_window_layers) get a block table per layer group
     supports_hybrid_kv = True
+    # a sequence-classification checkpoint loads with its ``score`` head (ClassifierHead)
+    supports_classification = True
 
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
@@ -100,6 +103,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
+        # a sequence classifier's head (XForSequenceClassification), which the pooler applies
+        self.score = ClassifierHead(cfg.hidden_size, cfg.num_labels) if cfg.num_labels else None
         self.layer_loop = None  # set by the platform: runs every layer in one call (kernels/cpu/layer_loop.py)
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:

@@ -72,6 +72,7 @@ class ModelArchConfig:
     logits_scaling: float = 1.0
     # per layer 1 (RoPE) or 0 (no positions: SmolLM3's every fourth layer); None: RoPE everywhere
     no_rope_layers: Optional[list[int]] = None
+    num_labels: int = 0  # a sequence classifier's labels (XForSequenceClassification); 0: none
 
     def layer_sliding_window(self, layer: int) -> Optional[int]:
         """Layer ``layer``'s attention window (None: global attention)."""
@@ -171,11 +172,25 @@ def resolve_spec(hf: dict[str, Any]) -> ArchSpec:
 
 
 def headless_spec(architecture: str) -> Optional[ArchSpec]:
-    """The spec of a bare decoder checkpoint without its logits head (``Qwen3Model``,
-    ``MistralModel``: how embedding models such as e5-mistral ship), else None."""
-    if not architecture.endswith("Model") or architecture.endswith("ForCausalLM"):
-        return None
-    return _specs().get(architecture.removesuffix("Model") + "ForCausalLM")
+    """The spec of a decoder checkpoint without its logits head, else None: a bare decoder
+    (``Qwen3Model``, ``MistralModel``: how embedding models such as e5-mistral ship) or a
+    sequence classifier (``Qwen3ForSequenceClassification``: a ``score`` head instead)."""
+    if architecture.endswith("ForSequenceClassification"):
+        spec = _specs().get(architecture.removesuffix("ForSequenceClassification") + "ForCausalLM")
+        return spec if spec is not None and getattr(spec.model_class, "supports_classification", False) else None
+    if architecture.endswith("Model"):
+        return _specs().get(architecture.removesuffix("Model") + "ForCausalLM")
+    return None
+
+
+def _num_labels(hf: dict[str, Any], c: Any) -> int:
+    """A sequence classifier's labels: from its architecture's name, or from a config this
+    module already normalized (which has no logits head); 0 for every other model."""
+    archs = hf.get("architectures") or []
+    arch = archs if isinstance(archs, str) else (archs[0] if archs else "")
+    if arch.endswith("ForSequenceClassification") or hf.get("has_lm_head") is False:
+        return int(getattr(c, "num_labels", 0) or 0)
+    return 0
 
 
 def _rope(c: Any) -> tuple[float, Optional[dict]]:
@@ -232,6 +247,7 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         qk_norm=spec.qk_norm, sliding_window=int(window) if window else None,
         **_moe_fields(c),
         **_extra_fields(c),
+        num_labels=_num_labels(hf, c),
     )
 
 

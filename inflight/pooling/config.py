@@ -37,9 +37,10 @@ class PoolerConfig:
     seq_pooling_type: Optional[str] = None
     use_activation: Optional[bool] = None
     dimensions: Optional[int] = None
-    task: Optional[str] = None
+    task: Optional[str] = None  # embed | classify (a sequence classifier's checkpoint)
     is_matryoshka: bool = False
     matryoshka_dimensions: Optional[list[int]] = None
+    labels: Optional[list[str]] = None  # a classifier's label names (config.json's id2label)
 
     def __post_init__(self) -> None:
         if self.seq_pooling_type is not None:
@@ -50,8 +51,8 @@ class PoolerConfig:
             self.pooling_type = str(self.pooling_type).upper()
             if self.pooling_type not in POOLING_TYPES:
                 raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
-        if self.task not in (None, "embed"):
-            raise ValueError(f"pooler task {self.task!r} is not supported; supported: embed")
+        if self.task not in (None, "embed", "classify"):
+            raise ValueError(f"pooler task {self.task!r} is not supported; supported: embed, classify")
 
     @classmethod
     def parse(cls, value: Union[None, str, dict, "PoolerConfig"]) -> Optional["PoolerConfig"]:
@@ -111,13 +112,14 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
         raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got {convert!r}")
     st = sentence_transformers_pooling(folder) if folder and os.path.isdir(folder) else None
     headless = hf_config.get("has_lm_head") is False
+    num_labels = int(hf_config.get("num_labels") or 0) if headless else 0
     if runner == "auto":
         runner = "pooling" if st is not None or convert == "embed" or headless else "generate"
         if runner == "pooling":
             logger.info("Resolved `--runner auto` to `--runner pooling`.")
     if runner == "generate" and headless:
-        raise ValueError("the checkpoint is a bare decoder without a logits head (architecture *Model): "
-                         "it serves embeddings only (runner='pooling')")
+        raise ValueError("the checkpoint has no logits head (architecture *Model or *ForSequenceClassification): "
+                         "it serves embeddings or classes only (runner='pooling')")
     if runner == "generate":
         if pooler is not None:
             raise ValueError("pooler_config needs runner='pooling' (--runner pooling)")
@@ -129,7 +131,10 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
         if getattr(out, key) is None:
             setattr(out, key, val)
     out.pooling_type = out.pooling_type or "LAST"
-    out.task = "embed"
+    out.task = "classify" if num_labels else "embed"
+    if num_labels:
+        names = hf_config.get("id2label") or {}
+        out.labels = [str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(num_labels)]
     dims = hf_config.get("matryoshka_dimensions")
     out.is_matryoshka = bool(dims) or bool(hf_config.get("is_matryoshka", False))
     out.matryoshka_dimensions = list(dims) if dims else None

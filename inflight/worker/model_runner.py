@@ -173,7 +173,7 @@ class ModelRunner:
             out.failed.update(self._step_masks.failed)
         compute_prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_rows, out)
         if inp.pool_rows:
-            pool_hidden(hidden, inp.pool_rows, out)
+            pool_hidden(hidden, inp.pool_rows, out, getattr(self.model, "score", None))
         groups = self._groups(inp, out)
         if groups:
             self._sample_groups(hidden[inp.logits_indices], groups, out)
