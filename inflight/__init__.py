@@ -1,10 +1,14 @@
 """inflight: a continuous-batching LLM inference engine and OpenAI-compatible server."""
 from inflight.lora.request import LoRARequest
-from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from inflight.outputs import (ClassificationRequestOutput, CompletionOutput, EmbeddingRequestOutput,
+                              PoolingRequestOutput, RequestMetrics, RequestOutput, ScoringRequestOutput)
+from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "LoRARequest", "RequestOutput", "CompletionOutput", "RequestMetrics", "__version__"]
+__all__ = ["LLM", "SamplingParams", "PoolingParams", "LoRARequest", "RequestOutput", "CompletionOutput", "RequestMetrics",
+           "PoolingRequestOutput", "EmbeddingRequestOutput", "ClassificationRequestOutput", "ScoringRequestOutput",
+           "__version__"]
 
 
 def __getattr__(name: str):

@@ -253,7 +253,7 @@ def test_a_bare_decoder_checkpoint_serves_embeddings(tmp_path):
     with torch.no_grad():
         want = [F.normalize(model.model(torch.tensor([p])).last_hidden_state[0, -1], dim=-1) for p in PROMPTS]
     _close(_embed(llm), want)
-    with pytest.raises(ValueError, match="without a logits head"):
+    with pytest.raises(ValueError, match="has no logits head"):
         LLM(str(tmp_path / "bare"), runner="generate", **SMALL)
 
 

@@ -26,6 +26,7 @@ from inflight.entrypoints.openai.serving_chat import ChatHandler
 from inflight.entrypoints.openai.serving_common import ServerState
 from inflight.entrypoints.openai.serving_completion import CompletionHandler
 from inflight.entrypoints.openai.protocol_embeddings import EmbeddingRequest
+from inflight.entrypoints.openai.serving_classify import ClassificationHandler, ClassificationRequest
 from inflight.entrypoints.openai.serving_embedding import EmbeddingHandler
 from inflight.entrypoints.openai.serving_score import RerankRequest, ScoreHandler, ScoreRequest
 from inflight.entrypoints.openai.serving_lora import LoRAModels, runtime, runtime_updates_allowed
@@ -174,6 +175,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
 @protected.post("/v1/embeddings")
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
     return await _guarded(EmbeddingHandler(_state(request)).create(body, request))
+
+
+@protected.post("/classify")
+async def create_classification(body: ClassificationRequest, request: Request) -> Response:
+    return await _guarded(ClassificationHandler(_state(request)).create(body, request))
 
 
 @protected.post("/score")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 import sys
 import time
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 from fastapi import Request
@@ -34,13 +34,16 @@ class EmbeddingHandler:
     async def create(self, req: EmbeddingRequest, raw: Request) -> Response:
         state = self.state
         state.check_model(req.model)
-        if state.pooler_config is None:
-            raise OpenAIError(404, f"The model `{state.model_name}` generates text; embeddings need a pooling "
-                                   "model (start the server with --runner pooling).", param="model",
-                              code="model_not_supported")
-        params = self._params(req)
+        if state.pooler_config is None or state.pooler_config.task != "embed":
+            what = "generates text" if state.pooler_config is None else "is a classifier (/classify)"
+            raise OpenAIError(404, f"The model `{state.model_name}` {what}; embeddings need an embedding model "
+                                   "(served with --runner pooling).", param="model", code="model_not_supported")
+        params = self.checked_params(PoolingParams(dimensions=req.dimensions, use_activation=req.use_activation,
+                                                   truncate_prompt_tokens=req.truncate_prompt_tokens))
         state.check_capacity(max(1, len(req.inputs())))
-        prompts = [await self._engine_prompt(p, req) for p in req.inputs()] or [await self._chat_prompt(req)]
+        add = req.add_special_tokens
+        prompts = ([await self.engine_prompt(p, req.truncate_prompt_tokens, True if add is None else add)
+                    for p in req.inputs()] or [await self._chat_prompt(req)])
         request_id, created = random_id("embd"), int(time.time())
         streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt,
                                      model=req.model)
@@ -53,27 +56,26 @@ class EmbeddingHandler:
                                  usage=UsageInfo(prompt_tokens=n, total_tokens=n))
         return JSONResponse(dump(body))
 
-    def _params(self, req: EmbeddingRequest) -> PoolingParams:
-        """The request's PoolingParams, checked against the model's pooler (400 naming the field)."""
+    def checked_params(self, params: PoolingParams) -> PoolingParams:
+        """``params`` checked against the model's pooler (400 naming the field)."""
         state = self.state
         try:
-            check_truncation(req.truncate_prompt_tokens, state.max_model_len)
-            params = PoolingParams(dimensions=req.dimensions, use_activation=req.use_activation,
-                                   truncate_prompt_tokens=req.truncate_prompt_tokens)
+            check_truncation(params.truncate_prompt_tokens, state.max_model_len)
             params.resolve(state.pooler_config, state.hidden_size or 0, state.model_name)
         except InvalidRequestError as e:
             field = "dimensions" if "dimensions" in str(e) else "truncate_prompt_tokens"
             raise bad_request(str(e), field) from None
         return params
 
-    async def _engine_prompt(self, item: Union[str, list[int]], req: EmbeddingRequest) -> dict[str, Any]:
+    async def engine_prompt(self, item: Union[str, list[int]], truncate: Optional[int],
+                            add_special_tokens: bool = True) -> dict[str, Any]:
+        """A text (tokenized on the tokenizer pool) or token ids, cut and checked."""
         state = self.state
         if isinstance(item, str):
-            add = True if req.add_special_tokens is None else req.add_special_tokens
-            prompt = {"prompt": item, "prompt_token_ids": await state.tokenize(item, add)}
+            prompt = {"prompt": item, "prompt_token_ids": await state.tokenize(item, add_special_tokens)}
         else:
             prompt = {"prompt": None, "prompt_token_ids": list(item)}
-        return self._checked(truncated(prompt, req.truncate_prompt_tokens, state.max_model_len))
+        return self._checked(truncated(prompt, truncate, state.max_model_len))
 
     async def _chat_prompt(self, req: EmbeddingRequest) -> dict[str, Any]:
         prompt = await self.state.render_chat(req, req.chat_template_kwargs)

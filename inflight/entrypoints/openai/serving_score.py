@@ -1,6 +1,7 @@
-"""``/score`` and ``/rerank`` (vLLM's, also under ``/v1`` and ``/v2/rerank``) for an embedding
-model: each pair's score is the cosine similarity of the two texts' embeddings, as vLLM
-scores with an embedding model. A query shared by every document is embedded once."""
+"""``/score`` and ``/rerank`` (vLLM's, also under ``/v1`` and ``/v2/rerank``). With an embedding
+model each pair's score is the cosine similarity of the two texts' embeddings (a query
+shared by every document is embedded once); with a cross-encoder (a classifier of one
+label) it is the classifier's probability for the pair read as one prompt, as vLLM scores."""
 from __future__ import annotations
 
 import time
@@ -153,31 +154,46 @@ class ScoreHandler:
         """Each pair's cosine similarity and the prompt tokens embedded; None if the client left."""
         state = self.state
         state.check_model(req.model)
-        if state.pooler_config is None:
-            raise OpenAIError(404, f"The model `{state.model_name}` generates text; scores need a pooling model "
-                                   "(start the server with --runner pooling).", param="model",
-                              code="model_not_supported")
+        pooler = state.pooler_config
+        cross = pooler is not None and pooler.task == "classify"
+        if pooler is None or (cross and len(pooler.labels or []) != 1):
+            what = "generates text" if pooler is None else "is a classifier of several labels"
+            raise OpenAIError(404, f"The model `{state.model_name}` {what}; scores need an embedding model or a "
+                                   "cross-encoder (a classifier of one label), served with --runner pooling.",
+                              param="model", code="model_not_supported")
         try:
             check_truncation(req.truncate_prompt_tokens, state.max_model_len)
         except InvalidRequestError as e:
             raise bad_request(str(e), "truncate_prompt_tokens") from None
-        texts = first + second
+        if cross:  # each pair is one prompt, as the tokenizer joins a text and its pair
+            first = first * len(second) if len(first) == 1 else first
+            texts = [(a, b) for a, b in zip(first, second)]
+        else:
+            texts = first + second
         state.check_capacity(len(texts))
-        prompts = []
-        for text in texts:
-            p = truncated({"prompt": text, "prompt_token_ids": await state.tokenize(text)},
-                          req.truncate_prompt_tokens, state.max_model_len)
-            if len(p["prompt_token_ids"]) > state.max_model_len:
-                raise bad_request(f"a text of {len(p['prompt_token_ids'])} tokens does not fit max_model_len "
-                                  f"({state.max_model_len}); set truncate_prompt_tokens to cut it", "input")
-            prompts.append(p)
+        prompts = [await self._prompt(t, req.truncate_prompt_tokens) for t in texts]
         # NOTE: cosine similarity ignores the norm: the model's normalization does not change a score
-        streams = await add_requests(state, random_id("embd"), prompts, PoolingParams(), req.priority,
+        streams = await add_requests(state, random_id("score"), prompts, PoolingParams(), req.priority,
                                      model=req.model)
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return None
-        return pair_scores(outputs[:len(first)], outputs[len(first):]), sum(len(o.prompt_token_ids) for o in outputs)
+        n = sum(len(o.prompt_token_ids) for o in outputs)
+        if cross:
+            return [o.outputs.data[0].item() for o in outputs], n
+        return pair_scores(outputs[:len(first)], outputs[len(first):]), n
+
+    async def _prompt(self, text: Union[str, tuple[str, str]], truncate: Optional[int]) -> dict:
+        state = self.state
+        if isinstance(text, tuple):
+            ids = await state.pool.run(lambda: state.tokenizer(text[0], text_pair=text[1]).input_ids)
+        else:
+            ids = await state.tokenize(text)
+        p = truncated({"prompt": None, "prompt_token_ids": ids}, truncate, state.max_model_len)
+        if len(p["prompt_token_ids"]) > state.max_model_len:
+            raise bad_request(f"a text of {len(p['prompt_token_ids'])} tokens does not fit max_model_len "
+                              f"({state.max_model_len}); set truncate_prompt_tokens to cut it", "input")
+        return p
 
 
 def pair_scores(first: list[PoolingRequestOutput], second: list[PoolingRequestOutput]) -> list[float]:
