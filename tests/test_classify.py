@@ -17,13 +17,14 @@ SMALL = dict(dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
 
-def _classifier(root, name: str, num_labels: int):
-    cfg = tiny_model("llama", seed=3).config
+def _classifier(root, name: str, num_labels: int, arch: str = "llama"):
+    cfg = tiny_model(arch, seed=3).config
     cfg.num_labels, cfg.pad_token_id = num_labels, 0
     cfg.id2label = {i: LABELS[i] for i in range(num_labels)} if num_labels == 3 else {0: "relevant"}
     cfg.label2id = {v: k for k, v in cfg.id2label.items()}
     torch.manual_seed(num_labels)
-    model = transformers.LlamaForSequenceClassification(cfg).eval()
+    cfg.architectures = [cfg.architectures[0].replace("ForCausalLM", "ForSequenceClassification")]
+    model = transformers.AutoModelForSequenceClassification.from_config(cfg).eval()
     model.save_pretrained(root / name)
     return model
 
@@ -121,3 +122,14 @@ def test_classify_on_an_embedding_model_is_404(folders, tmp_path):
     with ServerThread(llm.llm_engine, "emb", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
         r = h.post("/classify", json={"input": "hello"})
         assert r.status_code == 404 and "not a sequence classifier" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_other_llama_shaped_classifiers(folders, tmp_path, arch):
+    root, tok, _ = folders
+    model = _classifier(tmp_path, arch, 3, arch)
+    tok.save_pretrained(tmp_path / arch)
+    llm = LLM(str(tmp_path / arch), **SMALL)
+    for p, o in zip(PROMPTS, llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)):
+        torch.testing.assert_close(torch.tensor(o.outputs.probs), torch.softmax(_logits(model, p), -1),
+                                   atol=2e-5, rtol=1e-4)

@@ -126,6 +126,8 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
         return None
     if scheduling != "continuous":  # static batching's padding rows would pool a prompt twice
         raise ValueError("runner='pooling' needs scheduling='continuous'")
+    if float(hf_config.get("logits_scaling") or 1.0) != 1.0:  # folded into the final norm's weight
+        raise ValueError("runner='pooling' does not run Granite's logits_scaling: its hidden states would be scaled")
     out = PoolerConfig(**{f.name: getattr(pooler, f.name) for f in fields(PoolerConfig)}) if pooler else PoolerConfig()
     for key, val in (st or {}).items():
         if getattr(out, key) is None:
