@@ -191,14 +191,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cap-isa", default=None, choices=sorted(ISA_CAPS),
                     help="run both servers and the peak as on a CPU with only this ISA (see above)")
     args = ap.parse_args()
-    if args.cap_isa and any(os.environ.get(k) != v for k, v in ISA_CAPS[args.cap_isa].items()):
-        # NOTE: torch, MKL and oneDNN read their caps when loaded: start again with them set
-        # (the servers inherit this environment).
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ISA_CAPS[args.cap_isa]})
+    apply_isa_cap(args)
     args.workloads = [w for w in args.workloads.split(",") if w]
-    if args.vllm_dtype is None:
-        from inflight.platforms import current_platform
-        args.vllm_dtype = str(current_platform("cpu").resolve_dtype("auto")).removeprefix("torch.")
     systems = [s for s in args.systems.split(",") if s]
     if args.mfu:  # the model's FLOPs per token, read once (loading the model config reads the weights' cache)
         from inflight.loader import load_model
@@ -209,6 +203,18 @@ def parse_args() -> argparse.Namespace:
         ap.error(f"no HF folder at {args.hf_folder}: run benchmarks/peers/make_hf_folder.py first")
     args.systems = systems
     return args
+
+
+def apply_isa_cap(args: argparse.Namespace) -> None:
+    """Run as on a CPU of ``args.cap_isa`` (re-executing under its variables), and default
+    ``args.vllm_dtype`` to what inflight's "auto" resolves to there."""
+    if args.cap_isa and any(os.environ.get(k) != v for k, v in ISA_CAPS[args.cap_isa].items()):
+        # NOTE: torch, MKL and oneDNN read their caps when loaded: start again with them set
+        # (the servers inherit this environment).
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ISA_CAPS[args.cap_isa]})
+    if args.vllm_dtype is None:
+        from inflight.platforms import current_platform
+        args.vllm_dtype = str(current_platform("cpu").resolve_dtype("auto")).removeprefix("torch.")
 
 
 def add_ratios(results: dict) -> None:

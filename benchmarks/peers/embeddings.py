@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 
 import httpx  # noqa: E402
 
-from compare import ISA_CAPS, start_server  # noqa: E402
+from compare import ISA_CAPS, apply_isa_cap, start_server  # noqa: E402
 from cpu_serving import workload_file  # noqa: E402
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
 from servers import DEFAULT_VLLM_VENV, SERVED_NAME, cpu_facts  # noqa: E402
@@ -118,13 +118,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cap-isa", default=None, choices=sorted(ISA_CAPS),
                     help="run both servers as on a CPU with only this ISA (compare.py's --cap-isa)")
     args = ap.parse_args()
-    if args.cap_isa and any(os.environ.get(k) != v for k, v in ISA_CAPS[args.cap_isa].items()):
-        # NOTE: torch, MKL and oneDNN read their caps when loaded: start again with them set
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ISA_CAPS[args.cap_isa]})
+    apply_isa_cap(args)
     args.systems = [s for s in args.systems.split(",") if s]
-    if args.vllm_dtype is None:
-        from inflight.platforms import current_platform
-        args.vllm_dtype = str(current_platform("cpu").resolve_dtype("auto")).removeprefix("torch.")
     # what servers.py reads; both run as pooling models
     args.vllm_args = f"--runner pooling {args.vllm_args}"
     args.inflight_args = f"--runner pooling {args.inflight_args}"

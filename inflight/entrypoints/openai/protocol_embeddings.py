@@ -48,11 +48,8 @@ class EmbeddingRequest(OpenAIBaseModel):
     def _check(self) -> "EmbeddingRequest":
         if (self.input is None) == (self.messages is None):
             raise ValueError("input: give either input or messages")
-        p = self.input
-        if p == "" or (isinstance(p, list) and (not p or any(isinstance(x, (list, str)) and not x for x in p))):
-            raise ValueError("input: must not be empty (nor hold an empty string or token list)")
-        if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_EMBEDDING_INPUTS:
-            raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(p)}")
+        if self.input is not None:
+            check_inputs(self.input)
         if self.add_generation_prompt and self.continue_final_message:
             raise ValueError("continue_final_message: cannot be set together with add_generation_prompt")
         check_template_kwargs(self.chat_template_kwargs)
@@ -60,14 +57,22 @@ class EmbeddingRequest(OpenAIBaseModel):
 
     def inputs(self) -> list[Union[str, list[int]]]:
         """The batch: each a text or a token-id list (empty for the chat form)."""
-        p = self.input
-        if p is None:
-            return []
-        if isinstance(p, str):
-            return [p]
-        if p and isinstance(p[0], int):
-            return [list(p)]
-        return list(p)
+        return inputs_of(self.input) if self.input is not None else []
+
+
+def check_inputs(p: EmbeddingInput) -> None:
+    """No empty input, text or token list; at most MAX_EMBEDDING_INPUTS inputs."""
+    if p == "" or (isinstance(p, list) and (not p or any(isinstance(x, (list, str)) and not x for x in p))):
+        raise ValueError("input: must not be empty (nor hold an empty string or token list)")
+    if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_EMBEDDING_INPUTS:
+        raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(p)}")
+
+
+def inputs_of(p: EmbeddingInput) -> list[Union[str, list[int]]]:
+    """The batch an ``input`` field holds: each a text or a token-id list."""
+    if isinstance(p, str):
+        return [p]
+    return [list(p)] if p and isinstance(p[0], int) else list(p)
 
 
 class EmbeddingResponseData(BaseModel):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from inflight.entrypoints.openai.errors import OpenAIError
 from inflight.entrypoints.openai.protocol import Int64, OpenAIBaseModel
-from inflight.entrypoints.openai.protocol_embeddings import MAX_EMBEDDING_INPUTS, EmbeddingInput
+from inflight.entrypoints.openai.protocol_embeddings import EmbeddingInput, check_inputs, inputs_of
 from inflight.entrypoints.openai.responses import UsageInfo, dump, random_id
 from inflight.entrypoints.openai.serving_common import ServerState, add_requests, final_outputs, unless_disconnected
 from inflight.entrypoints.openai.serving_embedding import EmbeddingHandler
@@ -32,16 +32,11 @@ class ClassificationRequest(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ClassificationRequest":
-        p = self.input
-        if p == "" or (isinstance(p, list) and (not p or any(isinstance(x, (list, str)) and not x for x in p))):
-            raise ValueError("input: must not be empty (nor hold an empty string or token list)")
-        if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_EMBEDDING_INPUTS:
-            raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(p)}")
+        check_inputs(self.input)
         return self
 
     def inputs(self) -> list:
-        p = self.input
-        return [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+        return inputs_of(self.input)
 
 
 class ClassificationData(BaseModel):
