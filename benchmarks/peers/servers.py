@@ -74,9 +74,11 @@ def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
 
 
 def inflight_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
-    """`inflight serve` with its defaults (the embedded GGUF, dtype "auto"): what a newcomer runs."""
+    """`inflight serve` with its defaults (the embedded GGUF, dtype "auto"): what a newcomer runs;
+    ``args.inflight_model`` (where set) serves another model."""
     exe = os.path.join(os.path.dirname(sys.executable), "inflight")
-    return [exe, "serve", "--port", str(port), "--served-model-name", SERVED_NAME,
+    model = [args.inflight_model] if getattr(args, "inflight_model", None) else []
+    return [exe, "serve", *model, "--port", str(port), "--served-model-name", SERVED_NAME,
             *shlex.split(args.inflight_args)], {}
 
 

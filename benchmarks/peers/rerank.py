@@ -1,0 +1,154 @@
+"""A cross-encoder reranker served by inflight and by vLLM's CPU build, in one sitting:
+SmolLM2-135M with a random one-label classifier head (`LlamaForSequenceClassification`,
+which both serve as a pooling model), over `POST /rerank`.
+
+    .venv/bin/python benchmarks/peers/rerank.py --out benchmarks/results/peers_vllm_rerank.json
+
+The reranker folder is made once from make_hf_folder.py's (the head seeded, so both servers
+load the same weights). Every request at once: --num-requests queries of 8-32 tokens, each
+with --docs-per-request documents of 64-256 tokens; each pair is one prompt. Both servers
+are up for the whole sitting; --repeats rounds with new texts (the same for both), the order
+reversed every round; medians. The two servers' scores for the same request are compared.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import httpx  # noqa: E402
+
+from compare import apply_isa_cap, start_server  # noqa: E402
+from embeddings import make_inputs  # noqa: E402
+from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
+from servers import DEFAULT_VLLM_VENV, SERVED_NAME, cpu_facts  # noqa: E402
+
+from inflight.bench.common import json_safe, machine_info  # noqa: E402
+
+
+def make_reranker(hf_folder: str, out: str) -> str:
+    """``hf_folder``'s model with a one-label classifier head (seeded), saved to ``out`` once."""
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        import torch
+        import transformers
+
+        torch.manual_seed(0)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(hf_folder, num_labels=1,
+                                                                                dtype=torch.float32)
+        model.config.pad_token_id = model.config.eos_token_id
+        model.config.id2label, model.config.label2id = {0: "relevant"}, {"relevant": 0}
+        model.save_pretrained(out)
+        transformers.AutoTokenizer.from_pretrained(hf_folder).save_pretrained(out)
+    return out
+
+
+async def run_once(url: str, requests: list[dict]) -> dict:
+    """Every rerank request at once; pairs/s, prompt tok/s, latency percentiles, the scores."""
+    lat, tokens, scores = [], 0, {}
+
+    async def one(client: httpx.AsyncClient, i: int, body: dict) -> None:
+        nonlocal tokens
+        t0 = time.perf_counter()
+        r = await client.post("/rerank", json={"model": SERVED_NAME, **body})
+        r.raise_for_status()
+        lat.append(time.perf_counter() - t0)
+        tokens += r.json()["usage"]["prompt_tokens"]
+        scores[i] = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+        await one(client, -1, {"query": "warm up", "documents": ["a", "b"]})
+        lat.clear()
+        tokens = 0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(client, i, b) for i, b in enumerate(requests)))
+        duration = time.perf_counter() - t0
+    lat.sort()
+    pairs = sum(len(b["documents"]) for b in requests)
+    return {"duration_s": duration, "pairs_per_s": pairs / duration, "prompt_tokens_per_s": tokens / duration,
+            "prompt_tokens": tokens, "latency_p50_s": lat[len(lat) // 2],
+            "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "scores": [scores[i] for i in range(len(requests))]}
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", default="vllm,inflight")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--docs-per-request", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", DEFAULT_VLLM_VENV))
+    ap.add_argument("--hf-folder", default=DEFAULT_HF_FOLDER)
+    ap.add_argument("--reranker-folder", default=DEFAULT_HF_FOLDER.rstrip("/") + "-reranker")
+    ap.add_argument("--vllm-dtype", default=None, choices=["float32", "bfloat16"])
+    ap.add_argument("--idle-after-start", type=float, default=30.0)
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--cap-isa", default=None, choices=["avx2"])
+    args = ap.parse_args()
+    apply_isa_cap(args)
+    args.systems = [s for s in args.systems.split(",") if s]
+    folder = make_reranker(args.hf_folder, args.reranker_folder)
+    # what servers.py reads: both serve the reranker folder as a pooling model
+    args.hf_folder, args.inflight_model = folder, folder
+    args.vllm_args = args.inflight_args = "--runner pooling"
+    args.vllm_preload, args.baseline, args.baseline_args = True, None, ""
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
+                     "machine": machine_info(), "vllm_dtype": args.vllm_dtype, "systems": {}, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
+        os.makedirs(log_dir, exist_ok=True)
+        rounds = []
+        for rnd in range(args.repeats):
+            queries = make_inputs(args.num_requests, (8, 32), 1000 + rnd, tmp)
+            docs = make_inputs(args.num_requests * args.docs_per_request, (64, 256), 2000 + rnd, tmp)
+            k = args.docs_per_request
+            rounds.append([{"query": q, "documents": docs[i * k:(i + 1) * k]} for i, q in enumerate(queries)])
+        urls = {}
+        for system in args.systems:
+            rec = start_server(system, args, log_dir, stack)
+            urls[system] = rec.pop("url")
+            results["systems"][system] = rec
+        time.sleep(args.idle_after_start)
+        runs: dict = {s: [] for s in args.systems}
+        for rnd, reqs in enumerate(rounds):
+            for system in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
+                r = asyncio.run(run_once(urls[system], reqs))
+                runs[system].append(r)
+                print(f"[{system}] round {rnd}: {r['pairs_per_s']:.1f} pairs/s, {r['prompt_tokens_per_s']:.0f} tok/s, "
+                      f"p50 {r['latency_p50_s']:.2f} s, p99 {r['latency_p99_s']:.2f} s", file=sys.stderr, flush=True)
+    for s in args.systems:
+        keys = [k for k in runs[s][0] if k != "scores"]
+        results["runs"][s] = {"median": {k: statistics.median(r[k] for r in runs[s]) for k in keys},
+                              "runs": [{k: r[k] for k in keys} for r in runs[s]]}
+    if len(args.systems) == 2:
+        a, b = (runs[s] for s in args.systems)
+        results["max_score_difference"] = max(abs(x[d] - y[d]) for ra, rb in zip(a, b)
+                                              for x, y in zip(ra["scores"], rb["scores"]) for d in x)
+        results["ratio_pairs_per_s"] = (results["runs"]["inflight"]["median"]["pairs_per_s"]
+                                        / results["runs"]["vllm"]["median"]["pairs_per_s"])
+    print(json.dumps({k: results[k] for k in ("runs", "max_score_difference", "ratio_pairs_per_s") if k in results},
+                     indent=1, default=str)[:3000])
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(json_safe(results), f, indent=1, allow_nan=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
