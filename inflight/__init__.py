@@ -6,9 +6,9 @@ from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "PoolingParams", "LoRARequest", "RequestOutput", "CompletionOutput", "RequestMetrics",
-           "PoolingRequestOutput", "EmbeddingRequestOutput", "ClassificationRequestOutput", "ScoringRequestOutput",
-           "__version__"]
+__all__ = ["LLM", "SamplingParams", "PoolingParams", "LoRARequest", "RequestOutput", "CompletionOutput",
+           "RequestMetrics", "PoolingRequestOutput", "EmbeddingRequestOutput", "ClassificationRequestOutput",
+           "ScoringRequestOutput", "__version__"]
 
 
 def __getattr__(name: str):

@@ -24,8 +24,9 @@ class ModelConfig:
     # sampling defaults from the model's generation_config.json: "auto" | "vllm" (none) | a path
     generation_config: str = "auto"
     override_generation_config: Optional[Union[str, dict]] = None  # JSON text or dict, over the file's
-    # pooling models (inflight/pooling): "pooling" serves embeddings of prompts instead of generating;
-    # "auto" picks it for a sentence-transformers folder or with convert="embed"
+    # pooling models (inflight/pooling): "pooling" serves embeddings (or a classifier's classes) of
+    # prompts instead of generating; "auto" picks it for a sentence-transformers folder, a checkpoint
+    # without a logits head (XModel, XForSequenceClassification) or with convert="embed"
     runner: str = "auto"  # auto | generate | pooling
     convert: str = "auto"  # auto | none | embed
     pooler_config: Optional[Union[str, dict, PoolerConfig]] = None  # JSON text, dict or PoolerConfig

@@ -181,7 +181,8 @@ def table(results: dict, systems: list[str]) -> str:
         ratio = per.get("ratio_inputs_per_s")
         lines.append(f"| {name} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else " | |"))
     if "min_cosine_between_systems" in results:
-        lines.append(f"\nmin cosine similarity between the systems' embeddings: {results['min_cosine_between_systems']:.5f}")
+        lines.append("\nmin cosine similarity between the systems' embeddings: "
+                     f"{results['min_cosine_between_systems']:.5f}")
     lines.append("start-up: " + ", ".join(f"{s} {results['systems'][s]['startup_s']:.1f} s" for s in systems))
     return "\n".join(lines)
 

@@ -136,7 +136,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, LogprobEntry] = field(default_factory=dict)
     # request id -> (index of the first entry, entries): the prompt logprobs this step's rows made
     prompt_logprobs: dict[str, tuple[int, list[LogprobEntry]]] = field(default_factory=dict)
-    # pooling requests: what this step's chunk of each adds to its embedding
+    # pooling requests: what this step's chunk of each adds to its pooled vector
     pooled: dict[str, PooledChunk] = field(default_factory=dict)
     # Requests whose own sampling failed this step (no token for them); the engine
     # finishes them with an error and every other request goes on.
@@ -155,5 +155,5 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     # every prompt token's logprobs but the first's, sent once, with the first output token
     prompt_logprobs: Optional[list[LogprobEntry]] = None
-    # a finished pooling request's pooled vector (before dimensions and normalization)
+    # a finished pooling request's pooled vector (before the Matryoshka cut and the activation)
     pooling_output: Any = None

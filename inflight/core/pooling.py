@@ -1,10 +1,10 @@
 """A pooling request's embedding, gathered chunk by chunk from the worker's hidden states.
 
 NOTE: the worker sends one ``PooledChunk`` per prefill chunk of a pooling request. The
-data is opaque here (a tensor; ``core`` imports no torch): it only adds and divides. A
-chunk that starts at 0 begins the sum again (a request recomputed after a preemption
-skips the prefix cache, so its chunks restart at 0); any other chunk must start where
-the last one ended."""
+data is opaque here (a tensor; ``core`` imports no torch): it only adds and divides. For
+MEAN and CLS a chunk that starts at 0 begins again (such a request skips the prefix cache,
+so after a preemption by recompute its chunks restart at 0) and any other chunk must start
+where the last one ended; LAST keeps the chunk that ends the prompt (a cached prefix is fine)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ class PoolingState:
     data: Any = None
 
     def add(self, chunk: PooledChunk) -> None:
-        if self.pooling_type == "LAST":  # only the chunk that ends the prompt counts; a cached prefix is fine
+        if self.pooling_type == "LAST":
             self.num_pooled = chunk.start + chunk.num_tokens
             if chunk.data is not None:
                 self.data = chunk.data

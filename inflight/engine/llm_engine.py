@@ -116,8 +116,8 @@ class LLMEngine:
             return self._add_pooling_request(request_id, prompt, params or PoolingParams(), arrival_time, priority,
                                              cache_salt, lora_request)
         if self.pooler_config is not None:
-            raise ValueError("this model runs with runner='pooling' (--runner pooling): it returns embeddings "
-                             "(LLM.embed, /v1/embeddings) and does not generate")
+            raise ValueError("this model runs with runner='pooling' (--runner pooling): it returns embeddings or "
+                             "classes (LLM.embed, LLM.classify) and does not generate")
         params = params or SamplingParams()
         text, ids = self.tokenize_prompt(prompt)
         cut = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)

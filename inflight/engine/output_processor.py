@@ -28,7 +28,7 @@ class _ParentState:
     prompt_token_ids: list[int]
     samples: list[_SampleState] = field(default_factory=list)
     prompt_logprobs: Optional[PromptLogprobs] = None
-    pooled: Optional[PoolingOutput] = None  # a pooling request's embedding, once finished
+    pooled: Optional[PoolingOutput] = None  # a pooling request's embedding or class probabilities, once finished
 
 
 class OutputProcessor:
