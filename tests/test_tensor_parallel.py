@@ -111,3 +111,46 @@ def test_each_rank_loads_its_rows_and_columns_of_every_checkpoint_tensor(arch, m
     assert torch.equal(model.embed_tokens.weight, sd["model.embed_tokens.weight"][131:])
     assert torch.equal(model.lm_head.weight, sd["lm_head.weight"][131:])
     assert torch.equal(layer.input_layernorm.weight, sd[p + "input_layernorm.weight"])  # replicated
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
+def test_tp2_pools_as_tp1(folder, pooling_type):
+    """A pooling model split over two ranks embeds as one process does (rank 0 pools)."""
+    import torch
+
+    # 8 tokens of each prompt a step, several prompts a step: 10 blocks cannot hold them all
+    kw = dict(ENGINE, runner="pooling", pooler_config={"pooling_type": pooling_type}, max_num_batched_tokens=64,
+              long_prefill_token_threshold=8)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    reference = [o.outputs.embedding for o in LLM(folder, **kw).embed(prompts, use_tqdm=False)]
+    llm = LLM(folder, tensor_parallel_size=2, **kw)
+    try:
+        got = [o.outputs.embedding for o in llm.embed(prompts, use_tqdm=False)]
+        stats = llm.llm_engine.stats()
+    finally:
+        llm.llm_engine.shutdown()
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(reference), atol=1e-5, rtol=1e-4)
+    assert stats["num_preemptions"] > 0  # prompts recomputed mid-prefill
+
+
+@pytest.mark.slow
+def test_tp2_classifies_as_transformers(tmp_path):
+    """A sequence classifier's head (not split: every rank holds it) over two ranks."""
+    import torch
+
+    write_tiny_gguf(str(tmp_path / "tok.gguf"), None)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tok.gguf")
+    cfg = tiny_model("llama", seed=3).config
+    cfg.num_labels, cfg.pad_token_id, cfg.architectures = 3, 0, ["LlamaForSequenceClassification"]
+    model = transformers.LlamaForSequenceClassification(cfg).eval()
+    model.save_pretrained(tmp_path / "cls")
+    tok.save_pretrained(tmp_path / "cls")
+    llm = LLM(str(tmp_path / "cls"), tensor_parallel_size=2, **ENGINE)
+    try:
+        outs = llm.classify([{"prompt_token_ids": p} for p in PROMPTS[:4]], use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    with torch.no_grad():
+        want = [torch.softmax(model(torch.tensor([p])).logits[0], -1) for p in PROMPTS[:4]]
+    torch.testing.assert_close(torch.tensor([o.outputs.probs for o in outs]), torch.stack(want), atol=1e-5, rtol=1e-4)
