@@ -5,13 +5,13 @@ import time
 from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
-import torch
 from tqdm.auto import tqdm
 
 from inflight.engine.llm_engine import LLMEngine, PromptType
 from inflight.lora.request import LoRARequest
 from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                               RequestOutput, ScoringOutput, ScoringRequestOutput)
+from inflight.pooling.pooler import cosine_scores
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
@@ -144,11 +144,10 @@ class LLM:
                                       truncate_prompt_tokens)
         outs = self.encode(first + second, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)
         a, b = outs[:len(first)], outs[len(first):]
+        scores = cosine_scores([o.outputs.data for o in a], [o.outputs.data for o in b])
         a = a * len(b) if len(a) == 1 else a
-        return [ScoringRequestOutput(f"{x.request_id}_{y.request_id}",
-                                     ScoringOutput(torch.nn.functional.cosine_similarity(
-                                         x.outputs.data, y.outputs.data, dim=0).item()),
-                                     x.prompt_token_ids + y.prompt_token_ids) for x, y in zip(a, b)]
+        return [ScoringRequestOutput(f"{x.request_id}_{y.request_id}", ScoringOutput(s),
+                                     x.prompt_token_ids + y.prompt_token_ids) for x, y, s in zip(a, b, scores)]
 
     def _cross_encode(self, first: list[str], second: list[str], use_tqdm: bool,
                       truncate: Optional[int]) -> list[ScoringRequestOutput]:

@@ -106,6 +106,12 @@ class PoolingRequestOutput:
     error: Optional[str] = None
     error_is_bad_input: bool = False
 
+    def values(self) -> list[float]:
+        """The pooled result as floats; ValueError for a request that has none (aborted or failed)."""
+        if self.outputs is None:
+            raise ValueError(f"request {self.request_id} has no result: {self.error or 'it did not finish'}")
+        return self.outputs.data.tolist()
+
 
 @dataclass
 class EmbeddingOutput:
@@ -130,9 +136,7 @@ class EmbeddingRequestOutput:
 
     @classmethod
     def from_base(cls, out: PoolingRequestOutput) -> "EmbeddingRequestOutput":
-        if out.outputs is None:
-            raise ValueError(f"request {out.request_id} has no embedding: {out.error or 'it did not finish'}")
-        return cls(out.request_id, EmbeddingOutput(out.outputs.data.tolist()), out.prompt_token_ids, out.finished,
+        return cls(out.request_id, EmbeddingOutput(out.values()), out.prompt_token_ids, out.finished,
                    out.num_cached_tokens)
 
 
@@ -176,7 +180,5 @@ class ClassificationRequestOutput:
 
     @classmethod
     def from_base(cls, out: PoolingRequestOutput) -> "ClassificationRequestOutput":
-        if out.outputs is None:
-            raise ValueError(f"request {out.request_id} has no result: {out.error or 'it did not finish'}")
-        return cls(out.request_id, ClassificationOutput(out.outputs.data.tolist()), out.prompt_token_ids,
-                   out.finished, out.num_cached_tokens)
+        return cls(out.request_id, ClassificationOutput(out.values()), out.prompt_token_ids, out.finished,
+                   out.num_cached_tokens)

@@ -82,10 +82,14 @@ async def run_once(url: str, texts: list[str], per_request: int = 1) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, texts[i:i + per_request]) for i in range(0, len(texts), per_request)))
         duration = time.perf_counter() - t0
-    lat.sort()
-    return {"duration_s": duration, "inputs_per_s": len(texts) / duration, "prompt_tokens_per_s": tokens / duration,
-            "prompt_tokens": tokens, "latency_p50_s": lat[len(lat) // 2],
-            "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))]}
+    return {"inputs_per_s": len(texts) / duration, **sitting_summary(lat, tokens, duration)}
+
+
+def sitting_summary(latencies: list[float], tokens: int, duration: float) -> dict:
+    """Duration, prompt tokens (per second) and the requests' latency p50 and p99."""
+    lat = sorted(latencies)
+    return {"duration_s": duration, "prompt_tokens_per_s": tokens / duration, "prompt_tokens": tokens,
+            "latency_p50_s": lat[len(lat) // 2], "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))]}
 
 
 def embeddings_of(url: str, texts: list[str]):
@@ -100,11 +104,10 @@ def median_of(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def sitting_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags of a sitting of pooling servers (this script's and rerank.py's)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="vllm,inflight")
-    ap.add_argument("--num-docs", type=int, default=256)
-    ap.add_argument("--num-queries", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", DEFAULT_VLLM_VENV))
@@ -117,14 +120,36 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--cap-isa", default=None, choices=sorted(ISA_CAPS),
                     help="run both servers as on a CPU with only this ISA (compare.py's --cap-isa)")
+    return ap
+
+
+def sitting_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """The parsed flags, with what servers.py reads: both servers run as pooling models."""
     args = ap.parse_args()
     apply_isa_cap(args)
     args.systems = [s for s in args.systems.split(",") if s]
-    # what servers.py reads; both run as pooling models
     args.vllm_args = f"--runner pooling {args.vllm_args}"
     args.inflight_args = f"--runner pooling {args.inflight_args}"
     args.vllm_preload, args.baseline, args.baseline_args = True, None, ""
     return args
+
+
+def start_servers(args: argparse.Namespace, log_dir: str, stack: contextlib.ExitStack, results: dict) -> dict:
+    """Every system's server, up until ``stack`` closes, then idle for --idle-after-start; their URLs."""
+    urls = {}
+    for system in args.systems:
+        rec = start_server(system, args, log_dir, stack)
+        urls[system] = rec.pop("url")
+        results["systems"][system] = rec
+    time.sleep(args.idle_after_start)
+    return urls
+
+
+def parse_args() -> argparse.Namespace:
+    ap = sitting_parser(__doc__)
+    ap.add_argument("--num-docs", type=int, default=256)
+    ap.add_argument("--num-queries", type=int, default=512)
+    return sitting_args(ap)
 
 
 def main() -> int:
@@ -139,12 +164,7 @@ def main() -> int:
         # new texts every round (each server has its own cache: both get the same ones)
         inputs = {name: [make_inputs(sizes[name], WORKLOADS[name], 100 * rnd + i, tmp) for rnd in range(args.repeats)]
                   for i, name in enumerate(WORKLOADS)}
-        urls = {}
-        for system in args.systems:
-            rec = start_server(system, args, log_dir, stack)
-            urls[system] = rec.pop("url")
-            results["systems"][system] = rec
-        time.sleep(args.idle_after_start)
+        urls = start_servers(args, log_dir, stack, results)
         runs: dict = {(w, s): [] for w in inputs for s in args.systems}
         for rnd in range(args.repeats):
             for i, name in enumerate(inputs):

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -28,10 +27,10 @@ sys.path.insert(0, HERE)
 
 import httpx  # noqa: E402
 
-from compare import apply_isa_cap, start_server  # noqa: E402
-from embeddings import make_inputs  # noqa: E402
+from embeddings import (make_inputs, median_of, sitting_args, sitting_parser, sitting_summary,  # noqa: E402
+                        start_servers)
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
-from servers import DEFAULT_VLLM_VENV, SERVED_NAME, cpu_facts  # noqa: E402
+from servers import SERVED_NAME, cpu_facts  # noqa: E402
 
 from inflight.bench.common import json_safe, machine_info  # noqa: E402
 
@@ -73,36 +72,19 @@ async def run_once(url: str, requests: list[dict]) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, i, b) for i, b in enumerate(requests)))
         duration = time.perf_counter() - t0
-    lat.sort()
     pairs = sum(len(b["documents"]) for b in requests)
-    return {"duration_s": duration, "pairs_per_s": pairs / duration, "prompt_tokens_per_s": tokens / duration,
-            "prompt_tokens": tokens, "latency_p50_s": lat[len(lat) // 2],
-            "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+    return {"pairs_per_s": pairs / duration, **sitting_summary(lat, tokens, duration),
             "scores": [scores[i] for i in range(len(requests))]}
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default="vllm,inflight")
+    ap = sitting_parser(__doc__)
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--docs-per-request", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", DEFAULT_VLLM_VENV))
-    ap.add_argument("--hf-folder", default=DEFAULT_HF_FOLDER)
     ap.add_argument("--reranker-folder", default=DEFAULT_HF_FOLDER.rstrip("/") + "-reranker")
-    ap.add_argument("--vllm-dtype", default=None, choices=["float32", "bfloat16"])
-    ap.add_argument("--idle-after-start", type=float, default=30.0)
-    ap.add_argument("--startup-timeout", type=float, default=900.0)
-    ap.add_argument("--cap-isa", default=None, choices=["avx2"])
-    args = ap.parse_args()
-    apply_isa_cap(args)
-    args.systems = [s for s in args.systems.split(",") if s]
-    folder = make_reranker(args.hf_folder, args.reranker_folder)
-    # what servers.py reads: both serve the reranker folder as a pooling model
-    args.hf_folder, args.inflight_model = folder, folder
-    args.vllm_args = args.inflight_args = "--runner pooling"
-    args.vllm_preload, args.baseline, args.baseline_args = True, None, ""
+    args = sitting_args(ap)
+    # both serve the reranker folder (vLLM's --model, inflight's positional model)
+    args.hf_folder = args.inflight_model = make_reranker(args.hf_folder, args.reranker_folder)
     return args
 
 
@@ -119,12 +101,7 @@ def main() -> int:
             docs = make_inputs(args.num_requests * args.docs_per_request, (64, 256), 2000 + rnd, tmp)
             k = args.docs_per_request
             rounds.append([{"query": q, "documents": docs[i * k:(i + 1) * k]} for i, q in enumerate(queries)])
-        urls = {}
-        for system in args.systems:
-            rec = start_server(system, args, log_dir, stack)
-            urls[system] = rec.pop("url")
-            results["systems"][system] = rec
-        time.sleep(args.idle_after_start)
+        urls = start_servers(args, log_dir, stack, results)
         runs: dict = {s: [] for s in args.systems}
         for rnd, reqs in enumerate(rounds):
             for system in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
@@ -133,9 +110,8 @@ def main() -> int:
                 print(f"[{system}] round {rnd}: {r['pairs_per_s']:.1f} pairs/s, {r['prompt_tokens_per_s']:.0f} tok/s, "
                       f"p50 {r['latency_p50_s']:.2f} s, p99 {r['latency_p99_s']:.2f} s", file=sys.stderr, flush=True)
     for s in args.systems:
-        keys = [k for k in runs[s][0] if k != "scores"]
-        results["runs"][s] = {"median": {k: statistics.median(r[k] for r in runs[s]) for k in keys},
-                              "runs": [{k: r[k] for k in keys} for r in runs[s]]}
+        plain = [{k: v for k, v in r.items() if k != "scores"} for r in runs[s]]
+        results["runs"][s] = {"median": median_of(plain), "runs": plain}
     if len(args.systems) == 2:
         a, b = (runs[s] for s in args.systems)
         results["max_score_difference"] = max(abs(x[d] - y[d]) for ra, rb in zip(a, b)

@@ -99,6 +99,13 @@ class LLMEngine:
             return prompt, self.tokenizer(prompt).input_ids
         return None, list(prompt)
 
+    def _prompt_ids(self, prompt: PromptType, truncate: Optional[int]) -> tuple[Optional[str], list[int]]:
+        """Text and token ids, only the last ``truncate`` tokens when set; a cut prompt's text
+        no longer matches its ids, so it has none."""
+        text, ids = self.tokenize_prompt(prompt)
+        cut = truncate_prompt(ids, truncate, self.max_model_len)
+        return (text, ids) if cut is None else (None, cut)
+
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Union[SamplingParams, PoolingParams, None] = None,
                     arrival_time: Optional[float] = None, priority: int = 0,
@@ -119,10 +126,7 @@ class LLMEngine:
             raise ValueError("this model runs with runner='pooling' (--runner pooling): it returns embeddings or "
                              "classes (LLM.embed, LLM.classify) and does not generate")
         params = params or SamplingParams()
-        text, ids = self.tokenize_prompt(prompt)
-        cut = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
-        if cut is not None:  # a cut prompt's text no longer matches its ids
-            text, ids = None, cut
+        text, ids = self._prompt_ids(prompt, params.truncate_prompt_tokens)
         self._validate(ids, params)
         if lora_request is not None:
             self.add_lora(lora_request)
@@ -159,10 +163,7 @@ class LLMEngine:
                              "(--runner pooling)")
         params = params.resolve(self.pooler_config, self.arch.hidden_size,
                                 self.config.model_config.served_model_name or self.model_source)
-        text, ids = self.tokenize_prompt(prompt)
-        cut = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
-        if cut is not None:
-            text, ids = None, cut
+        text, ids = self._prompt_ids(prompt, params.truncate_prompt_tokens)
         self._validate(ids, params)
         if lora_request is not None:
             self.add_lora(lora_request)

@@ -162,8 +162,8 @@ def resolve_spec(hf: dict[str, Any]) -> ArchSpec:
     for arch in archs:
         if arch in _specs():
             return _specs()[arch]
-        if headless_spec(arch) is not None:
-            return headless_spec(arch)
+        if (spec := headless_spec(arch)) is not None:
+            return spec
     spec = None if archs else spec_for_model_type(hf.get("model_type"))
     if spec is None:
         name = archs[0] if archs else hf.get("model_type") or "(none given)"

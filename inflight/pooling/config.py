@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Optional, Union
 
 logger = logging.getLogger(__name__)
@@ -105,11 +105,7 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
 
     ``runner="auto"`` picks pooling for a sentence-transformers folder, a checkpoint without
     a logits head (``Qwen3Model``) or with ``convert="embed"``, as vLLM does; the user's
-    pooler config wins over the folder's."""
-    if runner not in RUNNERS:
-        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
-    if convert not in CONVERTS:
-        raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got {convert!r}")
+    pooler config wins over the folder's. ``runner`` and ``convert`` are EngineConfig's, checked there."""
     st = sentence_transformers_pooling(folder) if folder and os.path.isdir(folder) else None
     headless = hf_config.get("has_lm_head") is False
     num_labels = int(hf_config.get("num_labels") or 0) if headless else 0
@@ -128,7 +124,7 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
         raise ValueError("runner='pooling' needs scheduling='continuous'")
     if float(hf_config.get("logits_scaling") or 1.0) != 1.0:  # folded into the final norm's weight
         raise ValueError("runner='pooling' does not run Granite's logits_scaling: its hidden states would be scaled")
-    out = PoolerConfig(**{f.name: getattr(pooler, f.name) for f in fields(PoolerConfig)}) if pooler else PoolerConfig()
+    out = replace(pooler) if pooler is not None else PoolerConfig()
     for key, val in (st or {}).items():
         if getattr(out, key) is None:
             setattr(out, key, val)

@@ -75,3 +75,11 @@ def finish_pooled(pooled: torch.Tensor, params: PoolingParams) -> torch.Tensor:
     if params.use_activation is not False:
         data = F.normalize(data, p=2, dim=-1)
     return data.cpu()
+
+
+def cosine_scores(first: list[torch.Tensor], second: list[torch.Tensor]) -> list[float]:
+    """The cosine similarity of each pair of vectors; a single first one pairs with every
+    second one (vLLM's 1:N scoring)."""
+    if len(first) == 1:
+        first = first * len(second)
+    return [F.cosine_similarity(a.float(), b.float(), dim=0).item() for a, b in zip(first, second)]

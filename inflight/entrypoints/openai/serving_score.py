@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from typing import Optional, Union
 
-import torch.nn.functional as F
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, model_validator
@@ -19,7 +18,7 @@ from inflight.entrypoints.openai.responses import UsageInfo, dump, random_id
 from inflight.entrypoints.openai.serving_common import ServerState, add_requests, final_outputs, unless_disconnected
 from inflight.entrypoints.openai.validation import SafeStr, check_truncation, truncated
 from inflight.errors import InvalidRequestError
-from inflight.outputs import PoolingRequestOutput
+from inflight.pooling.pooler import cosine_scores
 from inflight.pooling_params import PoolingParams
 
 CLIENT_CLOSED = 499
@@ -181,7 +180,8 @@ class ScoreHandler:
         n = sum(len(o.prompt_token_ids) for o in outputs)
         if cross:
             return [o.outputs.data[0].item() for o in outputs], n
-        return pair_scores(outputs[:len(first)], outputs[len(first):]), n
+        vectors = [o.outputs.data for o in outputs]
+        return cosine_scores(vectors[:len(first)], vectors[len(first):]), n
 
     async def _prompt(self, text: Union[str, tuple[str, str]], truncate: Optional[int]) -> dict:
         state = self.state
@@ -194,11 +194,3 @@ class ScoreHandler:
             raise bad_request(f"a text of {len(p['prompt_token_ids'])} tokens does not fit max_model_len "
                               f"({state.max_model_len}); set truncate_prompt_tokens to cut it", "input")
         return p
-
-
-def pair_scores(first: list[PoolingRequestOutput], second: list[PoolingRequestOutput]) -> list[float]:
-    """Cosine similarity of each pair; a single first text pairs with every second one."""
-    if len(first) == 1:
-        first = first * len(second)
-    return [F.cosine_similarity(a.outputs.data.float(), b.outputs.data.float(), dim=0).item()
-            for a, b in zip(first, second)]
