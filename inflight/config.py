@@ -17,6 +17,9 @@ class ModelConfig:
     model: Optional[str] = None
     tokenizer: Optional[str] = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # the checkpoint's quantization method (read from its config.json when None); a quantized
+    # folder's layers are dequantized into ``dtype`` as they load (loader/quant)
+    quantization: Optional[str] = None
     max_model_len: Optional[int] = None
     seed: int = 0
     served_model_name: Optional[str] = None
@@ -263,6 +266,9 @@ class EngineConfig:
         if m.convert not in CONVERTS:
             raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got {m.convert!r}")
         m.pooler_config = PoolerConfig.parse(m.pooler_config)
+        from inflight.loader.quant.config import QUANTIZATION_CHOICES
+        if m.quantization is not None and m.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {m.quantization!r}")
 
     def _validate_pressure(self) -> None:
         """Settings for scheduling under pressure: swap, watermark, preemption cap, fairness, KV dtype."""

@@ -44,7 +44,7 @@ class LLMEngine:
 
         self.config = config
         t0 = time.time()
-        loaded = load_model(config.model_config.model)
+        loaded = load_model(config.model_config.model, quantization=config.model_config.quantization)
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = tuple(loaded.eos_token_ids)
         self.model_source = loaded.source

@@ -20,6 +20,8 @@ _HELP = {
     "pooler_config": 'a pooling model\'s pooler as JSON, e.g. \'{"pooling_type": "MEAN", "use_activation": true}\' '
                      "(pooling_type LAST | MEAN | CLS; default: the folder's sentence-transformers config, else LAST, "
                      "normalized)",
+    "quantization": "the checkpoint's quantization method: gptq | awq | fp8 | compressed-tensors (default: "
+                    "read from its config.json; its layers are dequantized into --dtype as they load)",
     "max_model_len": "longest prompt + output in tokens (default: the model's)",
     "kv_cache_memory": "bytes for the KV pool on CPU (default 2 GiB)",
     "max_num_seqs": "most requests running at once (default: the platform's; CPU 256, CUDA 256)",

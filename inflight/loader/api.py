@@ -11,6 +11,7 @@ from . import cache
 from .config import merge_eos_ids
 from .gguf_file import gguf_hf_config, gguf_weights, open_gguf
 from .hf import generation_eos, hf_config, hf_weights
+from .quant import dequantized
 from .tokenizer import tokenizer_from_folder, tokenizer_from_gguf
 from .stream import SafetensorsSource, WeightSource
 from .types import LoadedModel, ModelLoadError
@@ -51,7 +52,8 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
     return path
 
 
-def load_model(model: str | None = None, *, cache_dir: str | None = None) -> LoadedModel:
+def load_model(model: str | None = None, *, cache_dir: str | None = None,
+               quantization: str | None = None) -> LoadedModel:
     """Load config, weights and tokenizer from a GGUF file or an HF folder.
 
     The weights are a ``WeightSource``: names and shapes are read (and checked
@@ -61,11 +63,15 @@ def load_model(model: str | None = None, *, cache_dir: str | None = None) -> Loa
     ``model`` is None (the embedded SmolLM2 GGUF), a ``.gguf`` file, or a
     folder with config.json, safetensors and tokenizer files. GGUF results are
     cached under ``cache_dir`` (default ``$INFLIGHT_CACHE_DIR`` or
-    ``~/.cache/inflight``) because dequantizing is slow. Raises ModelLoadError.
+    ``~/.cache/inflight``) because dequantizing is slow. A folder's GPTQ, AWQ, FP8 or
+    compressed-tensors layers are dequantized as they load (loader/quant); ``quantization``
+    (vLLM's flag), if given, must name the checkpoint's method. Raises ModelLoadError.
     """
     path = resolve_model_path(model)
     if os.path.isdir(path):
-        return _load_folder(path)
+        return _load_folder(path, quantization)
+    if quantization not in (None, "gguf"):
+        raise ModelLoadError(f"quantization={quantization!r} does not fit {path}, a GGUF file")
     return _load_gguf(path, cache_dir)
 
 
@@ -96,9 +102,9 @@ def _gguf_tokenizer(path: str) -> "PreTrainedTokenizerBase":
     return tokenizer_from_gguf(path, chat_template=template_from_metadata)
 
 
-def _load_folder(folder: str) -> LoadedModel:
+def _load_folder(folder: str, quantization: str | None) -> LoadedModel:
     config = hf_config(folder)
-    weights = check_weights(hf_weights(folder), config, folder)
+    weights = check_weights(dequantized(hf_weights(folder), config, folder, quantization), config, folder)
     tokenizer = tokenizer_from_folder(folder)
     eos = merge_eos_ids(config["eos_token_id"], generation_eos(folder), tokenizer.eos_token_id)
     return LoadedModel(config, weights, tokenizer, folder, eos)
