@@ -175,6 +175,8 @@ def parse_args() -> argparse.Namespace:
                     help="LD_PRELOAD tcmalloc and libiomp5 for vLLM, as its CPU guide says (default on)")
     ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server, one string")
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`, one string")
+    ap.add_argument("--inflight-model", default=None,
+                    help="the model `inflight serve` loads (default: the embedded GGUF), e.g. the --hf-folder")
     ap.add_argument("--model-name", default=None,
                     help="the model the client asks for (default: the served name; e.g. a LoRA adapter's name)")
     ap.add_argument("--baseline", default=None, help="checkout for the 'baseline' system (e.g. a git worktree)")

