@@ -116,6 +116,8 @@ def sitting_parser(doc: str) -> argparse.ArgumentParser:
                     help="vLLM's --dtype (default: what inflight's \"auto\" resolves to on this CPU)")
     ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server")
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`")
+    ap.add_argument("--inflight-model", default=None,
+                    help="the model `inflight serve` loads (default: the embedded GGUF, SmolLM2 as the HF folder)")
     ap.add_argument("--idle-after-start", type=float, default=30.0)
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--cap-isa", default=None, choices=sorted(ISA_CAPS),
@@ -149,6 +151,8 @@ def parse_args() -> argparse.Namespace:
     ap = sitting_parser(__doc__)
     ap.add_argument("--num-docs", type=int, default=256)
     ap.add_argument("--num-queries", type=int, default=512)
+    ap.add_argument("--max-doc-tokens", type=int, default=WORKLOADS["docs"][1],
+                    help="the longest document (a BERT's positions end at 512)")
     return sitting_args(ap)
 
 
@@ -162,7 +166,8 @@ def main() -> int:
         os.makedirs(log_dir, exist_ok=True)
         sizes = {"docs": args.num_docs, "queries": args.num_queries}
         # new texts every round (each server has its own cache: both get the same ones)
-        inputs = {name: [make_inputs(sizes[name], WORKLOADS[name], 100 * rnd + i, tmp) for rnd in range(args.repeats)]
+        lengths = {**WORKLOADS, "docs": (WORKLOADS["docs"][0], args.max_doc_tokens)}
+        inputs = {name: [make_inputs(sizes[name], lengths[name], 100 * rnd + i, tmp) for rnd in range(args.repeats)]
                   for i, name in enumerate(WORKLOADS)}
         urls = start_servers(args, log_dir, stack, results)
         runs: dict = {(w, s): [] for w in inputs for s in args.systems}

@@ -44,9 +44,10 @@ def make_moe_folder(out: str, arch: str = "mixtral", dtype: str = "float32", see
     return write_random_folder(out, lambda vocab: moe_config(arch, vocab, **shape), dtype, seed)
 
 
-def write_random_folder(out: str, make_config, dtype: str = "float32", seed: int = 0) -> str:
-    """Write a random-weight model of ``make_config(vocab_size)`` (a transformers config) and the
-    embedded SmolLM2 tokenizer to ``out``; returns ``out``."""
+def write_random_folder(out: str, make_config, dtype: str = "float32", seed: int = 0,
+                        auto_class: str = "AutoModelForCausalLM") -> str:
+    """Write a random-weight model of ``make_config(vocab_size)`` (a transformers config, built
+    by transformers' ``auto_class``) and the embedded SmolLM2 tokenizer to ``out``; returns ``out``."""
     import torch
     import transformers
 
@@ -56,7 +57,7 @@ def write_random_folder(out: str, make_config, dtype: str = "float32", seed: int
     cfg = make_config(len(tokenizer))
     cfg.bos_token_id, cfg.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    model = getattr(transformers, auto_class).from_config(cfg, dtype=getattr(torch, dtype))
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)  # the chat template travels in tokenizer_config.json

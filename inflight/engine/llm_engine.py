@@ -29,6 +29,16 @@ logger = logging.getLogger(__name__)
 PromptType = Union[str, list[int], dict[str, Any]]
 
 
+def _run_prompts_whole(config: EngineConfig) -> None:
+    """An encoder attends both ways, so each prompt runs in one step and nothing is cached:
+    chunked prefill and prefix caching go off, as vLLM turns them off for encoder-only models."""
+    s, c = config.scheduler_config, config.cache_config
+    if s.enable_chunked_prefill or c.enable_prefix_caching:
+        logger.info("Encoder-only model: chunked prefill and prefix caching are off; a prompt runs whole "
+                    "(at most max_num_batched_tokens=%s tokens).", s.max_num_batched_tokens)
+    s.enable_chunked_prefill, c.enable_prefix_caching = False, False
+
+
 class LLMEngine:
     """Owns the tokenizer, scheduler, model runner and output processor.
 
@@ -53,6 +63,8 @@ class LLMEngine:
         mc.pooler_config = self.pooler_config = resolve_pooler(mc.runner, mc.convert, mc.pooler_config,
                                                                loaded.source, loaded.hf_config,
                                                                config.scheduler_config.scheduling)
+        if loaded.hf_config.get("is_encoder_only"):
+            _run_prompts_whole(config)
         self.default_sampling_params = default_sampling_params(loaded.source, mc.generation_config,
                                                                mc.override_generation_config)
         # uni: the runner in this process; mp / ray: a worker per tensor-parallel rank

@@ -47,9 +47,12 @@ def normalize_hf_config(raw: dict[str, Any], source: str) -> dict[str, Any]:
         raise ModelLoadError(f"config of {source}: {exc}") from exc
     cfg.update({k: v for k, v in asdict(arch).items() if k != "architecture"})
     archs = raw.get("architectures") or []
-    if archs and headless_spec(archs[0] if isinstance(archs, list) else archs) is spec:
+    if spec.is_encoder_only or archs and headless_spec(archs[0] if isinstance(archs, list) else archs) is spec:
         # no logits head in the checkpoint: nothing to tie or load; it serves embeddings only
         cfg["tie_word_embeddings"], cfg["has_lm_head"] = True, False
+    if spec.is_encoder_only:  # its prompts run whole and uncached (LLMEngine reads this)
+        cfg["is_encoder_only"] = True
+    cfg["default_pooling_type"] = spec.default_pooling_type
     cfg["architectures"] = [spec.architecture]
     cfg["model_type"] = spec.model_type
     cfg.setdefault("hidden_act", "silu")

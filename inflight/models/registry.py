@@ -73,6 +73,12 @@ class ModelArchConfig:
     # per layer 1 (RoPE) or 0 (no positions: SmolLM3's every fourth layer); None: RoPE everywhere
     no_rope_layers: Optional[list[int]] = None
     num_labels: int = 0  # a sequence classifier's labels (XForSequenceClassification); 0: none
+    # encoders (BERT, XLM-RoBERTa): LayerNorm eps, the MLP's activation, token types, and how far
+    # past the padding id positions start (XLM-RoBERTa: pad_token_id + 1)
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "silu"
+    type_vocab_size: int = 0
+    position_offset: int = 0
 
     def layer_sliding_window(self, layer: int) -> Optional[int]:
         """Layer ``layer``'s attention window (None: global attention)."""
@@ -112,6 +118,11 @@ class ArchSpec:
     # llama.cpp's per-layer tensor holding every expert ([E, rows, cols]) -> HF per-expert module
     # path, ``{e}`` standing for the expert (mixture-of-experts types)
     gguf_expert_tensors: dict[str, str] = field(default_factory=dict)
+    # an encoder (BERT): attention both ways, so its prompts run whole and uncached (no
+    # chunked prefill, no prefix caching), and it serves embeddings only
+    is_encoder_only: bool = False
+    positions_after_padding: bool = False  # RoBERTa's positions start at pad_token_id + 1
+    default_pooling_type: str = "LAST"  # what a pooling model of this type pools when nothing says
 
 
 @lru_cache(maxsize=1)
@@ -231,6 +242,8 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         spec.check_config(c)
     theta, scaling = _rope(c)
     heads = int(c.num_attention_heads)
+    # positions past the padding id: the table's first rows are never a position
+    offset = int(c.pad_token_id) + 1 if spec.positions_after_padding else 0
     window = getattr(c, "sliding_window", None) if getattr(c, "use_sliding_window", True) else None
     bias = getattr(c, "attention_bias", None)
     return ModelArchConfig(
@@ -239,7 +252,7 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         num_hidden_layers=int(c.num_hidden_layers), num_attention_heads=heads,
         num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(c, "head_dim", None) or int(c.hidden_size) // heads),
-        vocab_size=int(c.vocab_size), rms_norm_eps=float(c.rms_norm_eps),
+        vocab_size=int(c.vocab_size), rms_norm_eps=float(getattr(c, "rms_norm_eps", None) or 1e-5),
         rope_theta=theta, rope_scaling=scaling,
         max_position_embeddings=int(c.max_position_embeddings),
         tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
@@ -248,7 +261,14 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         **_moe_fields(c),
         **_extra_fields(c),
         num_labels=_num_labels(hf, c),
+        **(_encoder_fields(c, offset) if spec.is_encoder_only else {}),
     )
+
+
+def _encoder_fields(c: Any, offset: int) -> dict[str, Any]:
+    """An encoder's LayerNorm eps, activation, token types and position offset."""
+    return dict(layer_norm_eps=float(c.layer_norm_eps), hidden_act=str(getattr(c, "hidden_act", "gelu")),
+                type_vocab_size=int(getattr(c, "type_vocab_size", 0) or 0), position_offset=offset)
 
 
 def _extra_fields(c: Any) -> dict[str, Any]:

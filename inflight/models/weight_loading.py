@@ -79,16 +79,22 @@ def plan_copies(model: nn.Module, stacked: dict[str, tuple[str, int]], shapes: M
     # checkpoint fragment -> (param fragment, checkpoint fragment, expert, shard id)
     experts = {m[1]: m for m in (model.expert_params_mapping() if hasattr(model, "expert_params_mapping") else [])}
     tied = getattr(model, "lm_head", True) is None
+    # a model whose checkpoints name its tensors otherwise (an encoder's "bert." prefix, heads
+    # it does not run) maps each name to its own, None for one it does not load
+    rename = getattr(model, "checkpoint_rename", None)
     copies, seen = [], set()
     for name, shape in shapes.items():
         if name.endswith(_SKIPPED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue  # a tied checkpoint may still carry a copy of the embedding
+        own = name if rename is None else rename(name)
+        if own is None:
+            continue
         copy = _expert_copy(name, tuple(shape), params, experts, origin)
         if copy is not None:
             copies.append(copy)
             seen.add((copy.param, (copy.expert, copy.start)))
             continue
-        pname, start, idx, fused = name.removeprefix("model."), 0, 0, None
+        pname, start, idx, fused = own.removeprefix("model."), 0, 0, None
         for frag, (fused_frag, i) in stacked.items():
             if f".{frag}." in pname:
                 pname, idx, fused = pname.replace(f".{frag}.", f".{fused_frag}."), i, fused_frag

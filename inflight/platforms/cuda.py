@@ -64,9 +64,11 @@ class CudaPlatform(Platform):
 
     def attach_graph_runner(self, runner, model: nn.Module, kv: list, backend: AttentionBackend,
                             max_len: int, config: "EngineConfig") -> None:
-        """Decode-only steps replay CUDA graphs unless ``enforce_eager`` (as in vLLM)."""
+        """Decode-only steps replay CUDA graphs unless ``enforce_eager`` (as in vLLM); a
+        pooling model never decodes."""
         cc = config.cache_config
-        if config.enforce_eager or not hasattr(backend, "fixed_splits") or cc.kv_cache_dtype != "auto":
+        if config.enforce_eager or not hasattr(backend, "fixed_splits") or cc.kv_cache_dtype != "auto" \
+                or config.model_config.pooler_config is not None:
             return
         from inflight.worker.cuda_graphs import CudaGraphRunner
         runner.graph_runner = CudaGraphRunner(model, kv, backend, cc.block_size, max_len,

@@ -128,7 +128,7 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
     for key, val in (st or {}).items():
         if getattr(out, key) is None:
             setattr(out, key, val)
-    out.pooling_type = out.pooling_type or "LAST"
+    out.pooling_type = out.pooling_type or hf_config.get("default_pooling_type") or "LAST"
     out.task = "classify" if num_labels else "embed"
     if num_labels:
         names = hf_config.get("id2label") or {}

@@ -59,7 +59,8 @@ def _build_model(config: EngineConfig, platform: Platform, arch: ModelArchConfig
     # and symbolic_shapes); plain torch.empty does not. Meta parameters are contiguous.
     model = model._apply(lambda t: torch.empty(t.shape, device=device,
                                                dtype=dtype if t.is_floating_point() else t.dtype))
-    model.rope.build_cache(device)  # buffers are not in the checkpoint
+    if model.rope is not None:  # buffers are not in the checkpoint (None: learned positions)
+        model.rope.build_cache(device)
     model.load_weights(weights)  # streams each tensor into its parameter, cast on the way
     model = model.to(dtype).eval()  # casts the rope tables, as before
     return model, backend
@@ -77,10 +78,10 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     if device.type != "cpu" and storage_dtype(dtype, config.cache_config.kv_cache_dtype) != dtype:
         raise ValueError(f"kv_cache_dtype='bfloat16' under a {dtype} model runs on the CPU only; "
                          "use the model's dtype ('auto') here")
-    max_len = config.model_config.max_model_len or arch.max_position_embeddings
-    if max_len > arch.max_position_embeddings:
-        logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
-                       max_len, arch.max_position_embeddings)
+    positions = arch.max_position_embeddings - arch.position_offset  # RoBERTa's first rows are no position
+    max_len = config.model_config.max_model_len or positions
+    if max_len > positions:
+        logger.warning("max_model_len %d exceeds the model's %d positions", max_len, positions)
     platform.prepare_process()
     model, backend = _build_model(config, platform, arch, weights, device, dtype, max_len)
     # the fused projections' shard rows, read before packing replaces those modules

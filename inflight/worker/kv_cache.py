@@ -170,8 +170,9 @@ def profile_forward_peak(model: torch.nn.Module, cfg: ModelArchConfig, block_siz
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     hidden = model(ids, positions, [kv] * cfg.num_hidden_layers, md)
-    logits = model.compute_logits(hidden[-1:].expand(num_seqs, -1))
-    torch.sort(logits.float(), dim=-1, descending=True)  # the sampler's worst case: top-p sorts in float32
+    if hasattr(model, "compute_logits"):  # an encoder has no logits
+        logits = model.compute_logits(hidden[-1:].expand(num_seqs, -1))
+        torch.sort(logits.float(), dim=-1, descending=True)  # the sampler's worst case: top-p sorts in float32
     torch.cuda.synchronize(device)
     # The dummy pool is freed before the real pool exists: not part of the steady state.
     return torch.cuda.max_memory_allocated(device) - 2 * kv[0].numel() * kv[0].element_size()

@@ -171,7 +171,8 @@ class ModelRunner:
         self._step_masks = sched.grammar_bitmask.result() if sched.grammar_bitmask is not None else None
         if self._step_masks is not None:
             out.failed.update(self._step_masks.failed)
-        compute_prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_rows, out)
+        if inp.prompt_rows:  # an encoder has no logits to read them from (and is never asked)
+            compute_prompt_logprobs(self.model.compute_logits, hidden, inp.prompt_rows, out)
         if inp.pool_rows:
             pool_hidden(hidden, inp.pool_rows, out, getattr(self.model, "score", None))
         groups = self._groups(inp, out)

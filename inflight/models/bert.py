@@ -1,0 +1,175 @@
+"""BERT and XLM-RoBERTa encoders, served as embedding models (all-MiniLM, bge, e5,
+multilingual-e5, bge-m3 ship as ``BertModel`` / ``XLMRobertaModel``).
+
+An encoder attends both ways: every token sees the whole prompt. So its prompt runs in one
+step, whole, and nothing is cached: the engine turns chunked prefill and prefix caching off
+for it (``ArchSpec.is_encoder_only``, as vLLM does) and this attention never reads or writes
+the KV pool; each request's rows attend over each other only. Learned absolute positions
+(XLM-RoBERTa's offset past its padding id), a token-type embedding (type 0: one text per
+prompt), post-norm LayerNorms with biases and GELU. The linears are packed on the CPU like a
+decoder's; the rest runs op by op.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.attention.base import AttentionBackend, AttentionMetadata
+from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
+from inflight.models.weight_loading import load_checkpoint
+
+_ACTS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+         "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+# checkpoint prefixes of the task models an encoder is saved inside (BertForMaskedLM ...)
+_PREFIXES = ("bert.", "roberta.", "model.")
+# heads an embedding model does not run: BERT's next-sentence pooler, masked-LM heads
+_UNUSED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids")
+
+
+class BertEmbeddings(nn.Module):
+    """Token + position + token-type (0) embeddings, then LayerNorm."""
+
+    def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
+        super().__init__()
+        self.offset = cfg.position_offset
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions + self.offset)
+        return self.LayerNorm(x + self.token_type_embeddings.weight[0])
+
+
+class BertSelfAttention(nn.Module):
+    """Fused q/k/v with biases; each request's rows attend over each other, both ways."""
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.nh, self.hd = cfg.num_attention_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * self.nh * self.hd)
+
+    def forward(self, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).view(-1, 3, self.nh, self.hd).transpose(0, 1).transpose(1, 2)  # [3][H, T, D]
+        out = torch.empty_like(q)
+        qsl = md.query_start_loc_list
+        for i in range(md.num_reqs):
+            s, e = qsl[i], qsl[i + 1]
+            # NOTE: the engine runs an encoder's prompt whole (no chunking, no prefix cache)
+            if md.seq_lens_list[i] != e - s:
+                raise RuntimeError("an encoder's prompt must run whole in one step")
+            out[:, s:e] = F.scaled_dot_product_attention(q[:, s:e], k[:, s:e], v[:, s:e])
+        return out.transpose(0, 1).reshape(-1, self.nh * self.hd)
+
+
+class BertSelfOutput(nn.Module):
+    """A projection, then LayerNorm over it plus the residual (post-norm)."""
+
+    def __init__(self, cfg: ModelArchConfig, width: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(width, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(h) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(cfg)  # transformers' (and vLLM's) module names
+        self.output = BertSelfOutput(cfg, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        return self.output(self.self(x, md), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act = _ACTS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertSelfOutput(cfg, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        h = self.attention(x, md)
+        return self.output(self.intermediate(h), h)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+
+class BertModel(nn.Module):
+    """The encoder stack; ``forward`` returns the last layer's hidden states, which the
+    pooler reads (CLS by default, MEAN where a sentence-transformers folder says so)."""
+
+    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = BertEmbeddings(cfg, max_positions)
+        self.encoder = BertEncoder(cfg)
+        self.rope = None  # learned positions: no table to build
+
+    def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
+        x = self.embeddings(input_ids, positions)
+        for layer in self.encoder.layer:
+            x = layer(x, md)
+        return x
+
+    def stacked_shard_rows(self) -> dict[str, list[int]]:
+        """Rows of each shard of the fused projection, in shard order."""
+        width = self.cfg.num_attention_heads * self.cfg.head_dim
+        return {"qkv_proj": [width, width, width]}
+
+    @staticmethod
+    def checkpoint_rename(name: str) -> Optional[str]:
+        """A checkpoint tensor's name in this model; None for one it does not load."""
+        for prefix in _PREFIXES:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
+        return None if name.startswith(_UNUSED) else name
+
+    def load_weights(self, weights) -> None:
+        """Read HF-named checkpoint tensors into the parameters, fusing query/key/value."""
+        load_checkpoint(self, arch_spec(self.cfg.architecture).stacked, weights)
+
+
+def check_bert_config(c: Any) -> None:
+    """ValueError for what this encoder does not implement."""
+    kind = getattr(c, "position_embedding_type", None) or "absolute"
+    if kind != "absolute":
+        raise ValueError(f"position_embedding_type={kind!r} is not supported (absolute is)")
+    if getattr(c, "hidden_act", "gelu") not in _ACTS:
+        raise ValueError(f"hidden_act={c.hidden_act!r} is not supported")
+    if getattr(c, "is_decoder", False):
+        raise ValueError("a BERT decoder (is_decoder) is not supported")
+
+
+_BERT_STACKED = {"query": ("qkv_proj", 0), "key": ("qkv_proj", 1), "value": ("qkv_proj", 2)}
+ARCHITECTURES = (
+    ArchSpec("BertModel", "bert", BertModel, stacked=dict(_BERT_STACKED), check_config=check_bert_config,
+             is_encoder_only=True, default_pooling_type="CLS"),
+    ArchSpec("XLMRobertaModel", "xlm-roberta", BertModel, stacked=dict(_BERT_STACKED),
+             check_config=check_bert_config, is_encoder_only=True, positions_after_padding=True,
+             default_pooling_type="CLS"),
+    ArchSpec("RobertaModel", "roberta", BertModel, stacked=dict(_BERT_STACKED), check_config=check_bert_config,
+             is_encoder_only=True, positions_after_padding=True, default_pooling_type="CLS"),
+)

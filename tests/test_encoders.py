@@ -1,0 +1,128 @@
+"""BERT and XLM-RoBERTa encoders served as embedding models (all-MiniLM, bge, e5 and bge-m3
+ship as ``BertModel`` / ``XLMRobertaModel``): on tiny random checkpoints the embeddings equal
+transformers' (CLS by default, MEAN from a sentence-transformers folder), many prompts of
+different lengths in one step; each prompt runs whole (chunked prefill and prefix caching
+off, as vLLM does), a prompt over the step's budget is refused by name, and the server
+answers ``/v1/embeddings`` on it."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from inflight import LLM
+from inflight.errors import InvalidRequestError
+from inflight.loader.testing import write_tiny_gguf
+
+PROMPTS = [[5 + (i * 7 + j * 13) % 250 for j in range(2 + 23 * i)] for i in range(5)]  # 2 .. 94 tokens
+SMALL = dict(dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+CONFIGS = {
+    "bert": lambda: transformers.BertConfig(pad_token_id=0),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(pad_token_id=1, max_position_embeddings=130),
+}
+
+
+def _encoder(kind: str) -> transformers.PreTrainedModel:
+    cfg = CONFIGS[kind]()
+    for key, val in dict(vocab_size=261, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=getattr(cfg, "max_position_embeddings"),
+                         hidden_act="gelu", layer_norm_eps=1e-12).items():
+        setattr(cfg, key, val)
+    cfg.max_position_embeddings = 130 if kind == "xlm-roberta" else 128
+    cfg.architectures = ["XLMRobertaModel" if kind == "xlm-roberta" else "BertModel"]
+    torch.manual_seed(7)
+    model = transformers.AutoModel.from_config(cfg).eval()
+    with torch.no_grad():  # LayerNorms start at (1, 0): make them tell apart
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def encoder(request, tmp_path_factory):
+    """(folder, transformers' last hidden states of each prompt)."""
+    root = tmp_path_factory.mktemp(request.param)
+    write_tiny_gguf(str(root / "tok.gguf"), None)
+    tok = transformers.AutoTokenizer.from_pretrained(root, gguf_file="tok.gguf")
+    model = _encoder(request.param)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    with torch.no_grad():
+        hidden = [model(torch.tensor([p])).last_hidden_state[0] for p in PROMPTS]
+    return root / "model", hidden
+
+
+def _transformers_model(folder):
+    return transformers.AutoModel.from_pretrained(folder).eval()
+
+
+def _embed(llm: LLM, prompts=PROMPTS) -> list[torch.Tensor]:
+    outs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
+    return [torch.tensor(o.outputs.embedding) for o in outs]
+
+
+def _close(got, want) -> None:
+    for i, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w.float(), atol=2e-5, rtol=1e-4, msg=f"prompt {i}")
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_cls_embeddings_equal_transformers(encoder, backend):
+    folder, hidden = encoder
+    llm = LLM(str(folder), attention_backend=backend, **SMALL)  # runner "auto": an encoder pools by itself
+    eng = llm.llm_engine
+    assert eng.pooler_config.pooling_type == "CLS" and eng.pooler_config.task == "embed"
+    assert not eng.config.scheduler_config.enable_chunked_prefill and not eng.config.cache_config.enable_prefix_caching
+    _close(_embed(llm), [F.normalize(h[0], dim=-1) for h in hidden])
+    assert eng.scheduler.kv.usage == 0.0
+    # every position the model has (XLM-RoBERTa's start past its padding id: 130 rows, 128 positions)
+    assert eng.max_model_len == 128
+    longest = [7 + (j * 11) % 250 for j in range(128)]
+    with torch.no_grad():
+        want = _transformers_model(folder)(torch.tensor([longest])).last_hidden_state[0, 0]
+    _close(_embed(llm, [longest]), [F.normalize(want, dim=-1)])
+    with pytest.raises(ValueError, match="runner='pooling'"):
+        LLM(str(folder), runner="generate", **SMALL)
+
+
+def test_sentence_transformers_mean_equals_transformers(encoder):
+    folder, hidden = encoder
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    try:
+        llm = LLM(str(folder), **SMALL)
+        assert llm.llm_engine.pooler_config.pooling_type == "MEAN"
+        _close(_embed(llm), [F.normalize(h.mean(0), dim=-1) for h in hidden])
+    finally:
+        (folder / "modules.json").unlink()
+
+
+def test_prompt_over_the_step_budget_is_refused(encoder):
+    folder, hidden = encoder
+    llm = LLM(str(folder), **{**SMALL, "max_num_batched_tokens": 64})
+    with pytest.raises((ValueError, InvalidRequestError), match="max_num_batched_tokens"):
+        _embed(llm, [PROMPTS[-1]])  # 94 tokens: it cannot be split
+    _close(_embed(llm, PROMPTS[:3]), [F.normalize(h[0], dim=-1) for h in hidden[:3]])  # and the engine goes on
+    assert llm.llm_engine.scheduler.kv.usage == 0.0
+
+
+def test_served_embeddings(encoder):
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    folder, hidden = encoder
+    llm = LLM(str(folder), **SMALL)
+    with ServerThread(llm.llm_engine, "enc", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        r = h.post("/v1/embeddings", json={"model": "enc", "input": PROMPTS[:3], "encoding_format": "float"})
+        assert r.status_code == 200, r.text
+        _close([torch.tensor(d["embedding"]) for d in r.json()["data"]], [F.normalize(x[0], dim=-1) for x in hidden[:3]])
+        r = h.post("/v1/chat/completions", json={"model": "enc", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 404
