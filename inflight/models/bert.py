@@ -62,7 +62,8 @@ class BertSelfAttention(nn.Module):
             # NOTE: the engine runs an encoder's prompt whole (no chunking, no prefix cache)
             if md.seq_lens_list[i] != e - s:
                 raise RuntimeError("an encoder's prompt must run whole in one step")
-            out[:, s:e] = F.scaled_dot_product_attention(q[:, s:e], k[:, s:e], v[:, s:e])
+            # [1, H, L, D]: torch's fused CPU kernel takes 4-D inputs (3-D ones fall back to the math path)
+            out[:, s:e] = F.scaled_dot_product_attention(q[None, :, s:e], k[None, :, s:e], v[None, :, s:e])[0]
         return out.transpose(0, 1).reshape(-1, self.nh * self.hd)
 
 
