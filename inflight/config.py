@@ -266,9 +266,11 @@ class EngineConfig:
         if m.convert not in CONVERTS:
             raise ValueError(f"convert must be one of {', '.join(CONVERTS)}, got {m.convert!r}")
         m.pooler_config = PoolerConfig.parse(m.pooler_config)
-        from inflight.loader.quant.config import QUANTIZATION_CHOICES
-        if m.quantization is not None and m.quantization not in QUANTIZATION_CHOICES:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {m.quantization!r}")
+        if m.quantization is not None:
+            from inflight.loader.quant.config import QUANTIZATION_CHOICES
+            if m.quantization not in QUANTIZATION_CHOICES:
+                raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+                                 f"got {m.quantization!r}")
 
     def _validate_pressure(self) -> None:
         """Settings for scheduling under pressure: swap, watermark, preemption cap, fairness, KV dtype."""

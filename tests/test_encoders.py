@@ -78,6 +78,7 @@ def test_cls_embeddings_equal_transformers(encoder, backend):
     eng = llm.llm_engine
     assert eng.pooler_config.pooling_type == "CLS" and eng.pooler_config.task == "embed"
     assert not eng.config.scheduler_config.enable_chunked_prefill and not eng.config.cache_config.enable_prefix_caching
+    assert eng.runner.kv_caches[0][0].shape[0] == 1  # no KV pool behind the scheduler's blocks
     _close(_embed(llm), [F.normalize(h[0], dim=-1) for h in hidden])
     assert eng.scheduler.kv.usage == 0.0
     # every position the model has (XLM-RoBERTa's start past its padding id: 130 rows, 128 positions)
@@ -126,3 +127,21 @@ def test_served_embeddings(encoder):
         _close([torch.tensor(d["embedding"]) for d in r.json()["data"]], [F.normalize(x[0], dim=-1) for x in hidden[:3]])
         r = h.post("/v1/chat/completions", json={"model": "enc", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 404
+
+
+def test_checkpoint_saved_inside_a_task_model_loads(encoder, tmp_path):
+    """A BERT saved from BertForMaskedLM: every name under ``bert.``, plus heads an embedding
+    model does not run (the masked-LM head, the next-sentence pooler)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, hidden = encoder
+    copy = tmp_path / "prefixed"
+    shutil.copytree(folder, copy)
+    tensors = {f"bert.{k}": v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    tensors["cls.predictions.bias"] = torch.zeros(261)
+    save_file(tensors, str(copy / "model.safetensors"))
+    assert any(k.startswith("bert.pooler.") for k in tensors)
+    llm = LLM(str(copy), **SMALL)
+    _close(_embed(llm, PROMPTS[:2]), [F.normalize(h[0], dim=-1) for h in hidden[:2]])

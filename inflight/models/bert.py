@@ -121,6 +121,9 @@ class BertModel(nn.Module):
     """The encoder stack; ``forward`` returns the last layer's hidden states, which the
     pooler reads (CLS by default, MEAN where a sentence-transformers folder says so)."""
 
+    # its attention reads only the step's rows: the builder allocates no KV pool behind the blocks
+    uses_kv_cache = False
+
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg

@@ -94,7 +94,10 @@ def build_runner(config: EngineConfig, hf_config: dict, weights) -> BuiltRunner:
     num_blocks = resolve_num_blocks(kv_arch, cc.block_size, dtype, device, cc.kv_cache_memory,
                                     cc.gpu_memory_utilization, cc.num_gpu_blocks_override, cc.kv_cache_dtype,
                                     profiled_peak_bytes=peak, num_layers=layout and layout.group_size)
-    kv = allocate_kv_cache(kv_arch, num_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros,
+    # NOTE: an encoder keeps no KV (its attention reads the step's own rows): the scheduler still
+    # counts num_blocks of tokens in flight, but the pool behind them is one block
+    pool_blocks = num_blocks if getattr(model, "uses_kv_cache", True) else 1
+    kv = allocate_kv_cache(kv_arch, pool_blocks, cc.block_size, dtype, device, cc.kv_cache_dtype, platform.zeros,
                            layout and layout.layer_pools)
     platform.prefault(kv)
     kv_dtype = "fp8_e4m3 + bf16 scales" if is_fp8(cc.kv_cache_dtype) else str(storage_dtype(dtype, cc.kv_cache_dtype))
