@@ -124,7 +124,8 @@ def test_served_embeddings(encoder):
     with ServerThread(llm.llm_engine, "enc", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
         r = h.post("/v1/embeddings", json={"model": "enc", "input": PROMPTS[:3], "encoding_format": "float"})
         assert r.status_code == 200, r.text
-        _close([torch.tensor(d["embedding"]) for d in r.json()["data"]], [F.normalize(x[0], dim=-1) for x in hidden[:3]])
+        got = [torch.tensor(d["embedding"]) for d in r.json()["data"]]
+        _close(got, [F.normalize(x[0], dim=-1) for x in hidden[:3]])
         r = h.post("/v1/chat/completions", json={"model": "enc", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 404
 

@@ -76,7 +76,8 @@ def main() -> int:
     for name, w in load_file(os.path.join(args.hf_folder, "model.safetensors")).items():
         prefix = name.removesuffix(".weight")
         if ".layers." in name and prefix.endswith(LINEARS):
-            tensors.update({f"{prefix}.{p}": t.contiguous() for p, t in quantized_layer(w, args.method, args.group_size).items()})
+            parts = quantized_layer(w, args.method, args.group_size)
+            tensors.update({f"{prefix}.{p}": t.contiguous() for p, t in parts.items()})
         else:
             tensors[name] = w.half().contiguous()
     save_file(tensors, os.path.join(out, "model.safetensors"))
