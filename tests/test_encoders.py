@@ -146,3 +146,37 @@ def test_checkpoint_saved_inside_a_task_model_loads(encoder, tmp_path):
     assert any(k.startswith("bert.pooler.") for k in tensors)
     llm = LLM(str(copy), **SMALL)
     _close(_embed(llm, PROMPTS[:2]), [F.normalize(h[0], dim=-1) for h in hidden[:2]])
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    """(folder, tokenizer, transformers' model) of a one-label XLMRobertaForSequenceClassification:
+    bge-reranker's form."""
+    root = tmp_path_factory.mktemp("reranker")
+    write_tiny_gguf(str(root / "tok.gguf"), None)
+    tok = transformers.AutoTokenizer.from_pretrained(root, gguf_file="tok.gguf")
+    cfg = _encoder("xlm-roberta").config
+    cfg.num_labels, cfg.architectures = 1, ["XLMRobertaForSequenceClassification"]
+    torch.manual_seed(3)
+    model = transformers.XLMRobertaForSequenceClassification(cfg).eval()
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    return root / "model", tok, model
+
+
+def test_xlm_roberta_cross_encoder_equals_transformers(reranker):
+    folder, tok, model = reranker
+    llm = LLM(str(folder), **SMALL)
+    assert llm.llm_engine.pooler_config.task == "classify"
+    outs = llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+    with torch.no_grad():
+        want = [torch.sigmoid(model(torch.tensor([p])).logits[0]) for p in PROMPTS]
+    _close([torch.tensor(o.outputs.probs) for o in outs], want)
+    query, docs = "where is the lighthouse", ["on the rock", "in the harbour at dawn"]
+    scores = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    for doc, got in zip(docs, scores):
+        ids = tok(query, text_pair=doc)["input_ids"]
+        with torch.no_grad():
+            assert got == pytest.approx(torch.sigmoid(model(torch.tensor([ids])).logits[0, 0]).item(), abs=2e-5)
+    with pytest.raises(ValueError, match="pooling_type must be CLS"):
+        LLM(str(folder), pooler_config={"pooling_type": "MEAN"}, **SMALL)

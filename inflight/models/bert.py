@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.attention.base import AttentionBackend, AttentionMetadata
+from inflight.layers.classifier import RobertaClassificationHead
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 
@@ -130,6 +131,10 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg, max_positions)
         self.encoder = BertEncoder(cfg)
         self.rope = None  # learned positions: no table to build
+        # a cross-encoder's head (XLMRobertaForSequenceClassification: bge-reranker), which the
+        # pooler applies to the CLS row; registered as ``classifier`` first, its checkpoint name
+        self.classifier = RobertaClassificationHead(cfg.hidden_size, cfg.num_labels) if cfg.num_labels else None
+        self.score = self.classifier
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embeddings(input_ids, positions)
@@ -168,9 +173,13 @@ def check_bert_config(c: Any) -> None:
 
 
 _BERT_STACKED = {"query": ("qkv_proj", 0), "key": ("qkv_proj", 1), "value": ("qkv_proj", 2)}
+_ROBERTA = dict(stacked=_BERT_STACKED, check_config=check_bert_config, is_encoder_only=True,
+                positions_after_padding=True, default_pooling_type="CLS")
 ARCHITECTURES = (
     ArchSpec("BertModel", "bert", BertModel, stacked=dict(_BERT_STACKED), check_config=check_bert_config,
              is_encoder_only=True, default_pooling_type="CLS"),
+    ArchSpec("XLMRobertaForSequenceClassification", "xlm-roberta", BertModel, **_ROBERTA),
+    ArchSpec("RobertaForSequenceClassification", "roberta", BertModel, **_ROBERTA),
     ArchSpec("XLMRobertaModel", "xlm-roberta", BertModel, stacked=dict(_BERT_STACKED),
              check_config=check_bert_config, is_encoder_only=True, positions_after_padding=True,
              default_pooling_type="CLS"),

@@ -130,6 +130,9 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
             setattr(out, key, val)
     out.pooling_type = out.pooling_type or hf_config.get("default_pooling_type") or "LAST"
     out.task = "classify" if num_labels else "embed"
+    if num_labels and hf_config.get("is_encoder_only") and out.pooling_type != "CLS":
+        raise ValueError("RoBERTa's classification head (dense, tanh, out_proj) reads the first token: "
+                         f"pooling_type must be CLS, got {out.pooling_type}")
     if num_labels:
         names = hf_config.get("id2label") or {}
         out.labels = [str(names.get(str(i), names.get(i, f"LABEL_{i}"))) for i in range(num_labels)]
