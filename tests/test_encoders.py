@@ -36,11 +36,18 @@ def _encoder(kind: str) -> transformers.PreTrainedModel:
     cfg.architectures = ["XLMRobertaModel" if kind == "xlm-roberta" else "BertModel"]
     torch.manual_seed(7)
     model = transformers.AutoModel.from_config(cfg).eval()
-    with torch.no_grad():  # LayerNorms start at (1, 0): make them tell apart
+    _distinct(model)
+    return model
+
+
+def _distinct(model) -> None:
+    """LayerNorms start at (1, 0) and biases at 0: make each tell apart."""
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "LayerNorm" in name:
                 p.uniform_(0.5, 1.5)
-    return model
+            elif name.endswith("bias"):
+                p.uniform_(-0.2, 0.2)
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -159,6 +166,7 @@ def reranker(tmp_path_factory):
     cfg.num_labels, cfg.architectures = 1, ["XLMRobertaForSequenceClassification"]
     torch.manual_seed(3)
     model = transformers.XLMRobertaForSequenceClassification(cfg).eval()
+    _distinct(model)
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
     return root / "model", tok, model
