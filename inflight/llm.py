@@ -12,6 +12,7 @@ from inflight.lora.request import LoRARequest
 from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                               RequestOutput, ScoringOutput, ScoringRequestOutput)
 from inflight.pooling.pooler import cosine_scores
+from inflight.pooling.token_types import pair_ids
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams
 
@@ -154,7 +155,8 @@ class LLM:
         if len(self.llm_engine.pooler_config.labels or []) != 1:
             raise ValueError("LLM.score needs an embedding model or a classifier of one label (a cross-encoder)")
         tok = self.get_tokenizer()
-        prompts = [{"prompt_token_ids": tok(a, text_pair=b).input_ids} for a, b in zip(first, second)]
+        typed = self.llm_engine.pooler_config.token_types
+        prompts = [{"prompt_token_ids": pair_ids(tok, a, b, typed)} for a, b in zip(first, second)]
         outs = self.encode(prompts, PoolingParams(truncate_prompt_tokens=truncate), use_tqdm=use_tqdm)
         return [ScoringRequestOutput(o.request_id, ScoringOutput(o.outputs.data[0].item()), o.prompt_token_ids)
                 for o in outs]

@@ -163,7 +163,8 @@ def reranker(tmp_path_factory):
     write_tiny_gguf(str(root / "tok.gguf"), None)
     tok = transformers.AutoTokenizer.from_pretrained(root, gguf_file="tok.gguf")
     cfg = _encoder("xlm-roberta").config
-    cfg.num_labels, cfg.architectures = 1, ["XLMRobertaForSequenceClassification"]
+    # one token type, as XLM-RoBERTa ships: its pairs carry none
+    cfg.num_labels, cfg.architectures, cfg.type_vocab_size = 1, ["XLMRobertaForSequenceClassification"], 1
     torch.manual_seed(3)
     model = transformers.XLMRobertaForSequenceClassification(cfg).eval()
     _distinct(model)
@@ -175,7 +176,7 @@ def reranker(tmp_path_factory):
 def test_xlm_roberta_cross_encoder_equals_transformers(reranker):
     folder, tok, model = reranker
     llm = LLM(str(folder), **SMALL)
-    assert llm.llm_engine.pooler_config.task == "classify"
+    assert llm.llm_engine.pooler_config.task == "classify" and not llm.llm_engine.pooler_config.token_types
     outs = llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
     with torch.no_grad():
         want = [torch.sigmoid(model(torch.tensor([p])).logits[0]) for p in PROMPTS]
@@ -188,3 +189,52 @@ def test_xlm_roberta_cross_encoder_equals_transformers(reranker):
             assert got == pytest.approx(torch.sigmoid(model(torch.tensor([ids])).logits[0, 0]).item(), abs=2e-5)
     with pytest.raises(ValueError, match="pooling_type must be CLS"):
         LLM(str(folder), pooler_config={"pooling_type": "MEAN"}, **SMALL)
+
+
+WORDS = ["where", "is", "the", "lighthouse", "on", "rock", "in", "harbour", "at", "dawn", "keeper", "light"]
+
+
+@pytest.fixture(scope="module")
+def bert_cross_encoder(tmp_path_factory):
+    """(folder, tokenizer, transformers' model) of a one-label BertForSequenceClassification with
+    a WordPiece tokenizer, whose pairs carry token types (ms-marco-MiniLM's form)."""
+    root = tmp_path_factory.mktemp("bert-ce")
+    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    tok = transformers.BertTokenizerFast(vocab_file=str(root / "vocab.txt"))
+    cfg = _encoder("bert").config
+    cfg.vocab_size, cfg.num_labels, cfg.architectures = len(tok), 1, ["BertForSequenceClassification"]
+    torch.manual_seed(4)
+    model = transformers.BertForSequenceClassification(cfg).eval()
+    _distinct(model)
+    with torch.no_grad():  # type 1 far from type 0, so a lost type shows
+        model.bert.embeddings.token_type_embeddings.weight[1].uniform_(-2, 2)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    return root / "model", tok, model
+
+
+def test_bert_cross_encoder_reads_token_types(bert_cross_encoder):
+    """LLM.score and /rerank give transformers' scores of (query, document) pairs, each pair
+    read with the tokenizer's token types; the prompts carry them, so a plain prompt's
+    ids past the vocabulary are still refused."""
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    folder, tok, model = bert_cross_encoder
+    llm = LLM(str(folder), **SMALL)
+    assert llm.llm_engine.pooler_config.token_types
+    query, docs = "where is the lighthouse", ["on the rock", "in the harbour at dawn", "keeper light"]
+    want = []
+    for doc in docs:
+        enc = tok(query, text_pair=doc, return_tensors="pt")
+        assert enc["token_type_ids"].max() == 1
+        with torch.no_grad():
+            want.append(torch.sigmoid(model(**enc).logits[0, 0]).item())
+    got = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    assert got == pytest.approx(want, abs=2e-5)
+    with ServerThread(llm.llm_engine, "ce", log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        r = h.post("/rerank", json={"model": "ce", "query": query, "documents": docs})
+        assert r.status_code == 200, r.text
+        served = {d["index"]: d["relevance_score"] for d in r.json()["results"]}
+        assert [served[i] for i in range(len(docs))] == pytest.approx(want, abs=2e-5)
+        r = h.post("/classify", json={"model": "ce", "input": [[2, 5, 7, 3, 10 ** 6]]})
+        assert r.status_code == 400

@@ -19,6 +19,7 @@ from inflight.errors import InvalidRequestError
 from inflight.lora.request import LoRARequest
 from inflight.outputs import PoolingRequestOutput, RequestOutput
 from inflight.pooling.config import PoolerConfig, resolve_pooler
+from inflight.pooling.token_types import check_token_types
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
 from inflight.structured_output.manager import StructuredOutputManager
@@ -192,7 +193,9 @@ class LLMEngine:
         if not ids:
             raise ValueError("the prompt is empty: it must contain at least one token")
         vocab = self.arch.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
+        if self.pooler_config is not None and self.pooler_config.token_types:  # a BERT cross-encoder's pairs
+            check_token_types(ids, vocab, self.arch.type_vocab_size)
+        elif any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if isinstance(params, PoolingParams):  # nothing is generated: the prompt may fill the context
             if len(ids) > self.max_model_len:

@@ -1,5 +1,6 @@
 """The heads of sequence-classification checkpoints: a decoder's ``score`` projection (hidden ->
-labels, no bias) and RoBERTa's ``classifier`` (dense, tanh, out_proj, with biases)."""
+labels, no bias), RoBERTa's ``classifier`` (dense, tanh, out_proj) and BERT's pooler and
+``classifier`` (dense, tanh, then the labels), both with biases."""
 from __future__ import annotations
 
 import torch
@@ -33,3 +34,16 @@ class RobertaClassificationHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_proj(torch.tanh(self.dense(x)))
+
+
+class BertClassificationHead(nn.Module):
+    """BERT's head over the first token's hidden state (ms-marco cross-encoders): the
+    next-sentence pooler (dense, tanh), then the classifier. For CLS pooling only."""
+
+    def __init__(self, hidden_size: int, num_labels: int) -> None:
+        super().__init__()
+        self.pooler = nn.ModuleDict({"dense": ClassifierHead(hidden_size, hidden_size, bias=True)})
+        self.classifier = ClassifierHead(hidden_size, num_labels, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.tanh(self.pooler["dense"](x)))

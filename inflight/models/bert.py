@@ -18,16 +18,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.attention.base import AttentionBackend, AttentionMetadata
-from inflight.layers.classifier import RobertaClassificationHead
+from inflight.layers.classifier import BertClassificationHead, RobertaClassificationHead
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
+from inflight.pooling.token_types import TOKEN_ID_MASK, TOKEN_TYPE_SHIFT
 
 _ACTS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
          "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 # checkpoint prefixes of the task models an encoder is saved inside (BertForMaskedLM ...)
 _PREFIXES = ("bert.", "roberta.", "model.")
-# heads an embedding model does not run: BERT's next-sentence pooler, masked-LM heads
-_UNUSED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids")
+# heads an embedding model does not run: BERT's next-sentence pooler, masked-LM heads; a
+# cross-encoder runs its pooler and classifier, as its ``score``
+_UNUSED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids", "classifier.")
 
 
 class BertEmbeddings(nn.Module):
@@ -36,14 +38,19 @@ class BertEmbeddings(nn.Module):
     def __init__(self, cfg: ModelArchConfig, max_positions: int) -> None:
         super().__init__()
         self.offset = cfg.position_offset
+        self.typed = cfg.type_vocab_size > 1  # a cross-encoder's pairs carry types in their ids
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions + self.offset)
-        return self.LayerNorm(x + self.token_type_embeddings.weight[0])
+        if self.typed:  # pooling/token_types.py: a pair's second text is type 1
+            types, input_ids = input_ids >> TOKEN_TYPE_SHIFT, input_ids & TOKEN_ID_MASK
+            x = self.word_embeddings(input_ids) + self.token_type_embeddings(types)
+        else:
+            x = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
+        return self.LayerNorm(x + self.position_embeddings(positions + self.offset))
 
 
 class BertSelfAttention(nn.Module):
@@ -131,10 +138,10 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg, max_positions)
         self.encoder = BertEncoder(cfg)
         self.rope = None  # learned positions: no table to build
-        # a cross-encoder's head (XLMRobertaForSequenceClassification: bge-reranker), which the
-        # pooler applies to the CLS row; registered as ``classifier`` first, its checkpoint name
-        self.classifier = RobertaClassificationHead(cfg.hidden_size, cfg.num_labels) if cfg.num_labels else None
-        self.score = self.classifier
+        # a cross-encoder's head, which the pooler applies to the CLS row: RoBERTa's
+        # (bge-reranker) or BERT's (ms-marco); checkpoint_rename maps its tensors here
+        head = BertClassificationHead if cfg.architecture.startswith("Bert") else RobertaClassificationHead
+        self.score = head(cfg.hidden_size, cfg.num_labels) if cfg.num_labels else None
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embeddings(input_ids, positions)
@@ -147,13 +154,16 @@ class BertModel(nn.Module):
         width = self.cfg.num_attention_heads * self.cfg.head_dim
         return {"qkv_proj": [width, width, width]}
 
-    @staticmethod
-    def checkpoint_rename(name: str) -> Optional[str]:
+    def checkpoint_rename(self, name: str) -> Optional[str]:
         """A checkpoint tensor's name in this model; None for one it does not load."""
         for prefix in _PREFIXES:
             if name.startswith(prefix):
                 name = name[len(prefix):]
                 break
+        if isinstance(self.score, BertClassificationHead) and name.startswith(("pooler.", "classifier.")):
+            return "score." + name
+        if isinstance(self.score, RobertaClassificationHead) and name.startswith("classifier."):
+            return "score." + name.removeprefix("classifier.")
         return None if name.startswith(_UNUSED) else name
 
     def load_weights(self, weights) -> None:
@@ -178,6 +188,8 @@ _ROBERTA = dict(stacked=_BERT_STACKED, check_config=check_bert_config, is_encode
 ARCHITECTURES = (
     ArchSpec("BertModel", "bert", BertModel, stacked=dict(_BERT_STACKED), check_config=check_bert_config,
              is_encoder_only=True, default_pooling_type="CLS"),
+    ArchSpec("BertForSequenceClassification", "bert", BertModel, stacked=dict(_BERT_STACKED),
+             check_config=check_bert_config, is_encoder_only=True, default_pooling_type="CLS"),
     ArchSpec("XLMRobertaForSequenceClassification", "xlm-roberta", BertModel, **_ROBERTA),
     ArchSpec("RobertaForSequenceClassification", "roberta", BertModel, **_ROBERTA),
     ArchSpec("XLMRobertaModel", "xlm-roberta", BertModel, stacked=dict(_BERT_STACKED),

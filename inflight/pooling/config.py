@@ -41,6 +41,8 @@ class PoolerConfig:
     is_matryoshka: bool = False
     matryoshka_dimensions: Optional[list[int]] = None
     labels: Optional[list[str]] = None  # a classifier's label names (config.json's id2label)
+    # a BERT cross-encoder reads token types: a pair's ride in its prompt ids (pooling/token_types.py)
+    token_types: bool = False
 
     def __post_init__(self) -> None:
         if self.seq_pooling_type is not None:
@@ -130,8 +132,10 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
             setattr(out, key, val)
     out.pooling_type = out.pooling_type or hf_config.get("default_pooling_type") or "LAST"
     out.task = "classify" if num_labels else "embed"
+    out.token_types = bool(num_labels and hf_config.get("is_encoder_only")
+                           and int(hf_config.get("type_vocab_size") or 0) > 1)
     if num_labels and hf_config.get("is_encoder_only") and out.pooling_type != "CLS":
-        raise ValueError("RoBERTa's classification head (dense, tanh, out_proj) reads the first token: "
+        raise ValueError("an encoder's classification head (dense, tanh, then the labels) reads the first token: "
                          f"pooling_type must be CLS, got {out.pooling_type}")
     if num_labels:
         names = hf_config.get("id2label") or {}

@@ -19,6 +19,7 @@ from inflight.entrypoints.openai.serving_common import ServerState, add_requests
 from inflight.entrypoints.openai.validation import SafeStr, check_truncation, truncated
 from inflight.errors import InvalidRequestError
 from inflight.pooling.pooler import cosine_scores
+from inflight.pooling.token_types import pair_ids
 from inflight.pooling_params import PoolingParams
 
 CLIENT_CLOSED = 499
@@ -186,7 +187,8 @@ class ScoreHandler:
     async def _prompt(self, text: Union[str, tuple[str, str]], truncate: Optional[int]) -> dict:
         state = self.state
         if isinstance(text, tuple):
-            ids = await state.pool.run(lambda: state.tokenizer(text[0], text_pair=text[1]).input_ids)
+            typed = state.pooler_config.token_types
+            ids = await state.pool.run(lambda: pair_ids(state.tokenizer, text[0], text[1], typed))
         else:
             ids = await state.tokenize(text)
         p = truncated({"prompt": None, "prompt_token_ids": ids}, truncate, state.max_model_len)
