@@ -238,3 +238,29 @@ def test_bert_cross_encoder_reads_token_types(bert_cross_encoder):
         assert [served[i] for i in range(len(docs))] == pytest.approx(want, abs=2e-5)
         r = h.post("/classify", json={"model": "ce", "input": [[2, 5, 7, 3, 10 ** 6]]})
         assert r.status_code == 400
+
+
+def test_encoder_attention_bf16_path_equals_sdpa():
+    """The CPU's bf16 path (batched GEMMs around softmax) gives float32 SDPA's rows, per
+    request, to bf16 rounding; a request not whole in the step is refused."""
+    from inflight.attention.base import AttentionMetadata
+    from inflight.layers.encoder_attention import EncoderAttention
+
+    lens = [5, 130, 37]  # the short ones take SDPA on the bf16 path too
+    qsl = [0, 5, 135, 172]
+    md = AttentionMetadata(slot_mapping=torch.zeros(0), block_tables=torch.zeros(0), seq_lens=torch.tensor(lens),
+                           query_start_loc_list=qsl, seq_lens_list=lens, num_decodes=0, block_size=16)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 172, 32) for _ in range(3))
+    op = EncoderAttention()
+    want = op(q, k, v, md)
+    for s, e in zip(qsl, qsl[1:]):  # each request alone, both ways
+        ref = F.scaled_dot_product_attention(q[None, :, s:e], k[None, :, s:e], v[None, :, s:e])[0]
+        torch.testing.assert_close(want[s:e], ref.transpose(0, 1).reshape(e - s, -1))
+    op.dispatch_to("cpu")
+    got = op(q.bfloat16(), k.bfloat16(), v.bfloat16(), md)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    md.seq_lens_list = [5, 140, 37]  # the second request has 10 tokens before this step
+    with pytest.raises(RuntimeError, match="whole in one step"):
+        op(q, k, v, md)

