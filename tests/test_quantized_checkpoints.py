@@ -8,12 +8,13 @@ refused before anything loads."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from inflight import LLM, SamplingParams
 from inflight.kernels.cpu.gemm_f32 import PanelLinearF32
@@ -23,6 +24,7 @@ from inflight.loader.testing import tiny_model, write_tiny_gguf
 PROMPTS = [[5 + (i * 7 + j * 13) % 250 for j in range(4 + 9 * i)] for i in range(4)]
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_EXPERT = re.compile(r"experts\.\d+\.w[123]$")  # Mixtral's per-expert projections in its checkpoints
 SMALL = dict(dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=8, max_num_batched_tokens=128)
 
 
@@ -107,36 +109,40 @@ def tokenizer(tmp_path_factory):
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="tok.gguf")
 
 
-def write_quantized(folder, kind: str, tokenizer) -> transformers.PreTrainedModel:
-    """A tiny Llama saved in quantized form ``kind``; returns transformers' model of the
-    weights that form stands for."""
-    model = tiny_model("llama", seed=5).eval()
+def write_quantized(folder, kind: str, tokenizer, model=None) -> transformers.PreTrainedModel:
+    """A tiny Llama (or ``model``) saved in quantized form ``kind``: every linear layer of its
+    decoder, the experts' too (their checkpoint names, ``experts.{e}.w1``), the router not.
+    Returns transformers' model of the weights that form stands for, loaded from a float copy."""
+    model = model if model is not None else tiny_model("llama", seed=5)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     gen = torch.Generator().manual_seed(11)
-    tensors = {}
-    for name, value in model.state_dict().items():
+    plain, quantized = {}, {}
+    for name, value in load_file(str(folder / "model.safetensors")).items():
         prefix = name.removesuffix(".weight")
-        if not prefix.endswith(LINEARS):
-            tensors[name] = value.contiguous()
+        if not prefix.endswith(LINEARS) and not _EXPERT.search(prefix):
+            plain[name] = quantized[name] = value.contiguous()
             continue
-        parts, w = _quantize(kind, *value.shape, gen)
-        value.copy_(w)
-        tensors.update({f"{prefix}.{p}": t.contiguous() for p, t in parts.items()})
-    save_file(tensors, str(folder / "model.safetensors"))
+        parts, plain[name] = _quantize(kind, *value.shape, gen)
+        quantized.update({f"{prefix}.{p}": t.contiguous() for p, t in parts.items()})
+    save_file(plain, str(folder / "model.safetensors"))
+    want = type(model).from_pretrained(folder).eval()  # the float weights, as transformers reads them
+    save_file(quantized, str(folder / "model.safetensors"))
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = CONFIGS[kind]
     (folder / "config.json").write_text(json.dumps(cfg))
-    return model
+    return want
 
 
 def _hf(model, ids: list[int]) -> tuple[list[int], list[float]]:
-    """Greedy tokens after ``ids`` and the logprob of each prompt token after the first."""
+    """8 greedy tokens after ``ids``, through EOS as ``ignore_eos`` runs, and the logprob of
+    each prompt token after the first."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=8, do_sample=False, pad_token_id=0)
         logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
-    return out[0, len(ids):].tolist(), [logp[i, t].item() for i, t in enumerate(ids[1:])]
+        seq = list(ids)
+        for _ in range(8):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):], [logp[i, t].item() for i, t in enumerate(ids[1:])]
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
@@ -187,3 +193,23 @@ def test_forms_not_run_are_refused_by_name(tmp_path, tokenizer, change, message)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=message):
         LLM(str(tmp_path), **SMALL)
+
+
+def test_quantized_mixture_of_experts(tmp_path, tokenizer):
+    """A Mixtral whose attention and every expert's projections are 4-bit GPTQ (the router
+    stays float, as GPTQ leaves it): the experts load from their dequantized per-expert
+    layers into the stacked weights, and the tokens equal transformers'."""
+    cfg = transformers.MixtralConfig(vocab_size=261, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=128, bos_token_id=1,
+                                     eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    cfg.architectures = ["MixtralForCausalLM"]
+    torch.manual_seed(2)
+    moe = transformers.MixtralForCausalLM(cfg).eval()
+    want = write_quantized(tmp_path, "gptq4", tokenizer, moe)
+    assert any(".experts.0.w1.qweight" in k for k in load_file(str(tmp_path / "model.safetensors")))
+    llm = LLM(str(tmp_path), **SMALL)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    for p, o in zip(PROMPTS, outs):
+        assert list(o.outputs[0].token_ids) == _hf(want, p)[0]
