@@ -121,7 +121,8 @@ def main() -> int:
                                 args.seed, auto_class="AutoModelForSequenceClassification")
         print(out)
         print("reranking, inflight against vLLM (on a quiet machine):\n"
-              f"  .venv/bin/python benchmarks/peers/rerank.py --reranker-folder {out} --vllm-args \"--max-model-len 512\"")
+              f"  .venv/bin/python benchmarks/peers/rerank.py --reranker-folder {out} "
+              "--vllm-args \"--max-model-len 512\" --max-doc-tokens 200")
         return 0
     write_random_folder(args.out, lambda vocab: bert_config(vocab, args.layers, args.hidden), "float32", args.seed,
                         auto_class="AutoModel")
