@@ -17,10 +17,10 @@ from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChu
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
                                                    DeltaMessage, TokenLogprob, TopLogprob, UsageInfo, dump,
                                                    random_id)
-from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
-                                                        merge_streams, safe_logprob, sse_model, stream_response,
-                                                        unless_disconnected, usage_of)
-from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED, prompt_logprobs_field
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, SSE_DONE, ServerState, add_requests,
+                                                        final_outputs, merge_streams, safe_logprob, sse_model,
+                                                        stream_response, unless_disconnected, usage_of)
+from inflight.entrypoints.openai.serving_completion import prompt_logprobs_field
 from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_grammar, constrain, delta_messages,
                                                       finish_reason, message_fields, plan_tools,
                                                       render_chat_with_tools)

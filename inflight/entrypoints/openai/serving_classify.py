@@ -13,12 +13,12 @@ from inflight.entrypoints.openai.errors import OpenAIError
 from inflight.entrypoints.openai.protocol import Int64, OpenAIBaseModel
 from inflight.entrypoints.openai.protocol_embeddings import EmbeddingInput, check_inputs, inputs_of
 from inflight.entrypoints.openai.responses import UsageInfo, dump, random_id
-from inflight.entrypoints.openai.serving_common import ServerState, add_requests, final_outputs, unless_disconnected
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
+                                                        unless_disconnected)
 from inflight.entrypoints.openai.serving_embedding import EmbeddingHandler
 from inflight.entrypoints.openai.validation import SafeStr
 from inflight.pooling_params import PoolingParams
 
-CLIENT_CLOSED = 499
 
 
 class ClassificationRequest(OpenAIBaseModel):

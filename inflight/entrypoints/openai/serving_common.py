@@ -233,6 +233,10 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
+# nginx's status for a client that left before the answer (unless_disconnected returned None)
+CLIENT_CLOSED = 499
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> Optional[T]:
     """Run ``work``; if the client goes away first, cancel it (aborting its
     requests through their streams) and return None."""

@@ -15,15 +15,14 @@ from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                                    CompletionResponseChoice, CompletionStreamResponse,
                                                    PromptTokenLogprob, UsageInfo, dump, random_id)
-from inflight.entrypoints.openai.serving_common import (SSE_DONE, ServerState, add_requests, final_outputs,
-                                                        merge_streams, safe_logprob, sse_model, stream_response,
-                                                        unless_disconnected, usage_of)
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, SSE_DONE, ServerState, add_requests,
+                                                        final_outputs, merge_streams, safe_logprob, sse_model,
+                                                        stream_response, unless_disconnected, usage_of)
 from inflight.entrypoints.openai.validation import check_token_prompt, truncated
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 
 # Status nginx uses for "client closed the request"; nobody reads it, but logs do.
-CLIENT_CLOSED = 499
 
 
 @dataclass

@@ -14,14 +14,13 @@ from inflight.entrypoints.openai.errors import OpenAIError, bad_request
 from inflight.entrypoints.openai.protocol_embeddings import (EmbeddingRequest, EmbeddingResponse,
                                                              EmbeddingResponseData)
 from inflight.entrypoints.openai.responses import UsageInfo, dump, random_id
-from inflight.entrypoints.openai.serving_common import (ServerState, add_requests, final_outputs,
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
                                                         unless_disconnected)
 from inflight.entrypoints.openai.validation import check_truncation, truncated
 from inflight.errors import InvalidRequestError
 from inflight.outputs import PoolingRequestOutput
 from inflight.pooling_params import PoolingParams
 
-CLIENT_CLOSED = 499
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

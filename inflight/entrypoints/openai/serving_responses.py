@@ -20,9 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from inflight.entrypoints.openai.chat_reasoning import gate_grammar, split_thinking
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, param_of
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
-from inflight.entrypoints.openai.serving_common import (ServerState, add_requests, final_outputs, merge_streams,
-                                                        stream_response, unless_disconnected)
-from inflight.entrypoints.openai.serving_completion import CLIENT_CLOSED
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
+                                                        merge_streams, stream_response, unless_disconnected)
 from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_grammar, constrain, plan_tools,
                                                       render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ParsedDelta, ToolCallStream

@@ -15,14 +15,14 @@ from inflight.entrypoints.openai.errors import OpenAIError, bad_request
 from inflight.entrypoints.openai.protocol import Int64, OpenAIBaseModel
 from inflight.entrypoints.openai.protocol_embeddings import MAX_EMBEDDING_INPUTS
 from inflight.entrypoints.openai.responses import UsageInfo, dump, random_id
-from inflight.entrypoints.openai.serving_common import ServerState, add_requests, final_outputs, unless_disconnected
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
+                                                        unless_disconnected)
 from inflight.entrypoints.openai.validation import SafeStr, check_truncation, truncated
 from inflight.errors import InvalidRequestError
 from inflight.pooling.pooler import cosine_scores
 from inflight.pooling.token_types import pair_ids
 from inflight.pooling_params import PoolingParams
 
-CLIENT_CLOSED = 499
 Texts = Union[SafeStr, list[SafeStr]]
 
 
