@@ -213,3 +213,19 @@ def test_quantized_mixture_of_experts(tmp_path, tokenizer):
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     for p, o in zip(PROMPTS, outs):
         assert list(o.outputs[0].token_ids) == _hf(want, p)[0]
+
+
+@pytest.mark.parametrize("kind", ["gptq4", "gptq_actorder", "awq"])
+def test_dequantized_in_column_pieces_equals_whole(tmp_path, tokenizer, kind, monkeypatch):
+    """A layer is dequantized a slice of output columns at a time; slices of 8 give the
+    weights of one slice (the tiny layers here have at most 96 outputs)."""
+    import inflight.loader.quant.dequant as dq
+    from inflight.loader.hf import hf_config, hf_weights
+    from inflight.loader.quant import dequantized
+
+    write_quantized(tmp_path, kind, tokenizer)
+    src = dequantized(hf_weights(str(tmp_path)), hf_config(str(tmp_path)), str(tmp_path))
+    name = "model.layers.0.mlp.up_proj.weight"
+    whole = src[name]
+    monkeypatch.setattr(dq, "_COLUMNS", 8)
+    assert torch.equal(src[name], whole)

@@ -37,36 +37,41 @@ def _groups(k: int, group_size: int, g_idx: torch.Tensor | None) -> torch.Tensor
     return torch.arange(k) // (group_size if group_size > 0 else k)
 
 
+def _grouped(n: int, k: int, g: torch.Tensor, scales: torch.Tensor, columns) -> torch.Tensor:
+    """``scale * (q - zero)`` of each input's group, [n, k], from ``columns(lo, hi)``: the
+    integers [k, hi - lo] and zero points [G, hi - lo] of output columns lo .. hi."""
+    out = torch.empty(n, k)
+    for lo in range(0, n, _COLUMNS):
+        hi = min(n, lo + _COLUMNS)
+        q, z = columns(lo, hi)
+        out[lo:hi] = ((q - z[g]).float() * scales[g, lo:hi]).t()
+    return out
+
+
 def gptq_weight(read: Read, prefix: str, qc: QuantConfig, names: set[str]) -> torch.Tensor:
     """AutoGPTQ / GPTQModel: ``qweight`` [K * bits / 32, N] packed along the inputs,
     ``qzeros`` [G, N * bits / 32] along the outputs, ``scales`` [G, N], optional ``g_idx`` [K]
     (act-order checkpoints give each input its group)."""
-    qweight, scales = read(f"{prefix}.qweight"), read(f"{prefix}.scales").float()
-    qzeros = read(f"{prefix}.qzeros")
+    qweight, qzeros = read(f"{prefix}.qweight"), read(f"{prefix}.qzeros")
     k, n = qweight.shape[0] * 32 // qc.bits, qweight.shape[1]
     g = _groups(k, qc.group_size, read(f"{prefix}.g_idx") if f"{prefix}.g_idx" in names else None)
-    out = torch.empty(n, k)
-    for lo in range(0, n, _COLUMNS):
-        hi = min(n, lo + _COLUMNS)
-        q = unpack_int32(qweight[:, lo:hi], qc.bits, 0)
+
+    def columns(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         words = qzeros[:, lo * qc.bits // 32:-(-hi * qc.bits // 32)]
         z = unpack_int32(words, qc.bits, 1)[:, :hi - lo] + qc.zero_offset
-        out[lo:hi] = ((q - z[g]).float() * scales[g, lo:hi]).t()
-    return out
+        return unpack_int32(qweight[:, lo:hi], qc.bits, 0), z
+    return _grouped(n, k, g, read(f"{prefix}.scales").float(), columns)
 
 
 def awq_weight(read: Read, prefix: str, qc: QuantConfig, names: set[str]) -> torch.Tensor:
     """AutoAWQ (GEMM): ``qweight`` [K, N / 8] and ``qzeros`` [G, N / 8], both packed along the
     outputs in AWQ's interleaved order, ``scales`` [G, N]."""
-    qweight, qzeros, scales = read(f"{prefix}.qweight"), read(f"{prefix}.qzeros"), read(f"{prefix}.scales").float()
+    qweight, qzeros = read(f"{prefix}.qweight"), read(f"{prefix}.qzeros")
     k, n = qweight.shape[0], qweight.shape[1] * 8
-    g = _groups(k, qc.group_size, None)
-    out = torch.empty(n, k)
-    for lo in range(0, n, _COLUMNS):
-        hi = min(n, lo + _COLUMNS)
-        q, z = (_awq_columns(t[:, lo // 8:hi // 8]) for t in (qweight, qzeros))
-        out[lo:hi] = ((q - z[g]).float() * scales[g, lo:hi]).t()
-    return out
+
+    def columns(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _awq_columns(qweight[:, lo // 8:hi // 8]), _awq_columns(qzeros[:, lo // 8:hi // 8])
+    return _grouped(n, k, _groups(k, qc.group_size, None), read(f"{prefix}.scales").float(), columns)
 
 
 def _awq_columns(packed: torch.Tensor) -> torch.Tensor:
