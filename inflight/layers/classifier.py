@@ -1,6 +1,6 @@
 """The heads of sequence-classification checkpoints: a decoder's ``score`` projection (hidden ->
-labels, no bias), RoBERTa's ``classifier`` (dense, tanh, out_proj) and BERT's pooler and
-``classifier`` (dense, tanh, then the labels), both with biases."""
+labels, no bias) and an encoder's (dense, tanh, out_proj, with biases: RoBERTa's ``classifier``,
+BERT's pooler and ``classifier``)."""
 from __future__ import annotations
 
 import torch
@@ -22,10 +22,11 @@ class ClassifierHead(nn.Module):
         return F.linear(x.to(torch.float32), self.weight.to(torch.float32), bias)
 
 
-class RobertaClassificationHead(nn.Module):
-    """RoBERTa's (and XLM-RoBERTa's: bge-reranker's) head over the first token's hidden state:
-    dense, tanh, out_proj. Not bias-free, so it is for CLS pooling only (the pooler applies it
-    to one row per request)."""
+class EncoderClassificationHead(nn.Module):
+    """An encoder cross-encoder's head over the first token's hidden state: dense, tanh,
+    out_proj. RoBERTa's (bge-reranker) has these names; BERT's next-sentence pooler and
+    classifier (ms-marco) are the same two projections under other names, which the model maps
+    here. Not linear, so it is for CLS pooling only (the pooler applies it to one row per request)."""
 
     def __init__(self, hidden_size: int, num_labels: int) -> None:
         super().__init__()
@@ -34,16 +35,3 @@ class RobertaClassificationHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_proj(torch.tanh(self.dense(x)))
-
-
-class BertClassificationHead(nn.Module):
-    """BERT's head over the first token's hidden state (ms-marco cross-encoders): the
-    next-sentence pooler (dense, tanh), then the classifier. For CLS pooling only."""
-
-    def __init__(self, hidden_size: int, num_labels: int) -> None:
-        super().__init__()
-        self.pooler = nn.ModuleDict({"dense": ClassifierHead(hidden_size, hidden_size, bias=True)})
-        self.classifier = ClassifierHead(hidden_size, num_labels, bias=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.tanh(self.pooler["dense"](x)))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.attention.base import AttentionBackend, AttentionMetadata
-from inflight.layers.classifier import BertClassificationHead, RobertaClassificationHead
+from inflight.layers.classifier import EncoderClassificationHead
 from inflight.layers.encoder_attention import EncoderAttention
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
@@ -31,6 +31,9 @@ _PREFIXES = ("bert.", "roberta.", "model.")
 # heads an embedding model does not run: BERT's next-sentence pooler, masked-LM heads; a
 # cross-encoder runs its pooler and classifier, as its ``score``
 _UNUSED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids", "classifier.")
+# a cross-encoder's head tensors -> its ``score`` (EncoderClassificationHead)
+_BERT_HEAD = (("pooler.dense.", "score.dense."), ("classifier.", "score.out_proj."))
+_ROBERTA_HEAD = (("classifier.", "score."),)
 
 
 class BertEmbeddings(nn.Module):
@@ -133,8 +136,7 @@ class BertModel(nn.Module):
         self.rope = None  # learned positions: no table to build
         # a cross-encoder's head, which the pooler applies to the CLS row: RoBERTa's
         # (bge-reranker) or BERT's (ms-marco); checkpoint_rename maps its tensors here
-        head = BertClassificationHead if cfg.architecture.startswith("Bert") else RobertaClassificationHead
-        self.score = head(cfg.hidden_size, cfg.num_labels) if cfg.num_labels else None
+        self.score = EncoderClassificationHead(cfg.hidden_size, cfg.num_labels) if cfg.num_labels else None
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embeddings(input_ids, positions)
@@ -153,10 +155,10 @@ class BertModel(nn.Module):
             if name.startswith(prefix):
                 name = name[len(prefix):]
                 break
-        if isinstance(self.score, BertClassificationHead) and name.startswith(("pooler.", "classifier.")):
-            return "score." + name
-        if isinstance(self.score, RobertaClassificationHead) and name.startswith("classifier."):
-            return "score." + name.removeprefix("classifier.")
+        if self.score is not None:
+            for theirs, ours in _BERT_HEAD if self.cfg.architecture.startswith("Bert") else _ROBERTA_HEAD:
+                if name.startswith(theirs):
+                    return ours + name[len(theirs):]
         return None if name.startswith(_UNUSED) else name
 
     def load_weights(self, weights) -> None:
@@ -176,18 +178,14 @@ def check_bert_config(c: Any) -> None:
 
 
 _BERT_STACKED = {"query": ("qkv_proj", 0), "key": ("qkv_proj", 1), "value": ("qkv_proj", 2)}
-_ROBERTA = dict(stacked=_BERT_STACKED, check_config=check_bert_config, is_encoder_only=True,
-                positions_after_padding=True, default_pooling_type="CLS")
-ARCHITECTURES = (
-    ArchSpec("BertModel", "bert", BertModel, stacked=dict(_BERT_STACKED), check_config=check_bert_config,
-             is_encoder_only=True, default_pooling_type="CLS"),
-    ArchSpec("BertForSequenceClassification", "bert", BertModel, stacked=dict(_BERT_STACKED),
-             check_config=check_bert_config, is_encoder_only=True, default_pooling_type="CLS"),
-    ArchSpec("XLMRobertaForSequenceClassification", "xlm-roberta", BertModel, **_ROBERTA),
-    ArchSpec("RobertaForSequenceClassification", "roberta", BertModel, **_ROBERTA),
-    ArchSpec("XLMRobertaModel", "xlm-roberta", BertModel, stacked=dict(_BERT_STACKED),
-             check_config=check_bert_config, is_encoder_only=True, positions_after_padding=True,
-             default_pooling_type="CLS"),
-    ArchSpec("RobertaModel", "roberta", BertModel, stacked=dict(_BERT_STACKED), check_config=check_bert_config,
-             is_encoder_only=True, positions_after_padding=True, default_pooling_type="CLS"),
-)
+
+
+def _encoder_spec(architecture: str, model_type: str) -> ArchSpec:
+    return ArchSpec(architecture, model_type, BertModel, stacked=dict(_BERT_STACKED), check_config=check_bert_config,
+                    is_encoder_only=True, positions_after_padding="roberta" in model_type, default_pooling_type="CLS")
+
+
+ARCHITECTURES = tuple(_encoder_spec(arch, model_type) for arch, model_type in (
+    ("BertModel", "bert"), ("BertForSequenceClassification", "bert"),
+    ("XLMRobertaModel", "xlm-roberta"), ("XLMRobertaForSequenceClassification", "xlm-roberta"),
+    ("RobertaModel", "roberta"), ("RobertaForSequenceClassification", "roberta")))
