@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 
 @dataclass
@@ -125,19 +125,28 @@ class EmbeddingOutput:
 
 
 @dataclass
-class EmbeddingRequestOutput:
-    """``LLM.embed``'s result per prompt (vLLM's ``EmbeddingRequestOutput``)."""
+class _TaskRequestOutput:
+    """A ``PoolingRequestOutput`` with its data as the task's output type (``_output``)."""
 
     request_id: str
-    outputs: EmbeddingOutput
+    outputs: Any
     prompt_token_ids: list[int]
     finished: bool
     num_cached_tokens: int = 0
+    _output: ClassVar[type]
 
     @classmethod
-    def from_base(cls, out: PoolingRequestOutput) -> "EmbeddingRequestOutput":
-        return cls(out.request_id, EmbeddingOutput(out.values()), out.prompt_token_ids, out.finished,
+    def from_base(cls, out: PoolingRequestOutput):
+        return cls(out.request_id, cls._output(out.values()), out.prompt_token_ids, out.finished,
                    out.num_cached_tokens)
+
+
+@dataclass
+class EmbeddingRequestOutput(_TaskRequestOutput):
+    """``LLM.embed``'s result per prompt (vLLM's ``EmbeddingRequestOutput``): ``outputs`` an
+    ``EmbeddingOutput``."""
+
+    _output = EmbeddingOutput
 
 
 @dataclass
@@ -169,16 +178,8 @@ class ClassificationOutput:
 
 
 @dataclass
-class ClassificationRequestOutput:
-    """``LLM.classify``'s result per prompt (vLLM's ``ClassificationRequestOutput``)."""
+class ClassificationRequestOutput(_TaskRequestOutput):
+    """``LLM.classify``'s result per prompt (vLLM's ``ClassificationRequestOutput``): ``outputs``
+    a ``ClassificationOutput``."""
 
-    request_id: str
-    outputs: ClassificationOutput
-    prompt_token_ids: list[int]
-    finished: bool
-    num_cached_tokens: int = 0
-
-    @classmethod
-    def from_base(cls, out: PoolingRequestOutput) -> "ClassificationRequestOutput":
-        return cls(out.request_id, ClassificationOutput(out.values()), out.prompt_token_ids, out.finished,
-                   out.num_cached_tokens)
+    _output = ClassificationOutput
