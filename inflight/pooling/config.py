@@ -132,9 +132,9 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
             setattr(out, key, val)
     out.pooling_type = out.pooling_type or hf_config.get("default_pooling_type") or "LAST"
     out.task = "classify" if num_labels else "embed"
-    out.token_types = bool(num_labels and hf_config.get("is_encoder_only")
-                           and int(hf_config.get("type_vocab_size") or 0) > 1)
-    if num_labels and hf_config.get("is_encoder_only") and out.pooling_type != "CLS":
+    cross_encoder = bool(num_labels and hf_config.get("is_encoder_only"))  # its head is not linear
+    out.token_types = cross_encoder and int(hf_config.get("type_vocab_size") or 0) > 1
+    if cross_encoder and out.pooling_type != "CLS":
         raise ValueError("an encoder's classification head (dense, tanh, then the labels) reads the first token: "
                          f"pooling_type must be CLS, got {out.pooling_type}")
     if num_labels:
