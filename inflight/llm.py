@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
+from inflight.beam_search import BeamSearch, BeamSearchOutput
 from inflight.engine.llm_engine import LLMEngine, PromptType
 from inflight.lora.request import LoRARequest
 from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
@@ -14,7 +15,7 @@ from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutpu
 from inflight.pooling.pooler import cosine_scores
 from inflight.pooling.token_types import pair_ids
 from inflight.pooling_params import PoolingParams
-from inflight.sampling_params import SamplingParams
+from inflight.sampling_params import BeamSearchParams, SamplingParams
 
 
 class LLM:
@@ -71,6 +72,56 @@ class LLM:
             engine.abort_request(ids)
             raise
         return self._run(ids, use_tqdm)
+
+    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
+                    lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+                    use_tqdm: bool = False, concurrency_limit: Optional[int] = None) -> list[BeamSearchOutput]:
+        """Beam search for each prompt (vLLM's ``LLM.beam_search``): its ``beam_width`` best
+        sequences, best first. As in vLLM, a sequence's ``tokens`` and ``text`` include the
+        prompt. Every round runs the live beams of up to ``concurrency_limit`` prompts
+        (None: all) as engine requests in the same steps."""
+        if getattr(self.llm_engine, "pooler_config", None) is not None:
+            raise ValueError("LLM.beam_search needs a generative model; this one runs with runner='pooling'")
+        items = self._normalise(prompts, None)
+        loras = self._per_prompt(lora_request, len(items), LoRARequest)
+        engine, tok = self.llm_engine, self.llm_engine.tokenizer
+        max_logprobs = engine.config.model_config.max_logprobs
+        if max_logprobs != -1 and 2 * params.beam_width > max_logprobs:
+            raise ValueError(f"beam_width {params.beam_width} reads the top {2 * params.beam_width} logprobs a "
+                             f"token, more than max_logprobs ({max_logprobs})")
+        ids = [engine.tokenize_prompt(p)[1] for p in items]
+        for prompt in ids:
+            if len(prompt) + params.max_tokens > engine.max_model_len:
+                raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                                 f"max_model_len ({engine.max_model_len})")
+        searches = [BeamSearch(p, params, engine.eos_token_ids) for p in ids]
+        limit = concurrency_limit or len(searches)
+        for start in range(0, len(searches), limit):
+            self._beam_rounds(searches[start:start + limit], loras[start:start + limit], use_tqdm)
+        outputs = []
+        for search in searches:
+            best = search.best()
+            for seq in best:
+                seq.text = tok.decode(seq.tokens, skip_special_tokens=params.skip_special_tokens)
+            outputs.append(BeamSearchOutput(best))
+        return outputs
+
+    def _beam_rounds(self, searches: list[BeamSearch], loras: list, use_tqdm: bool) -> None:
+        bar = tqdm(desc="Beam search", unit="round", disable=not use_tqdm, dynamic_ncols=True)
+        try:
+            while live := [s for s in searches if not s.done]:
+                items = [p for s in live for p in s.step_prompts()]
+                params = [s.step_params() for s in live for _ in s.beams]
+                owners = [lora for s, lora in zip(searches, loras) if not s.done for _ in s.beams]
+                outs = self._add_and_run(items, params, owners, None, False)
+                at = 0
+                for s in live:
+                    n = len(s.beams)
+                    s.advance(outs[at:at + n])
+                    at += n
+                bar.update(1)
+        finally:
+            bar.close()
 
     def chat(self, messages: Union[list[dict], list[list[dict]]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,

@@ -201,6 +201,38 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
+@dataclass
+class BeamSearchParams:
+    """Beam search settings (vLLM's ``BeamSearchParams``, for ``LLM.beam_search``).
+
+    ``beam_width`` sequences are kept; each round extends every one by the top
+    ``2 * beam_width`` tokens of its raw distribution. A finished sequence scores
+    ``cum_logprob / len ** length_penalty`` (len counts the prompt, not the EOS);
+    ``temperature`` is accepted for vLLM's sake and changes nothing (the raw
+    logprobs rank the beams).
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
+                raise InvalidRequestError(f"{name} must be a positive integer, got {_short(value)}")
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidRequestError(f"{name} must be a finite number, got {_short(value)}")
+        if self.temperature < 0.0:
+            raise InvalidRequestError(f"temperature must be non-negative, got {self.temperature}")
+
+
 def _short(value: Any, limit: int = 50) -> str:
     """A value for an error message, never longer than ``limit`` characters."""
     text = repr(value)

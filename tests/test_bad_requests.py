@@ -124,8 +124,13 @@ CASES = [
     (C, cmpl(suffix="x"), 400, INVALID),
     (C, cmpl(best_of=3), 400, INVALID),
     # vLLM's fields that change the output and are not implemented: a 400, never ignored
-    (C, cmpl(use_beam_search=True), 400, INVALID),
-    (C, cmpl(length_penalty=0.5), 400, INVALID),
+    # beam search ranks by raw logprobs: sampling fields it would ignore are a 400
+    (C, cmpl(use_beam_search=True, stream=True), 400, INVALID),
+    (CH, chat(use_beam_search=True, top_k=5), 400, INVALID),
+    (CH, chat(use_beam_search=True, logit_bias={"1": 5}), 400, INVALID),
+    (C, cmpl(use_beam_search=True, echo=True, logprobs=1), 400, INVALID),
+    (C, cmpl(use_beam_search=True, n=11), 400, INVALID),
+    (CH, chat(use_beam_search=True, length_penalty=float("nan")), 400, INVALID),
     (CH, chat(bad_words=["x"] * 17), 400, INVALID),
     (CH, chat(bad_words=["  "]), 400, INVALID),
     (C, cmpl(logits_processors=["my.module:Processor"]), 400, INVALID),
@@ -288,7 +293,8 @@ def test_limits_are_named_in_errors(server):
         assert err["param"] == "truncate_prompt_tokens" and "128" in err["message"]
         assert "[0, 257)" in post(h, CH, chat(allowed_token_ids=[1, 300])).json()["error"]["message"]
         assert post(h, CH, chat(continue_final_message=True)).json()["error"]["param"] == "continue_final_message"
-        assert post(h, C, cmpl(use_beam_search=True)).json()["error"]["param"] == "use_beam_search"
+        assert post(h, C, cmpl(use_beam_search=True, stop=["x"])).json()["error"]["param"] == "stop"
+        assert post(h, CH, chat(use_beam_search=True, n=11)).json()["error"]["param"] == "n"
         err = post(h, C, cmpl(structured_outputs={"json": "{not json"})).json()["error"]
         assert err["param"] == "structured_outputs.json" and "not valid JSON" in err["message"]
         # vLLM 0.12 removed the guided_* fields: the error names what replaces each

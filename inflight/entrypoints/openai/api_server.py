@@ -77,6 +77,7 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        model_aliases=list(model_aliases), max_logprobs=_max_logprobs(engine),
                        force_include_usage=force_include_usage, lora=lora or LoRAModels(),
                        pooler_config=getattr(engine, "pooler_config", None),
+                       eos_token_ids=tuple(getattr(engine, "eos_token_ids", ())),
                        hidden_size=getattr(getattr(engine, "arch", None), "hidden_size", None))
 
 

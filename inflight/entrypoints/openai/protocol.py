@@ -73,6 +73,9 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     # vLLM's: {"do_remote_decode": true} asks a prefill instance to keep the KV for a decode
     # instance; the answer's kv_transfer_params, sent to a decode instance, say where to pull it
     kv_transfer_params: Optional[dict[str, Any]] = None
+    # vLLM's beam search: n is the beam width; a finished beam scores cum_logprob / len ** length_penalty
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     @model_validator(mode="after")
     def _check_stream_options(self) -> "SamplingRequest":

@@ -17,6 +17,7 @@ from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChu
                                                    ChatLogProbs, ChatResponseMessage, ChatStreamChoice,
                                                    DeltaMessage, TokenLogprob, TopLogprob, UsageInfo, dump,
                                                    random_id)
+from inflight.entrypoints.openai.serving_beam import beam_search
 from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, SSE_DONE, ServerState, add_requests,
                                                         final_outputs, merge_streams, safe_logprob, sse_model,
                                                         stream_response, unless_disconnected, usage_of)
@@ -53,6 +54,9 @@ class ChatHandler:
         try:
             plan = plan_tools(req, state.limits, state.renderer)
             params = constrain(params, plan)
+            if req.use_beam_search and params.structured_outputs is not None:  # a required or named tool
+                raise InvalidRequestError("tool_choice: a required or named tool is not supported with "
+                                          "use_beam_search")
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
         await compile_tool_grammar(state, params, plan)
@@ -63,12 +67,15 @@ class ChatHandler:
         params = gate_grammar(state, state.fit_default_max_tokens(req, params, len(prompt["prompt_token_ids"])),
                               prompt_text)
         request_id, created = random_id("chatcmpl"), int(time.time())
-        streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
-                                     req.structured_outputs_field(), model=req.model)
-        if req.stream:
-            return stream_response(streams, self._events(req, request_id, created, streams, plan,
-                                                         prompt["prompt_token_ids"], prompt_text))
-        outputs = await unless_disconnected(raw, final_outputs(streams))
+        if req.use_beam_search:
+            outputs = await unless_disconnected(raw, beam_search(state, request_id, [prompt], params, req))
+        else:
+            streams = await add_requests(state, request_id, [prompt], params, req.priority, req.cache_salt,
+                                         req.structured_outputs_field(), model=req.model)
+            if req.stream:
+                return stream_response(streams, self._events(req, request_id, created, streams, plan,
+                                                             prompt["prompt_token_ids"], prompt_text))
+            outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
         out = outputs[0]

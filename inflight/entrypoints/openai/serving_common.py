@@ -20,7 +20,7 @@ from inflight.entrypoints.openai.http_options import log_request
 from inflight.entrypoints.openai.limits import ServerLimits, clip
 from inflight.entrypoints.openai.responses import UsageInfo
 from inflight.entrypoints.openai.serving_lora import LoRAModels
-from inflight.entrypoints.openai.validation import check_server_limits, check_truncation
+from inflight.entrypoints.openai.validation import check_beam_search, check_server_limits, check_truncation
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
 from inflight.pooling.config import PoolerConfig
@@ -58,6 +58,7 @@ class ServerState:
     # a pooling model's pooler (--runner pooling): it serves /v1/embeddings and nothing that generates
     pooler_config: Optional[PoolerConfig] = None
     hidden_size: Optional[int] = None
+    eos_token_ids: tuple[int, ...] = ()  # the engine's (a beam that reaches one finishes)
     # Requests admitted whose adds are not yet queued: counted against max_waiting_requests.
     reserved: int = 0
 
@@ -93,6 +94,8 @@ class ServerState:
         try:
             params = req.to_sampling_params(self.default_sampling)
             check_server_limits(req, params, self.limits.max_n, self.vocab_size, self.max_logprobs)
+            if getattr(req, "use_beam_search", False):
+                check_beam_search(req, params, self.max_logprobs)
             check_truncation(req.truncate_prompt_tokens, self.max_model_len)
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
@@ -158,13 +161,19 @@ async def add_requests(state: ServerState, base_id: str, prompts: list[Any], par
         log_request(base_id, prompts, params, state.max_log_len)
     state.reserved += new
     ids = [base_id if len(prompts) == 1 else f"{base_id}-{i}" for i in range(len(prompts))]
-    kw = {"lora_request": lora} if (lora := state.lora.get(model)) is not None else {}
     try:
-        results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority, cache_salt=cache_salt,
-                                                                  **kw)
-                                         for rid, p in zip(ids, prompts)), return_exceptions=True)
+        return await add_engine_requests(state, ids, prompts, params, priority, cache_salt, model)
     finally:
         state.reserved -= new
+
+
+async def add_engine_requests(state: ServerState, ids: list[str], prompts: list[Any], params: Any, priority: int,
+                              cache_salt: Optional[str] = None, model: Optional[str] = None) -> list[RequestStream]:
+    """Add one engine request per prompt under ``ids``, all in the same step; all or none.
+    No capacity check: the caller's (add_requests, or a beam search admitted whole)."""
+    kw = {"lora_request": lora} if (lora := state.lora.get(model)) is not None else {}
+    results = await asyncio.gather(*(state.engine.add_request(rid, p, params, priority, cache_salt=cache_salt, **kw)
+                                     for rid, p in zip(ids, prompts)), return_exceptions=True)
     streams = [r for r in results if isinstance(r, RequestStream)]
     errors = [r for r in results if not isinstance(r, RequestStream)]
     if errors:

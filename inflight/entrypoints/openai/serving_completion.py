@@ -15,14 +15,13 @@ from inflight.entrypoints.openai.protocol import CompletionRequest
 from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionLogProbs, CompletionResponse,
                                                    CompletionResponseChoice, CompletionStreamResponse,
                                                    PromptTokenLogprob, UsageInfo, dump, random_id)
+from inflight.entrypoints.openai.serving_beam import beam_search
 from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, SSE_DONE, ServerState, add_requests,
                                                         final_outputs, merge_streams, safe_logprob, sse_model,
                                                         stream_response, unless_disconnected, usage_of)
 from inflight.entrypoints.openai.validation import check_token_prompt, truncated
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
-
-# Status nginx uses for "client closed the request"; nobody reads it, but logs do.
 
 
 @dataclass
@@ -50,11 +49,14 @@ class CompletionHandler:
         check_kv_transfer(req, len(raw_prompts))
         prompts = [await self._engine_prompt(p, req) for p in raw_prompts]
         request_id, created = random_id("cmpl"), int(time.time())
-        streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt,
-                                     req.structured_outputs_field(), model=req.model)
-        if req.stream:
-            return stream_response(streams, self._events(req, request_id, created, streams))
-        outputs = await unless_disconnected(raw, final_outputs(streams))
+        if req.use_beam_search:
+            outputs = await unless_disconnected(raw, beam_search(state, request_id, prompts, params, req))
+        else:
+            streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt,
+                                         req.structured_outputs_field(), model=req.model)
+            if req.stream:
+                return stream_response(streams, self._events(req, request_id, created, streams))
+            outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)
         if req.echo_only:

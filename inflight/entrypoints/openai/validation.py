@@ -139,6 +139,32 @@ def check_server_limits(req: Any, params: Any, max_n: int, vocab_size: Optional[
         params.verify_vocab(vocab_size)
 
 
+# Request fields a beam search does not apply, with the value that asks for nothing:
+# a search ranks beams by the model's raw logprobs, so sampling filters, penalties and
+# stop conditions other than EOS would be silently ignored.
+_IGNORED = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0, "min_tokens": 0, "stop": None, "stop_token_ids": None, "logit_bias": None,
+            "allowed_token_ids": None, "bad_words": None, "prompt_logprobs": None, "kv_transfer_params": None}
+
+
+def check_beam_search(req: Any, params: Any, max_logprobs: int) -> None:
+    """InvalidRequestError naming the field a beam search cannot honour."""
+    if req.stream:
+        raise InvalidRequestError("stream: streaming is not supported with use_beam_search")
+    for name, neutral in _IGNORED.items():
+        value = getattr(req, name, None)
+        if value not in (None, [], {}, neutral) and not (name == "top_k" and value == -1):
+            raise InvalidRequestError(f"{name}: not supported with use_beam_search")
+    if params.structured_outputs is not None:
+        raise InvalidRequestError(f"{req.structured_outputs_field()}: structured output is not supported "
+                                  "with use_beam_search")
+    if getattr(req, "echo", False) and params.logprobs is not None:
+        raise InvalidRequestError("echo: echo with logprobs is not supported with use_beam_search")
+    if max_logprobs != -1 and 2 * params.n > max_logprobs:
+        raise InvalidRequestError(f"n: a beam search of width {params.n} reads the top {2 * params.n} logprobs "
+                                  f"of every token, more than --max-logprobs ({max_logprobs}) allows")
+
+
 def check_truncation(keep: Optional[int], max_model_len: int) -> None:
     """vLLM's ``truncate_prompt_tokens``: -1 (max_model_len) or 1 to max_model_len tokens."""
     if keep is not None and not (keep == -1 or 1 <= keep <= max_model_len):
