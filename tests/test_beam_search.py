@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inflight.beam_search import BeamSearch, beam_score
+from inflight.beam_search import BeamSearch
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 from inflight.sampling_params import BeamSearchParams
 
@@ -64,8 +64,9 @@ def brute_force(params: BeamSearchParams, seed: int) -> list[tuple[list[int], fl
                 continue
             tokens = PROMPT + list(gen)
             cum = sum(toy_logprobs(tuple(tokens[:i]), seed)[tokens[i]] for i in range(len(PROMPT), len(tokens)))
-            done.append((tokens, cum))
-    return sorted(done, key=lambda d: -beam_score(d[0], d[1], [EOS], params.length_penalty))
+            length = len(tokens) - (gen[-1] == EOS)  # the prompt counts, a final EOS does not
+            done.append((tokens, cum, cum / length ** params.length_penalty))
+    return [(t, c) for t, c, _ in sorted(done, key=lambda d: -d[2])]
 
 
 @pytest.mark.parametrize("length_penalty", [-1.0, 0.0, 1.0, 3.0])
