@@ -1,4 +1,4 @@
-"""Qwen3, Phi-3, Granite and SmolLM3 from HF folders: greedy float32 tokens equal transformers' on tiny
+"""Qwen3, Phi-3, Phi-4-mini's partial rotary with LongRoPE, Granite and SmolLM3 from HF folders: greedy float32 tokens equal transformers' on tiny
 random-weight checkpoints, alone, batched, in tiny chunks, under preemption and
 prefix-cached, on the CPU fast path (the default) and on the plain-torch reference."""
 from __future__ import annotations
@@ -49,14 +49,23 @@ GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.3, attention_mult
 SMOLLM3 = dict(no_rope_layer_interval=2)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "granite", "smollm3"])
+# Phi-4-mini's form: RoPE on half of each head (8 of 16 dims), LongRoPE's per-frequency short
+# factors and its attention factor (sqrt(1 + ln 4 / ln 128) from 512 / 128 positions); every
+# prompt stays below original_max_position_embeddings, where transformers and vLLM agree
+PHI4 = dict(partial_rotary_factor=0.5, max_position_embeddings=512, original_max_position_embeddings=128,
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.7, 2.9, 5.3],
+                          "long_factor": [3.0, 5.0, 9.0, 17.0]})
+
+
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "phi4", "granite", "smollm3"])
 def checkpoint(request, tmp_path_factory, tokenizer):
     """(arch, HF folder, transformers' greedy tokens for every prompt)."""
     folder = tmp_path_factory.mktemp(request.param)
-    extra = {"granite": GRANITE, "smollm3": SMOLLM3}.get(request.param, {})
-    model = tiny_model(request.param, seed=3, **extra).eval()
+    extra = {"granite": GRANITE, "smollm3": SMOLLM3, "phi4": PHI4}.get(request.param, {})
+    model = tiny_model("phi3" if request.param == "phi4" else request.param, seed=3, **extra).eval()
     if request.param == "smollm3":
         assert model.config.no_rope_layers == [1, 0]
+    if request.param in ("smollm3", "phi4"):
         _sharpen(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -16,7 +16,7 @@ from inflight.models.registry import ModelArchConfig
 def _yarn(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig) -> tuple[torch.Tensor, float]:
     """YaRN: interpolate the low frequencies, keep the high ones, ramp between; cos/sin
     are scaled by the attention factor."""
-    d, base, factor = cfg.head_dim, cfg.rope_theta, sc.get("factor")
+    d, base, factor = cfg.rotary_dim, cfg.rope_theta, sc.get("factor")
     old = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
     factor = factor or cfg.max_position_embeddings / old
 
@@ -41,17 +41,67 @@ def _yarn(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig) -> tuple[torc
     return 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep, float(attn)
 
 
+def _longrope(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig, long: bool) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: each frequency divided by its own factor (``short_factor``, or
+    ``long_factor`` past the pretraining length), cos/sin scaled by the attention factor."""
+    old = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
+    factor = sc.get("factor") or cfg.max_position_embeddings / old
+    attn = sc.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
+    ext = torch.tensor(sc["long_factor" if long else "short_factor"], dtype=torch.float32, device=pos_freqs.device)
+    return 1.0 / (ext * pos_freqs), float(attn)
+
+
+def rope_tables(cfg: ModelArchConfig, max_positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of every position, ``[max_positions, head_dim]`` in rotate-half order.
+
+    LongRoPE turns positions below ``original_max_position_embeddings`` by the short
+    factors and the rest by the long ones, as vLLM does (transformers switches a whole
+    sequence to the long factors once it is longer; the two agree below that length).
+    With partial rotary, the last ``(head_dim - rotary_dim) / 2`` pairs get cos 1 and
+    sin 0: the model permutes each q and k head at load so that the dims RoPE leaves
+    alone sit in those pairs (``rotary_head_permutation``)."""
+    t = torch.arange(max_positions, dtype=torch.float32, device=device)
+    inv_freq, scale = rope_inv_freq(cfg, device, max_positions)
+    angles = torch.outer(t, inv_freq)
+    sc = cfg.rope_scaling or {}
+    if sc.get("rope_type") == "longrope":
+        old = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
+        pos_freqs = cfg.rope_theta ** (torch.arange(0, cfg.rotary_dim, 2, device=device).float() / cfg.rotary_dim)
+        angles[old:] = torch.outer(t[old:], _longrope(pos_freqs, sc, cfg, long=True)[0])
+    cos, sin = angles.cos() * scale, angles.sin() * scale
+    still = (cfg.head_dim - cfg.rotary_dim) // 2
+    if still:
+        cos = torch.cat([cos, cos.new_ones(max_positions, still)], dim=-1)
+        sin = torch.cat([sin, sin.new_zeros(max_positions, still)], dim=-1)
+    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+
+
+def rotary_head_permutation(head_dim: int, rotary_dim: int) -> list[int]:
+    """The order of a head's dims that makes partial rotary a full-width rotate-half:
+    RoPE pairs dim i with i + rotary_dim / 2 (i < rotary_dim / 2) and leaves the rest;
+    after ``new[j] = old[perm[j]]`` those pairs are (j, j + head_dim / 2) and the dims
+    left alone pair among themselves. q and k get the same order, so q.k is unchanged."""
+    r, rest = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    first = list(range(r)) + list(range(rotary_dim, rotary_dim + rest))
+    second = list(range(r, rotary_dim)) + list(range(rotary_dim + rest, head_dim))
+    return first + second
+
+
 def rope_inv_freq(cfg: ModelArchConfig, device: torch.device,
                   max_positions: Optional[int] = None) -> tuple[torch.Tensor, float]:
     """(inverse frequencies, cos/sin scale) for the config's rope_scaling, as transformers'
     ROPE_INIT_FUNCTIONS compute them. Dynamic NTK is fixed at the table's length
     ``max_positions``: transformers recomputes it per sequence length, which equals
     this up to the model's max_position_embeddings (plain RoPE there) and at that length."""
-    d = cfg.head_dim
+    d = cfg.rotary_dim
     pos_freqs = cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d)
     inv = 1.0 / pos_freqs
     sc = cfg.rope_scaling or {}
     kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "longrope":
+        return _longrope(pos_freqs, sc, cfg, long=False)
     if kind == "linear":
         inv = inv / sc["factor"]
     elif kind == "llama3":
@@ -87,10 +137,7 @@ class RotaryEmbedding(nn.Module):
 
     def build_cache(self, device: torch.device) -> None:
         """(Re)compute the table in float32; needed after building on the meta device."""
-        t = torch.arange(self.max_positions, dtype=torch.float32, device=device)
-        inv_freq, scale = rope_inv_freq(self.cfg, device, self.max_positions)
-        emb = torch.cat([torch.outer(t, inv_freq)] * 2, dim=-1)
-        self.cos, self.sin = emb.cos() * scale, emb.sin() * scale
+        self.cos, self.sin = rope_tables(self.cfg, self.max_positions, device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for the step's positions, gathered once and shared by every layer."""

@@ -30,6 +30,8 @@ class LoRATarget:
     in_features: int
     out_features: int
     shard_rows: Optional[tuple[int, ...]] = None
+    # the order the model keeps the output rows in (new[j] = old[row_order[j]]) where it is not the checkpoint's
+    row_order: Optional[tuple[int, ...]] = None
 
 
 class MatmulLinear(nn.Module):
@@ -102,6 +104,8 @@ def read_adapter(req: LoRARequest, targets: dict[str, LoRATarget], stacked: dict
     weights = {}
     for name, parts in shards.items():
         a, b = _fuse(parts, targets[name])
+        if targets[name].row_order is not None:
+            b = b[list(targets[name].row_order)]
         weights[name] = (make(a.to(device, dtype), None), make(b.to(device, dtype), None))
     return LoRAAdapter(req, rank, weights)
 

@@ -7,6 +7,7 @@ output alone."""
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import torch
 from torch import nn
@@ -54,16 +55,20 @@ class LoRALinear(nn.Module):
         return y
 
 
-def wrap_linears(model: nn.Module, fused: dict[str, list[int]], batch: LoRABatch) -> dict[str, LoRATarget]:
+def wrap_linears(model: nn.Module, fused: dict[str, list[int]], batch: LoRABatch,
+                 row_orders: Optional[dict[str, list[int]]] = None) -> dict[str, LoRATarget]:
     """Replace every projection of the decoder layers by a LoRALinear reading ``batch``;
     returns what each may be adapted with, by module name. ``fused``: the rows of each
-    shard of the fused projections, by their short name (the model's ``stacked_shard_rows``)."""
+    shard of the fused projections, by their short name (the model's ``stacked_shard_rows``);
+    ``row_orders``: output rows the model keeps in another order (its ``row_orders``)."""
     found = [(name, module) for name, module in model.named_modules()
              if _DECODER_LINEAR.match(name) and hasattr(module, "in_features") and hasattr(module, "out_features")]
     targets = {}
     for name, module in found:
         parent_name, _, child = name.rpartition(".")
         rows = fused.get(child)
-        targets[name] = LoRATarget(module.in_features, module.out_features, tuple(rows) if rows else None)
+        order = (row_orders or {}).get(child)
+        targets[name] = LoRATarget(module.in_features, module.out_features, tuple(rows) if rows else None,
+                                   tuple(order) if order else None)
         setattr(model.get_submodule(parent_name), child, LoRALinear(module, name, batch))
     return targets

@@ -31,7 +31,7 @@ class LoRAManager:
         self.dtype, self.device = dtype, device
         self.linear = linear
         self.batch = LoRABatch()
-        self.targets = wrap_linears(model, shard_rows, self.batch)
+        self.targets = wrap_linears(model, shard_rows, self.batch, getattr(model, "row_orders", dict)())
         self._adapters: OrderedDict[int, LoRAAdapter] = OrderedDict()
         if getattr(model, "layer_loop", None) is not None:
             names = {id(m.base_layer): name for name, m in model.named_modules() if isinstance(m, LoRALinear)}

@@ -14,7 +14,7 @@ from inflight.distributed.layers import (ColumnParallelLinear, ParallelLMHead, R
 from inflight.layers.activation import SiluAndMul
 from inflight.layers.classifier import ClassifierHead
 from inflight.layers.layernorm import QKNorm, RMSNorm
-from inflight.layers.rotary import RotaryEmbedding, RotaryQKV
+from inflight.layers.rotary import RotaryEmbedding, RotaryQKV, rotary_head_permutation
 from inflight.models.layer_plan import DecoderLayerPlan, LayerPlan
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
@@ -162,6 +162,43 @@ class LlamaForCausalLM(nn.Module):
         says; every parameter must be set."""
         load_checkpoint(self, arch_spec(self.cfg.architecture).stacked, weights)
         self._fold_scalars()
+        self._permute_rotary_dims()
+
+    def row_orders(self) -> dict[str, list[int]]:
+        """The order each projection keeps its output rows in where it differs from the
+        checkpoint's (``new[j] = old[order[j]]``), by short name: a LoRA adapter's B follows."""
+        attn = self.layers[0].self_attn
+        perm = self._head_permutation()
+        if perm is None:
+            return {}
+        rows = torch.arange((attn.nh + 2 * attn.nkv) * attn.hd).view(-1, attn.hd)
+        rows[:attn.nh + attn.nkv] = rows[:attn.nh + attn.nkv, perm]
+        return {"qkv_proj": rows.flatten().tolist()}
+
+    def _head_permutation(self) -> Optional[torch.Tensor]:
+        cfg = self.cfg
+        if cfg.rotary_dim == cfg.head_dim:
+            return None
+        return torch.tensor(rotary_head_permutation(cfg.head_dim, cfg.rotary_dim))
+
+    @torch.no_grad()
+    def _permute_rotary_dims(self) -> None:
+        """Partial rotary as the full-width rotate-half every rope kernel runs
+        (layers/rotary.py): each q and k head's dims reordered in the projection's rows and
+        bias and in the q/k norm weights. q.k is unchanged, so nothing else needs to know."""
+        perm = self._head_permutation()
+        if perm is None:
+            return
+        for layer in self.layers:
+            attn = layer.self_attn
+            qk = (attn.nh + attn.nkv) * attn.hd
+            for param in (attn.qkv_proj.weight, getattr(attn.qkv_proj, "bias", None)):
+                if param is not None:
+                    heads = param.data[:qk].view(attn.nh + attn.nkv, attn.hd, *param.shape[1:])
+                    heads.copy_(heads[:, perm].clone())
+            for norm in (attn.q_norm, attn.k_norm):
+                if norm is not None:
+                    norm.weight.copy_(norm.weight[perm].clone())
 
     @torch.no_grad()
     def _fold_scalars(self) -> None:

@@ -43,6 +43,7 @@ class ModelArchConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None  # rope_type and its parameters; None for plain RoPE
+    partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * factor dims of each head (Phi-4-mini)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -85,6 +86,11 @@ class ModelArchConfig:
         if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
             return None
         return self.sliding_window
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head RoPE turns: the first ``rotary_dim``, the rest pass unchanged."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def kv_sliding_window(self) -> Optional[int]:
@@ -210,11 +216,21 @@ def _rope(c: Any) -> tuple[float, Optional[dict]]:
     if isinstance(params.get("full_attention"), dict):  # per layer type (Gemma 3): the global layers'
         params = dict(params["full_attention"])
     theta = float(params.pop("rope_theta", getattr(c, "rope_theta", 10000.0)))
+    params.pop("partial_rotary_factor", None)  # ModelArchConfig.partial_rotary_factor
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
         return theta, None
     params.pop("type", None)
+    if rope_type in ("longrope", "su"):  # Phi-3: the pretraining length is a top-level field in transformers 4
+        rope_type = "longrope"
+        params.setdefault("original_max_position_embeddings", getattr(c, "original_max_position_embeddings", None))
     return theta, {**params, "rope_type": rope_type}
+
+
+def _partial_rotary_factor(c: Any) -> float:
+    params = getattr(c, "rope_parameters", None) or {}
+    factor = params.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
+    return float(factor) if factor is not None else 1.0
 
 
 def parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
@@ -253,7 +269,7 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(c, "head_dim", None) or int(c.hidden_size) // heads),
         vocab_size=int(c.vocab_size), rms_norm_eps=float(getattr(c, "rms_norm_eps", None) or 1e-5),
-        rope_theta=theta, rope_scaling=scaling,
+        rope_theta=theta, rope_scaling=scaling, partial_rotary_factor=_partial_rotary_factor(c),
         max_position_embeddings=int(c.max_position_embeddings),
         tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         attention_bias=spec.attention_bias if bias is None else bool(bias),
