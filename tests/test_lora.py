@@ -100,6 +100,28 @@ def test_mixed_batch_equals_peft(folders, backend):
     assert kv.num_free_blocks == kv.num_blocks
 
 
+def test_partial_rotary_adapter_equals_peft(tmp_path):
+    """Phi-4-mini's form keeps each q and k head's dims permuted (partial rotary run as a
+    full-width rotate-half): an adapter's qkv_proj B rows follow, so its tokens are PEFT's."""
+    from test_model_archs import PHI4, _sharpen
+
+    write_tiny_gguf(str(tmp_path / "tok.gguf"), None)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tok.gguf")
+    base = tiny_model("phi3", seed=3, **PHI4).eval()
+    _sharpen(base)
+    base.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    torch.manual_seed(5)
+    cfg = peft.LoraConfig(r=8, lora_alpha=32, target_modules=["qkv_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(copy.deepcopy(base), cfg).eval()
+    model.save_pretrained(tmp_path / "adapter")
+    want = [_greedy(model, p) for p in PROMPTS]
+    assert want != [_greedy(base, p) for p in PROMPTS]
+    llm = LLM(str(tmp_path / "base"), dtype="float32", enable_lora=True, kv_cache_memory=16 << 20,
+              max_num_batched_tokens=256)
+    assert _run(llm, PROMPTS, LoRARequest("adapter", 1, str(tmp_path / "adapter"))) == want
+
+
 def test_every_step_runs_in_the_fused_layer_loop(folders, monkeypatch):
     llm = _llm(folders)
     model = llm.llm_engine.runner.model

@@ -68,6 +68,58 @@ def test_dynamic_ntk_is_plain_rope_within_the_context():
 
 def test_unknown_rope_type_is_refused():
     cfg = parse_hf_config(_hf_config(VARIANTS["linear"]).to_dict())
-    cfg.rope_scaling = {"rope_type": "longrope"}
-    with pytest.raises(ValueError, match="longrope"):
+    cfg.rope_scaling = {"rope_type": "mrope"}
+    with pytest.raises(ValueError, match="mrope"):
         rope_inv_freq(cfg, torch.device("cpu"))
+
+
+# Phi-4-mini's form, small: RoPE on 8 of 16 dims, LongRoPE factors per frequency
+PHI4 = dict(partial_rotary_factor=0.5, max_position_embeddings=512, original_max_position_embeddings=128,
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.7, 2.9, 5.3],
+                          "long_factor": [3.0, 5.0, 9.0, 17.0]})
+
+
+def _phi4():
+    from inflight.loader.testing import tiny_model
+
+    model = tiny_model("phi3", **PHI4)
+    return model.model.rotary_emb, parse_hf_config(model.config.to_dict())
+
+
+def test_longrope_short_factors_below_the_pretraining_length_long_past_it():
+    """As vLLM: the short factors turn positions below original_max_position_embeddings and
+    the long ones the rest. transformers turns a whole sequence by one or the other, so its
+    tables for a sequence of 128 positions (short) and of 300 (long) are the reference."""
+    hf, ours = _phi4()
+    assert ours.rotary_dim == 8 and ours.rope_scaling["original_max_position_embeddings"] == 128
+    cos, sin = RotaryEmbedding(ours, 512).cos, RotaryEmbedding(ours, 512).sin
+    short = hf(torch.zeros(1), torch.arange(128)[None])
+    long = hf(torch.zeros(1), torch.arange(300)[None])
+    r = ours.rotary_dim // 2
+    for mine, hf_short, hf_long in ((cos, short[0][0], long[0][0]), (sin, short[1][0], long[1][0])):
+        torch.testing.assert_close(mine[:128, :r], hf_short[:, :r], rtol=0, atol=1e-6)
+        torch.testing.assert_close(mine[128:300, :r], hf_long[128:, :r], rtol=0, atol=1e-6)
+        assert not torch.allclose(hf_short[:, :r], hf_long[:128, :r])  # the two factor sets differ
+    assert short[0].abs().max() > 1.0  # the attention factor, sqrt(1 + ln 4 / ln 128), scales them
+
+
+def test_partial_rotary_is_a_full_rotate_half_over_permuted_heads():
+    """transformers turns the first 8 of 16 dims (pairs i, i + 4) and leaves 8; the same
+    scores come from permuting both heads and turning all 16 with the tables (pairs i, i + 8,
+    the last four with cos 1 and sin 0), and un-permuting gives transformers' q exactly."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    from inflight.layers.rotary import apply_rope, rotary_head_permutation
+
+    hf, ours = _phi4()
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 40, 16), torch.randn(1, 1, 40, 16)
+    cos, sin = hf(q, torch.arange(40)[None])
+    hq, hk = apply_rotary_pos_emb(q, k, cos, sin)
+    perm = rotary_head_permutation(16, 8)
+    assert sorted(perm) == list(range(16))
+    table = RotaryEmbedding(ours, 64)
+    mq, mk = apply_rope(q[0, 0][:, perm], k[0, 0][:, perm], table.cos[:40], table.sin[:40])
+    torch.testing.assert_close(mq @ mk.T, hq[0, 0] @ hk[0, 0].T, rtol=1e-5, atol=1e-5)
+    inverse = [perm.index(i) for i in range(16)]
+    torch.testing.assert_close(mq[:, inverse], hq[0, 0], rtol=1e-6, atol=1e-6)
