@@ -96,7 +96,7 @@ def read_adapter(req: LoRARequest, targets: dict[str, LoRATarget], stacked: dict
             raise ValueError(f"LoRA adapter {req.lora_name!r}: {module} has lora_A {tuple(a.shape)} and lora_B "
                              f"{tuple(b.shape)}; this model needs ({r}, {info.in_features}) and ({rows}, {r})")
         scale = alpha / (math.sqrt(r) if sqrt else r)
-        shards.setdefault(target, []).append((0 if shard is None else shard, a.float(), b.float() * scale))
+        shards.setdefault(target, []).append((shard, a.float(), b.float() * scale))
         rank = max(rank, r)
     if not shards:
         raise ValueError(f"LoRA adapter {req.lora_name!r} has no lora_A/lora_B weights")
@@ -163,11 +163,15 @@ def _target(module: str, stacked: dict[str, tuple[str, int]], targets: dict[str,
                      "model's decoder layers")
 
 
-def _fuse(parts: list[tuple[int, torch.Tensor, torch.Tensor]], target: LoRATarget) -> tuple[torch.Tensor, torch.Tensor]:
-    """One (A, B) for a module: shards' A stacked, their B placed block-diagonally at their rows."""
-    if len(parts) == 1 and target.shard_rows is None:
+def _fuse(parts: list[tuple[Optional[int], torch.Tensor, torch.Tensor]],
+          target: LoRATarget) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (A, B) for a module: shards' A stacked, their B placed block-diagonally at their
+    rows; an adapter of the whole fused module (Phi-3's ``qkv_proj``: shard None) as it is."""
+    if len(parts) == 1 and (target.shard_rows is None or parts[0][0] is None):
         _, a, b = parts[0]
         return a.contiguous(), b.contiguous()
+    if any(shard is None for shard, _, _ in parts):
+        raise ValueError("an adapter adapts a fused projection both whole and by its parts")
     offsets = [0]
     for rows in target.shard_rows:
         offsets.append(offsets[-1] + rows)
