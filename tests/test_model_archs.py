@@ -141,6 +141,19 @@ def test_smollm3_gguf_greedy_equals_transformers(tmp_path):
     assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
 
 
+def test_phi4_gguf_greedy_equals_transformers(tmp_path):
+    """A Phi-4-mini-form GGUF as llama.cpp's converter writes it: the turned dims as
+    phi3.rope.dimension_count, LongRoPE's factors as rope_factors_long / _short tensors."""
+    model = tiny_model("phi3", seed=4, **PHI4).eval()
+    _sharpen(model)
+    path = str(tmp_path / "phi4.gguf")
+    write_tiny_gguf(path, model, "phi3")
+    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+    arch = llm.llm_engine.arch
+    assert arch.rotary_dim == 8 and arch.rope_scaling["short_factor"] == pytest.approx([1.0, 1.7, 2.9, 5.3])
+    assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
+
+
 def test_granite_gguf_greedy_equals_transformers(tmp_path):
     """A Granite GGUF as llama.cpp's converter writes it (Q/K rows permuted, the four scalars
     as granite.embedding_scale, residual_scale, attention.scale and logit_scale)."""

@@ -66,7 +66,18 @@ def gguf_architecture(reader: Any, source: str) -> tuple[str, str]:
     return arch, hf_arch
 
 
+# Phi-3's LongRoPE factors, which llama.cpp's converter stores as tensors: read into the config
+_ROPE_FACTORS = {"rope_factors_long": "long_factor", "rope_factors_short": "short_factor"}
+
+
 def _rope_scaling(reader: Any, arch: str) -> dict[str, Any] | None:
+    factors = {_ROPE_FACTORS[t.name.rpartition(".")[0]]: np.asarray(t.data, dtype=np.float32).ravel().tolist()
+               for t in reader.tensors if t.name.rpartition(".")[0] in _ROPE_FACTORS}
+    if factors:
+        scaling = {"rope_type": "longrope", **factors,
+                   "original_max_position_embeddings": _field(reader, f"{arch}.rope.scaling.original_context_length"),
+                   "attention_factor": _field(reader, f"{arch}.rope.scaling.attn_factor")}
+        return {k: v for k, v in scaling.items() if v is not None}
     rope_type = _field(reader, f"{arch}.rope.scaling.type")
     if rope_type in (None, "none"):
         return None
@@ -122,6 +133,13 @@ def gguf_hf_config(reader: Any, source: str) -> dict[str, Any]:
         "torch_dtype": "float32",  # we dequantize everything to float32
         "gguf_file_type": _field(reader, "general.file_type"),
     }
+    scaling = raw["rope_scaling"] or {}
+    if scaling.get("rope_type") == "longrope":  # Phi3Config reads the pretraining length at the top level
+        raw["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings")
+    head_dim = raw["head_dim"] or (raw["hidden_size"] // raw["num_attention_heads"] if raw["hidden_size"] else None)
+    rotary = meta("rope.dimension_count")
+    if rotary and head_dim and int(rotary) != int(head_dim):  # Phi-4-mini turns 96 of 128 dims
+        raw["partial_rotary_factor"] = int(rotary) / int(head_dim)
     extra = arch_spec(hf_arch).gguf_config
     if extra is not None:
         raw.update(extra(meta))
@@ -144,6 +162,8 @@ def _hf_entries(tensor: Any, spec: ArchSpec, source: str) -> dict[str, _Entry]:
     """HF name -> entry for one GGUF tensor: one per expert for llama.cpp's stacked expert
     tensors (``blk.N.ffn_gate_exps`` holds every expert's gate projection)."""
     base, _, kind = tensor.name.rpartition(".")
+    if base in _ROPE_FACTORS:  # read into the config's rope_scaling
+        return {}
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
         if part in spec.gguf_expert_tensors:

@@ -107,9 +107,11 @@ def write_tiny_gguf(path: str, model: transformers.PreTrainedModel | None, arch:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
-        writer.add_rope_dimension_count(head_dim)
+        params = getattr(cfg, "rope_parameters", None) or {}
+        writer.add_rope_dimension_count(int(head_dim * (params.get("partial_rotary_factor") or 1.0)))
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         writer.add_rope_freq_base(rope_theta(cfg))
+        _add_longrope(writer, params)
         _add_window_and_caps(writer, cfg)
         _add_granite_scales(writer, cfg)
         _add_experts(writer, cfg, arch)
@@ -147,6 +149,15 @@ def _add_granite_scales(writer: gguf.GGUFWriter, cfg: transformers.PretrainedCon
         writer.add_residual_scale(cfg.residual_multiplier)
         writer.add_attention_scale(cfg.attention_multiplier)
         writer.add_logit_scale(cfg.logits_scaling)
+
+
+def _add_longrope(writer: gguf.GGUFWriter, params: dict) -> None:
+    """Phi-3's LongRoPE as llama.cpp's converter writes it: the factors as two tensors."""
+    if params.get("rope_type") != "longrope":
+        return
+    writer.add_rope_scaling_orig_ctx_len(int(params["original_max_position_embeddings"]))
+    for kind in ("long", "short"):
+        writer.add_tensor(f"rope_factors_{kind}.weight", np.asarray(params[f"{kind}_factor"], dtype=np.float32))
 
 
 def _add_window_and_caps(writer: gguf.GGUFWriter, cfg: transformers.PretrainedConfig) -> None:
