@@ -49,9 +49,9 @@ GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.3, attention_mult
 SMOLLM3 = dict(no_rope_layer_interval=2)
 
 
-# Phi-4-mini's form: RoPE on half of each head (8 of 16 dims), LongRoPE's per-frequency short
-# factors and its attention factor (sqrt(1 + ln 4 / ln 128) from 512 / 128 positions); every
-# prompt stays below original_max_position_embeddings, where transformers and vLLM agree
+# Phi-4-mini's form: RoPE on half of each head (8 of 16 dims), LongRoPE's per-frequency factors
+# and its attention factor (sqrt(1 + ln 4 / ln 128) from 512 / 128 positions). With max_model_len
+# at most 128 every position turns by the short factors, as transformers turns a short sequence
 PHI4 = dict(partial_rotary_factor=0.5, max_position_embeddings=512, original_max_position_embeddings=128,
             rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.7, 2.9, 5.3],
                           "long_factor": [3.0, 5.0, 9.0, 17.0]})
@@ -103,7 +103,7 @@ def _scheduler(llm, sched: dict | None = None, **cache) -> Scheduler:
 def test_greedy_equals_transformers(checkpoint, backend):
     arch, folder, want = checkpoint
     llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-              max_num_seqs=16, max_num_batched_tokens=256)
+              max_num_seqs=16, max_num_batched_tokens=256, **({"max_model_len": 128} if arch == "phi4" else {}))
     model = llm.llm_engine.runner.model
     if backend == "auto" and packed_linear_class(torch.float32) is not None:
         assert isinstance(model.layers[0].mlp.down_proj, packed_linear_class(torch.float32))
@@ -148,10 +148,24 @@ def test_phi4_gguf_greedy_equals_transformers(tmp_path):
     _sharpen(model)
     path = str(tmp_path / "phi4.gguf")
     write_tiny_gguf(path, model, "phi3")
-    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256,
+              max_model_len=128)
     arch = llm.llm_engine.arch
     assert arch.rotary_dim == 8 and arch.rope_scaling["short_factor"] == pytest.approx([1.0, 1.7, 2.9, 5.3])
     assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
+
+
+def test_phi4_long_context_turns_every_position_by_the_long_factors(tmp_path, tokenizer):
+    """max_model_len past original_max_position_embeddings: the long factors everywhere, as
+    vLLM does and as transformers does for a sequence that long (prompts of 130-160 tokens)."""
+    model = tiny_model("phi3", seed=5, **PHI4).eval()
+    _sharpen(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    prompts = [[5 + (i * 7 + j * 13) % 250 for j in range(130 + 15 * i)] for i in range(3)]
+    llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_memory=16 << 20, max_num_batched_tokens=256)
+    assert llm.llm_engine.max_model_len == 512
+    assert _run(llm, prompts) == [_hf_greedy(model, p) for p in prompts]
 
 
 def test_granite_gguf_greedy_equals_transformers(tmp_path):
@@ -199,7 +213,7 @@ def qwen2_window(tmp_path_factory, tokenizer):
 def test_qwen2_max_window_layers_equal_transformers(qwen2_window, backend):
     folder, want = qwen2_window
     llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-              max_num_seqs=16, max_num_batched_tokens=256)
+              max_num_seqs=16, max_num_batched_tokens=256, **({"max_model_len": 128} if arch == "phi4" else {}))
     assert [ly.self_attn.sliding_window for ly in llm.llm_engine.runner.model.layers] == [None, WINDOW]
     assert llm.llm_engine.arch.kv_sliding_window is None  # one window does not hold for every layer
     kv = llm.llm_engine.scheduler.kv  # a block table per layer group: the windowed one frees blocks

@@ -86,21 +86,21 @@ def _phi4():
     return model.model.rotary_emb, parse_hf_config(model.config.to_dict())
 
 
-def test_longrope_short_factors_below_the_pretraining_length_long_past_it():
-    """As vLLM: the short factors turn positions below original_max_position_embeddings and
-    the long ones the rest. transformers turns a whole sequence by one or the other, so its
-    tables for a sequence of 128 positions (short) and of 300 (long) are the reference."""
+def test_longrope_turns_by_the_long_factors_when_the_context_passes_the_pretraining_length():
+    """As vLLM: a table of at most original_max_position_embeddings positions (max_model_len)
+    turns by the short factors, a longer one turns every position by the long ones, which is
+    what transformers does for a sequence of that length."""
     hf, ours = _phi4()
     assert ours.rotary_dim == 8 and ours.rope_scaling["original_max_position_embeddings"] == 128
-    cos, sin = RotaryEmbedding(ours, 512).cos, RotaryEmbedding(ours, 512).sin
-    short = hf(torch.zeros(1), torch.arange(128)[None])
-    long = hf(torch.zeros(1), torch.arange(300)[None])
     r = ours.rotary_dim // 2
-    for mine, hf_short, hf_long in ((cos, short[0][0], long[0][0]), (sin, short[1][0], long[1][0])):
-        torch.testing.assert_close(mine[:128, :r], hf_short[:, :r], rtol=0, atol=1e-6)
-        torch.testing.assert_close(mine[128:300, :r], hf_long[128:, :r], rtol=0, atol=1e-6)
-        assert not torch.allclose(hf_short[:, :r], hf_long[:128, :r])  # the two factor sets differ
-    assert short[0].abs().max() > 1.0  # the attention factor, sqrt(1 + ln 4 / ln 128), scales them
+    for positions in (128, 300):
+        table = RotaryEmbedding(ours, positions)
+        want_cos, want_sin = hf(torch.zeros(1), torch.arange(positions)[None])
+        torch.testing.assert_close(table.cos[:, :r], want_cos[0, :, :r], rtol=0, atol=1e-6)
+        torch.testing.assert_close(table.sin[:, :r], want_sin[0, :, :r], rtol=0, atol=1e-6)
+        assert want_cos.abs().max() > 1.0  # the attention factor, sqrt(1 + ln 4 / ln 128), scales them
+    short, long = RotaryEmbedding(ours, 128), RotaryEmbedding(ours, 300)
+    assert not torch.allclose(short.cos[:, :r], long.cos[:128, :r])  # the two factor sets differ
 
 
 def test_partial_rotary_is_a_full_rotate_half_over_permuted_heads():

@@ -42,8 +42,9 @@ def _yarn(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig) -> tuple[torc
 
 
 def _longrope(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig, long: bool) -> tuple[torch.Tensor, float]:
-    """Phi-3's LongRoPE: each frequency divided by its own factor (``short_factor``, or
-    ``long_factor`` past the pretraining length), cos/sin scaled by the attention factor."""
+    """Phi-3's LongRoPE: each frequency divided by its own factor (``long_factor`` for a
+    context past the pretraining length, else ``short_factor``), cos/sin scaled by the
+    attention factor."""
     old = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
     factor = sc.get("factor") or cfg.max_position_embeddings / old
     attn = sc.get("attention_factor")
@@ -56,20 +57,16 @@ def _longrope(pos_freqs: torch.Tensor, sc: dict, cfg: ModelArchConfig, long: boo
 def rope_tables(cfg: ModelArchConfig, max_positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) of every position, ``[max_positions, head_dim]`` in rotate-half order.
 
-    LongRoPE turns positions below ``original_max_position_embeddings`` by the short
-    factors and the rest by the long ones, as vLLM does (transformers switches a whole
-    sequence to the long factors once it is longer; the two agree below that length).
-    With partial rotary, the last ``(head_dim - rotary_dim) / 2`` pairs get cos 1 and
-    sin 0: the model permutes each q and k head at load so that the dims RoPE leaves
-    alone sit in those pairs (``rotary_head_permutation``)."""
+    LongRoPE turns every position by the long factors when the table reaches past
+    ``original_max_position_embeddings`` (max_model_len above it), else by the short ones,
+    as vLLM does: transformers picks per sequence by its length, which a KV cache cannot
+    follow (the keys cached early would have to turn again). With partial rotary, the last
+    ``(head_dim - rotary_dim) / 2`` pairs get cos 1 and sin 0: the model permutes each q and
+    k head at load so that the dims RoPE leaves alone sit in those pairs
+    (``rotary_head_permutation``)."""
     t = torch.arange(max_positions, dtype=torch.float32, device=device)
     inv_freq, scale = rope_inv_freq(cfg, device, max_positions)
     angles = torch.outer(t, inv_freq)
-    sc = cfg.rope_scaling or {}
-    if sc.get("rope_type") == "longrope":
-        old = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
-        pos_freqs = cfg.rope_theta ** (torch.arange(0, cfg.rotary_dim, 2, device=device).float() / cfg.rotary_dim)
-        angles[old:] = torch.outer(t[old:], _longrope(pos_freqs, sc, cfg, long=True)[0])
     cos, sin = angles.cos() * scale, angles.sin() * scale
     still = (cfg.head_dim - cfg.rotary_dim) // 2
     if still:
@@ -101,7 +98,8 @@ def rope_inv_freq(cfg: ModelArchConfig, device: torch.device,
     sc = cfg.rope_scaling or {}
     kind = sc.get("rope_type", sc.get("type", "default"))
     if kind == "longrope":
-        return _longrope(pos_freqs, sc, cfg, long=False)
+        old = sc.get("original_max_position_embeddings") or cfg.max_position_embeddings
+        return _longrope(pos_freqs, sc, cfg, long=(max_positions or 0) > old)
     if kind == "linear":
         inv = inv / sc["factor"]
     elif kind == "llama3":
