@@ -168,6 +168,27 @@ def test_phi4_long_context_turns_every_position_by_the_long_factors(tmp_path, to
     assert _run(llm, prompts) == [_hf_greedy(model, p) for p in prompts]
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_olmo2_greedy_equals_transformers(tmp_path, tokenizer, backend):
+    """OLMo 2's post-sublayer norms and whole-projection q/k norms, from an HF folder and
+    from a GGUF as llama.cpp writes it (no input norms; post_attention_norm, post_ffw_norm),
+    alone, batched and in chunks of 4 tokens; op by op (the C layer loop runs pre-norm stacks)."""
+    model = tiny_model("olmo2", seed=6).eval()
+    _sharpen(model)
+    model.save_pretrained(tmp_path / "hf")
+    tokenizer.save_pretrained(tmp_path / "hf")
+    write_tiny_gguf(str(tmp_path / "olmo2.gguf"), model, "olmo2")
+    want = [_hf_greedy(model, p) for p in PROMPTS]
+    for path in (str(tmp_path / "hf"), str(tmp_path / "olmo2.gguf")):
+        llm = LLM(model=path, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+                  max_num_seqs=16, max_num_batched_tokens=256)
+        assert llm.llm_engine.runner.model.layer_loop is None
+        assert [_run(llm, [p])[0] for p in PROMPTS[:2]] == want[:2]
+        assert _run(llm, PROMPTS) == want
+        _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+        assert _run(llm, PROMPTS) == want
+
+
 def test_granite_gguf_greedy_equals_transformers(tmp_path):
     """A Granite GGUF as llama.cpp's converter writes it (Q/K rows permuted, the four scalars
     as granite.embedding_scale, residual_scale, attention.scale and logit_scale)."""

@@ -28,6 +28,7 @@ CONFIG_CLASSES = {
     "phi3": transformers.Phi3Config,
     "granite": transformers.GraniteConfig,
     "smollm3": transformers.SmolLM3Config,
+    "olmo2": transformers.Olmo2Config,
 }
 
 

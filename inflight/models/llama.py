@@ -94,12 +94,13 @@ class LlamaForCausalLM(nn.Module):
     supports_hybrid_kv = True
     # a sequence-classification checkpoint loads with its ``score`` head (ClassifierHead)
     supports_classification = True
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer  # a variant's own layer (OLMo 2's post-norm one)
 
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.decoder_layer(cfg, backend, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.lm_head = None if cfg.tie_word_embeddings else ParallelLMHead(cfg.hidden_size, cfg.vocab_size)
@@ -122,8 +123,9 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, rope, kv, md.for_layer(i))
         return self.norm(x, residual)[0]
 
-    def layer_plan(self) -> LayerPlan:
-        """The stack as a fused layer loop reads it (see models/layer_plan.py)."""
+    def layer_plan(self) -> Optional[LayerPlan]:
+        """The stack as a fused layer loop reads it (see models/layer_plan.py); None where
+        the loop cannot run it."""
         cfg = self.cfg
         layers = [DecoderLayerPlan(ly.input_layernorm.weight, ly.self_attn.qkv_proj, ly.self_attn.o_proj,
                                    ly.post_attention_layernorm.weight, ly.mlp.gate_up_proj, ly.mlp.down_proj,
@@ -196,9 +198,10 @@ class LlamaForCausalLM(nn.Module):
                 if param is not None:
                     heads = param.data[:qk].view(attn.nh + attn.nkv, attn.hd, *param.shape[1:])
                     heads.copy_(heads[:, perm].clone())
-            for norm in (attn.q_norm, attn.k_norm):
+            for norm in (attn.q_norm, attn.k_norm):  # per head, or over the whole projection (OLMo 2)
                 if norm is not None:
-                    norm.weight.copy_(norm.weight[perm].clone())
+                    w = norm.weight.data.view(-1, attn.hd)
+                    w.copy_(w[:, perm].clone())
 
     @torch.no_grad()
     def _fold_scalars(self) -> None:

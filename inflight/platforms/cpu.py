@@ -76,9 +76,10 @@ class CpuPlatform(Platform):
         done.append(f"{dispatch_custom_ops(model, 'cpu')} CPU ops")
         # NOTE: the C layer loop has no all-reduce between a layer's halves: tensor-parallel
         # ranks run op by op (packed linears, C element-wise ops and attention).
-        if hasattr(model, "layer_plan") and hasattr(model, "layer_loop") \
-                and get_tensor_model_parallel_world_size() == 1:
-            model.layer_loop = CpuLayerLoop.build(model.layer_plan(), dtype)
+        plan = model.layer_plan() if hasattr(model, "layer_plan") and hasattr(model, "layer_loop") \
+            and get_tensor_model_parallel_world_size() == 1 else None
+        if plan is not None:
+            model.layer_loop = CpuLayerLoop.build(plan, dtype)
             if model.layer_loop is not None:
                 done.append("layers in one C call")
         return done
