@@ -234,7 +234,7 @@ def qwen2_window(tmp_path_factory, tokenizer):
 def test_qwen2_max_window_layers_equal_transformers(qwen2_window, backend):
     folder, want = qwen2_window
     llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-              max_num_seqs=16, max_num_batched_tokens=256, **({"max_model_len": 128} if arch == "phi4" else {}))
+              max_num_seqs=16, max_num_batched_tokens=256)
     assert [ly.self_attn.sliding_window for ly in llm.llm_engine.runner.model.layers] == [None, WINDOW]
     assert llm.llm_engine.arch.kv_sliding_window is None  # one window does not hold for every layer
     kv = llm.llm_engine.scheduler.kv  # a block table per layer group: the windowed one frees blocks
