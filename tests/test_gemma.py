@@ -240,3 +240,51 @@ def test_gguf_greedy_equals_transformers(arch, tmp_path):
     arch_cfg = llm.llm_engine.arch
     assert arch_cfg.layer_types == model.config.layer_types and arch_cfg.sliding_window == WINDOW
     assert _run(llm, PROMPTS[2:5]) == want
+
+
+def _multimodal(tmp_path):
+    """A tiny Gemma3ForConditionalGeneration (a one-layer SigLIP tower) saved with a tokenizer."""
+    text = _config("gemma3", WINDOW).to_dict()
+    text.pop("architectures", None)
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                                    image_token_index=5, boi_token_index=3, eoi_token_index=4, eos_token_id=[2, 6],
+                                    architectures=["Gemma3ForConditionalGeneration"])
+    torch.manual_seed(7)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5)
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(6.0)
+    model.save_pretrained(tmp_path / "mm")
+    write_tiny_gguf(str(tmp_path / "tok.gguf"), None)
+    transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tok.gguf").save_pretrained(tmp_path / "mm")
+    return model
+
+
+def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """Gemma 3 4B-27B ship as Gemma3ForConditionalGeneration: the decoder comes from text_config
+    and the language_model tensors (under both names transformers saves them with), the vision
+    tower and projector are skipped, the top level's EOS ids kept; greedy text equals the
+    multimodal model's on text prompts."""
+    from safetensors.torch import load_file, save_file
+
+    model = _multimodal(tmp_path)
+    want = [_hf_greedy(model, p) for p in PROMPTS[:4]]
+    path = tmp_path / "mm" / "model.safetensors"
+    tensors = load_file(path)
+    assert any(k.startswith("vision_tower.") for k in tensors) and "language_model.model.norm.weight" in tensors
+    for renamed in (False, True):
+        if renamed:  # transformers 5's own layout: model.language_model.*, model.vision_tower.*
+            save_file({("model." + k.replace("language_model.model.", "language_model.", 1)
+                        if not k.startswith("lm_head") else k): v for k, v in tensors.items()}, path,
+                      metadata={"format": "pt"})
+        llm = LLM(model=str(tmp_path / "mm"), dtype="float32", kv_cache_memory=16 << 20, max_num_batched_tokens=256)
+        assert llm.llm_engine.eos_token_ids[:2] == (2, 6)
+        assert llm.llm_engine.arch.layer_types == [SLIDING, SLIDING, FULL, SLIDING]
+        sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=PROMPTS[:4], sampling_params=sp,
+                                                             use_tqdm=False)] == want

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Iterable
 
-from inflight.models.registry import headless_spec, parse_hf_config, resolve_spec
+from inflight.models.registry import headless_spec, parse_hf_config, resolve_spec, text_part
 
 from .types import ModelLoadError, unsupported_architecture
 
@@ -38,7 +38,9 @@ def normalize_hf_config(raw: dict[str, Any], source: str) -> dict[str, Any]:
     except ValueError:
         archs = cfg.get("architectures") or [cfg.get("model_type") or "(none given)"]
         raise unsupported_architecture(archs if isinstance(archs, str) else archs[0], source) from None
-    missing = [k for k in _REQUIRED_KEYS if cfg.get(k) is None]
+    if spec.text_config:  # transformers' text config class supplies what text_config leaves out
+        cfg = text_part(cfg)
+    missing = [k for k in _REQUIRED_KEYS if cfg.get(k) is None and not spec.text_config]
     if missing:
         raise ModelLoadError(f"config of {source} lacks {', '.join(missing)}")
     try:

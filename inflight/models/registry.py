@@ -129,6 +129,8 @@ class ArchSpec:
     is_encoder_only: bool = False
     positions_after_padding: bool = False  # RoBERTa's positions start at pad_token_id + 1
     default_pooling_type: str = "LAST"  # what a pooling model of this type pools when nothing says
+    # a multimodal checkpoint served for text: the decoder's settings are its config's text_config
+    text_config: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -170,6 +172,19 @@ def spec_for_gguf(gguf_arch: Optional[str]) -> Optional[ArchSpec]:
 def get_model_class(architecture: str):
     """The model class for an HF architecture name; ValueError names the supported ones."""
     return arch_spec(architecture).model_class
+
+
+# what a multimodal config's top level says for its text model too
+_TOP_LEVEL_KEYS = ("architectures", "torch_dtype", "dtype", "quantization_config", "bos_token_id", "eos_token_id",
+                   "pad_token_id")
+
+
+def text_part(hf: dict[str, Any]) -> dict[str, Any]:
+    """The config a text decoder parses: a multimodal checkpoint's ``text_config`` (its spec
+    says ``text_config``) with the top level's dtype, quantization and token ids; else ``hf``."""
+    if "text_config" not in hf or not resolve_spec(hf).text_config:
+        return hf
+    return {**hf["text_config"], **{k: hf[k] for k in _TOP_LEVEL_KEYS if hf.get(k) is not None}}
 
 
 def resolve_spec(hf: dict[str, Any]) -> ArchSpec:
@@ -249,6 +264,7 @@ def parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
 def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
     from transformers import AutoConfig
 
+    hf = text_part(hf)
     spec = resolve_spec(hf)
     # An explicit null stays null (Mistral's "sliding_window": null is no window); what a
     # config leaves out gets its type's default (Mistral's 4096).
