@@ -22,7 +22,7 @@ from inflight.core.kv_cache_manager import NULL_BLOCK, KVCacheManager
 from inflight.core.scheduler import Scheduler
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.loader.testing import TOKENS, write_tiny_gguf
-from inflight.models.registry import parse_hf_config
+from inflight.models.registry import parse_hf_config, text_part
 
 pytestmark = pytest.mark.slow
 
@@ -277,6 +277,10 @@ def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path):
     path = tmp_path / "mm" / "model.safetensors"
     tensors = load_file(path)
     assert any(k.startswith("vision_tower.") for k in tensors) and "language_model.model.norm.weight" in tensors
+    with open(tmp_path / "mm" / "config.json") as f:
+        raw = json.load(f)
+    assert raw["text_config"]["eos_token_id"] == 2  # the top level's ids win
+    assert text_part(raw)["eos_token_id"] == [2, 6] and text_part(raw)["hidden_size"] == 64
     for renamed in (False, True):
         if renamed:  # transformers 5's own layout: model.language_model.*, model.vision_tower.*
             save_file({("model." + k.replace("language_model.model.", "language_model.", 1)
