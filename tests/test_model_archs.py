@@ -1,4 +1,5 @@
-"""Qwen3, Phi-3, Phi-4-mini's partial rotary with LongRoPE, Granite and SmolLM3 from HF folders: greedy float32 tokens equal transformers' on tiny
+"""Qwen3, Phi-3, Phi-4-mini's partial rotary with LongRoPE, Granite, SmolLM3, ERNIE 4.5 (interleaved
+RoPE) and OLMo 2 from HF folders: greedy float32 tokens equal transformers' on tiny
 random-weight checkpoints, alone, batched, in tiny chunks, under preemption and
 prefix-cached, on the CPU fast path (the default) and on the plain-torch reference."""
 from __future__ import annotations
@@ -57,15 +58,16 @@ PHI4 = dict(partial_rotary_factor=0.5, max_position_embeddings=512, original_max
                           "long_factor": [3.0, 5.0, 9.0, 17.0]})
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "phi4", "granite", "smollm3"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "phi4", "granite", "smollm3", "ernie4_5"])
 def checkpoint(request, tmp_path_factory, tokenizer):
     """(arch, HF folder, transformers' greedy tokens for every prompt)."""
     folder = tmp_path_factory.mktemp(request.param)
-    extra = {"granite": GRANITE, "smollm3": SMOLLM3, "phi4": PHI4}.get(request.param, {})
+    # ERNIE 4.5: RoPE over (2i, 2i + 1) pairs; its config's head_dim would be 128
+    extra = {"granite": GRANITE, "smollm3": SMOLLM3, "phi4": PHI4, "ernie4_5": {"head_dim": 16}}.get(request.param, {})
     model = tiny_model("phi3" if request.param == "phi4" else request.param, seed=3, **extra).eval()
     if request.param == "smollm3":
         assert model.config.no_rope_layers == [1, 0]
-    if request.param in ("smollm3", "phi4"):
+    if request.param in ("smollm3", "phi4", "ernie4_5"):
         _sharpen(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -152,6 +154,18 @@ def test_phi4_gguf_greedy_equals_transformers(tmp_path):
               max_model_len=128)
     arch = llm.llm_engine.arch
     assert arch.rotary_dim == 8 and arch.rope_scaling["short_factor"] == pytest.approx([1.0, 1.7, 2.9, 5.3])
+    assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
+
+
+def test_ernie4_5_gguf_greedy_equals_transformers(tmp_path):
+    """An ERNIE 4.5 GGUF as llama.cpp's converter writes it: q/k rows as in the checkpoint
+    (llama.cpp's ernie4_5 RoPE pairs (2i, 2i + 1) as the checkpoint does)."""
+    model = tiny_model("ernie4_5", seed=4, head_dim=16).eval()
+    _sharpen(model)
+    path = str(tmp_path / "ernie.gguf")
+    write_tiny_gguf(path, model, "ernie4_5")
+    llm = LLM(model=path, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
+    assert llm.llm_engine.arch.rope_interleaved
     assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
 
 

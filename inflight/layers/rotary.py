@@ -75,15 +75,17 @@ def rope_tables(cfg: ModelArchConfig, max_positions: int, device: torch.device) 
     return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
-def rotary_head_permutation(head_dim: int, rotary_dim: int) -> list[int]:
-    """The order of a head's dims that makes partial rotary a full-width rotate-half:
-    RoPE pairs dim i with i + rotary_dim / 2 (i < rotary_dim / 2) and leaves the rest;
-    after ``new[j] = old[perm[j]]`` those pairs are (j, j + head_dim / 2) and the dims
-    left alone pair among themselves. q and k get the same order, so q.k is unchanged."""
+def rotary_head_permutation(head_dim: int, rotary_dim: int, interleaved: bool = False) -> list[int]:
+    """The order of a head's dims that makes partial or interleaved rotary a full-width
+    rotate-half: RoPE pairs dim i with i + rotary_dim / 2 (or, ``interleaved``, 2i with
+    2i + 1) for i < rotary_dim / 2 and leaves the rest; after ``new[j] = old[perm[j]]``
+    those pairs are (j, j + head_dim / 2) and the dims left alone pair among themselves.
+    q and k get the same order, so q.k is unchanged."""
     r, rest = rotary_dim // 2, (head_dim - rotary_dim) // 2
-    first = list(range(r)) + list(range(rotary_dim, rotary_dim + rest))
-    second = list(range(r, rotary_dim)) + list(range(rotary_dim + rest, head_dim))
-    return first + second
+    turned = (list(range(0, rotary_dim, 2)), list(range(1, rotary_dim, 2))) if interleaved else \
+        (list(range(r)), list(range(r, rotary_dim)))
+    left = list(range(rotary_dim, rotary_dim + rest)), list(range(rotary_dim + rest, head_dim))
+    return turned[0] + left[0] + turned[1] + left[1]
 
 
 def rope_inv_freq(cfg: ModelArchConfig, device: torch.device,

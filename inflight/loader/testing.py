@@ -29,6 +29,7 @@ CONFIG_CLASSES = {
     "granite": transformers.GraniteConfig,
     "smollm3": transformers.SmolLM3Config,
     "olmo2": transformers.Olmo2Config,
+    "ernie4_5": transformers.Ernie4_5Config,
 }
 
 

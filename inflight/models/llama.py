@@ -179,13 +179,13 @@ class LlamaForCausalLM(nn.Module):
 
     def _head_permutation(self) -> Optional[torch.Tensor]:
         cfg = self.cfg
-        if cfg.rotary_dim == cfg.head_dim:
+        if cfg.rotary_dim == cfg.head_dim and not cfg.rope_interleaved:
             return None
-        return torch.tensor(rotary_head_permutation(cfg.head_dim, cfg.rotary_dim))
+        return torch.tensor(rotary_head_permutation(cfg.head_dim, cfg.rotary_dim, cfg.rope_interleaved))
 
     @torch.no_grad()
     def _permute_rotary_dims(self) -> None:
-        """Partial rotary as the full-width rotate-half every rope kernel runs
+        """Partial or interleaved rotary as the full-width rotate-half every rope kernel runs
         (layers/rotary.py): each q and k head's dims reordered in the projection's rows and
         bias and in the q/k norm weights. q.k is unchanged, so nothing else needs to know."""
         perm = self._head_permutation()

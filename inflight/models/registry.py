@@ -44,6 +44,7 @@ class ModelArchConfig:
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None  # rope_type and its parameters; None for plain RoPE
     partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * factor dims of each head (Phi-4-mini)
+    rope_interleaved: bool = False  # RoPE pairs dims (2i, 2i + 1), GPT-J's way (ERNIE 4.5), not (i, i + d/2)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -114,6 +115,7 @@ class ArchSpec:
     stacked: dict[str, tuple[str, int]] = field(default_factory=lambda: dict(LLAMA_STACKED))
     attention_bias: bool = False  # q/k/v biases when the config does not say
     qk_norm: bool = False
+    rope_interleaved: bool = False  # ModelArchConfig.rope_interleaved
     gguf_arch: Optional[str] = None  # llama.cpp ``general.architecture``, where it defines the type
     gguf_tensors: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF_TENSORS))
     gguf_permute_qk: bool = False  # llama.cpp's converter reorders Q/K rows for this type
@@ -289,7 +291,7 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         max_position_embeddings=int(c.max_position_embeddings),
         tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         attention_bias=spec.attention_bias if bias is None else bool(bias),
-        qk_norm=spec.qk_norm, sliding_window=int(window) if window else None,
+        qk_norm=spec.qk_norm, rope_interleaved=spec.rope_interleaved, sliding_window=int(window) if window else None,
         **_moe_fields(c),
         **_extra_fields(c),
         num_labels=_num_labels(hf, c),
