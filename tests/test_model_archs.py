@@ -58,16 +58,18 @@ PHI4 = dict(partial_rotary_factor=0.5, max_position_embeddings=512, original_max
                           "long_factor": [3.0, 5.0, 9.0, 17.0]})
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "phi4", "granite", "smollm3", "ernie4_5"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "phi4", "granite", "smollm3", "ernie4_5", "glm"])
 def checkpoint(request, tmp_path_factory, tokenizer):
     """(arch, HF folder, transformers' greedy tokens for every prompt)."""
     folder = tmp_path_factory.mktemp(request.param)
     # ERNIE 4.5: RoPE over (2i, 2i + 1) pairs; its config's head_dim would be 128
-    extra = {"granite": GRANITE, "smollm3": SMOLLM3, "phi4": PHI4, "ernie4_5": {"head_dim": 16}}.get(request.param, {})
+    # GLM: q/k/v biases, RoPE over half of each head in interleaved pairs
+    extra = {"granite": GRANITE, "smollm3": SMOLLM3, "phi4": PHI4, "ernie4_5": {"head_dim": 16},
+             "glm": {"head_dim": 16}}.get(request.param, {})
     model = tiny_model("phi3" if request.param == "phi4" else request.param, seed=3, **extra).eval()
     if request.param == "smollm3":
         assert model.config.no_rope_layers == [1, 0]
-    if request.param in ("smollm3", "phi4", "ernie4_5"):
+    if request.param in ("smollm3", "phi4", "ernie4_5", "glm"):
         _sharpen(model)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -201,6 +203,23 @@ def test_olmo2_greedy_equals_transformers(tmp_path, tokenizer, backend):
         assert _run(llm, PROMPTS) == want
         _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
         assert _run(llm, PROMPTS) == want
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_glm4_sandwich_norms_equal_transformers(tmp_path, tokenizer, backend):
+    """GLM-4-0414: GLM's interleaved half-width RoPE and q/k/v biases, plus a norm after each
+    sublayer's output as well as before it; op by op on the CPU, alone, batched and in chunks."""
+    model = tiny_model("glm4", seed=6, head_dim=16).eval()
+    _sharpen(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    want = [_hf_greedy(model, p) for p in PROMPTS]
+    llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+              max_num_seqs=16, max_num_batched_tokens=256)
+    assert llm.llm_engine.arch.rotary_dim == 8 and llm.llm_engine.runner.model.layer_loop is None
+    assert _run(llm, PROMPTS) == want
+    _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+    assert _run(llm, PROMPTS) == want
 
 
 def test_granite_gguf_greedy_equals_transformers(tmp_path):

@@ -30,6 +30,8 @@ CONFIG_CLASSES = {
     "smollm3": transformers.SmolLM3Config,
     "olmo2": transformers.Olmo2Config,
     "ernie4_5": transformers.Ernie4_5Config,
+    "glm": transformers.GlmConfig,
+    "glm4": transformers.Glm4Config,
 }
 
 
