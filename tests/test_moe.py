@@ -1,5 +1,5 @@
 """Mixture-of-experts: the routing and grouped experts against a per-token loop, and
-Mixtral, Qwen3-MoE and OLMoE from HF folders: greedy float32 tokens equal
+Mixtral, Qwen3-MoE, OLMoE and Granite MoE from HF folders: greedy float32 tokens equal
 transformers' on tiny random-weight checkpoints, alone, batched, in tiny chunks,
 under preemption and prefix-cached, on the CPU fast path and the torch reference;
 and from GGUF files written from the same checkpoints as llama.cpp's converter does."""
@@ -26,6 +26,10 @@ CONFIGS = {
     "qwen3_moe": (transformers.Qwen3MoeConfig, dict(num_experts=8, moe_intermediate_size=48, norm_topk_prob=True,
                                                     decoder_sparse_step=1, mlp_only_layers=[1])),
     "olmoe": (transformers.OlmoeConfig, dict(num_experts=8, norm_topk_prob=False, clip_qkv=3.0)),
+    # Granite's four scalars far from 1 (as test_model_archs' dense Granite), experts stacked in the checkpoint
+    "granitemoe": (transformers.GraniteMoeConfig, dict(num_local_experts=8, embedding_multiplier=6.0,
+                                                       residual_multiplier=0.3, attention_multiplier=0.4,
+                                                       logits_scaling=4.0)),
 }
 
 
@@ -46,7 +50,7 @@ def tiny_moe(arch: str, seed: int = 0) -> transformers.PreTrainedModel:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
-            elif name.endswith("gate.weight"):  # a router that prefers some experts, not near-uniform
+            elif name.endswith(("gate.weight", "router.layer.weight")):  # a router that prefers some experts
                 p.normal_(0.0, 0.5)
     return model.eval()
 
@@ -146,7 +150,7 @@ def test_greedy_equals_transformers(checkpoint, backend):
     llm = LLM(model=folder, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
               max_num_seqs=16, max_num_batched_tokens=256)
     model = llm.llm_engine.runner.model
-    moe = model.layers[0].block_sparse_moe if arch == "mixtral" else model.layers[0].mlp
+    moe = model.layers[0].block_sparse_moe if arch in ("mixtral", "granitemoe") else model.layers[0].mlp
     fast = backend == "auto" and packed_linear_class(torch.float32) is not None
     assert (moe.experts.packed is not None) == fast  # experts on the packed CPU GEMM on the fast path
     assert isinstance(model.layers[0].self_attn.o_proj, packed_linear_class(torch.float32) if fast else torch.nn.Linear)
@@ -187,7 +191,7 @@ def test_olmoe_refuses_tensor_parallel(checkpoint):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checkpoint", list(CONFIGS), indirect=True)
+@pytest.mark.parametrize("checkpoint", list(GGUF_ARCHS), indirect=True)
 def test_gguf_greedy_equals_transformers(checkpoint, tmp_path, monkeypatch):
     """A GGUF file as llama.cpp's converter writes it (the router as ffn_gate_inp, each projection
     of every expert stacked in one tensor, Mixtral under "llama" with Q/K permuted, the expert

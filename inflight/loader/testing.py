@@ -32,6 +32,7 @@ CONFIG_CLASSES = {
     "ernie4_5": transformers.Ernie4_5Config,
     "glm": transformers.GlmConfig,
     "glm4": transformers.Glm4Config,
+    "granitemoe": transformers.GraniteMoeConfig,
 }
 
 

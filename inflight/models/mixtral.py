@@ -80,6 +80,8 @@ class MixtralForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches: list, md: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if self.cfg.embedding_multiplier != 1.0:  # Granite MoE
+            x = x * self.cfg.embedding_multiplier
         rope = self.rope.lookup(positions, x.dtype)
         residual = None
         for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
