@@ -14,11 +14,9 @@ beams for the same prompt are compared (equal texts, best first).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,10 +26,11 @@ sys.path.insert(0, HERE)
 import httpx  # noqa: E402
 
 from compare import apply_isa_cap  # noqa: E402
-from embeddings import make_inputs, median_of, sitting_parser, sitting_summary, start_servers  # noqa: E402
-from servers import SERVED_NAME, cpu_facts  # noqa: E402
+from embeddings import (alternating_rounds, make_inputs, medians_into, sitting_parser,  # noqa: E402
+                        sitting_summary)
+from servers import SERVED_NAME  # noqa: E402
 
-from inflight.bench.common import json_safe, machine_info  # noqa: E402
+from inflight.bench.common import json_safe  # noqa: E402
 
 
 async def run_once(url: str, prompts: list[str], width: int, max_tokens: int, ignore_eos: bool) -> dict:
@@ -78,24 +77,12 @@ def parse_args():
 
 def main() -> int:
     args = parse_args()
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
-                     "machine": machine_info(), "vllm_dtype": args.vllm_dtype, "systems": {}, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
-        os.makedirs(log_dir, exist_ok=True)
-        rounds = [make_inputs(args.num_requests, (16, 64), 3000 + rnd, tmp) for rnd in range(args.repeats)]
-        urls = start_servers(args, log_dir, stack, results)
-        runs: dict = {s: [] for s in args.systems}
-        for rnd, prompts in enumerate(rounds):
-            for system in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
-                r = asyncio.run(run_once(urls[system], prompts, args.beam_width, args.max_tokens, args.ignore_eos))
-                runs[system].append(r)
-                print(f"[{system}] round {rnd}: {r['searches_per_s']:.2f} searches/s, "
-                      f"{r['output_tokens_per_s']:.0f} out tok/s, p50 {r['latency_p50_s']:.2f} s, "
-                      f"p99 {r['latency_p99_s']:.2f} s", file=sys.stderr, flush=True)
-    for s in args.systems:
-        plain = [{k: v for k, v in r.items() if k != "beams"} for r in runs[s]]
-        results["runs"][s] = {"median": median_of(plain), "runs": plain}
+    results, runs = alternating_rounds(
+        args, lambda tmp: [make_inputs(args.num_requests, (16, 64), 3000 + rnd, tmp) for rnd in range(args.repeats)],
+        lambda url, prompts: run_once(url, prompts, args.beam_width, args.max_tokens, args.ignore_eos),
+        lambda r: (f"{r['searches_per_s']:.2f} searches/s, {r['output_tokens_per_s']:.0f} out tok/s, "
+                   f"p50 {r['latency_p50_s']:.2f} s, p99 {r['latency_p99_s']:.2f} s"))
+    medians_into(results, runs, "beams")
     if len(args.systems) == 2:
         a, b = (runs[s] for s in args.systems)
         pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra["beams"], rb["beams"])]

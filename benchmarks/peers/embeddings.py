@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -145,6 +146,35 @@ def start_servers(args: argparse.Namespace, log_dir: str, stack: contextlib.Exit
         results["systems"][system] = rec
     time.sleep(args.idle_after_start)
     return urls
+
+
+def alternating_rounds(args: argparse.Namespace, make_rounds: Callable[[str], list],
+                       run: Callable[[str, Any], dict], line: Callable[[dict], str]) -> tuple[dict, dict]:
+    """A sitting of one workload (rerank.py's, beam_search.py's): every system's server up for
+    the whole of it, each round's inputs (``make_rounds(tmp)``: one entry a round) run on every
+    system, the order reversed every round, a line each on stderr. Returns the results' header
+    and each system's runs."""
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
+                     "machine": machine_info(), "vllm_dtype": args.vllm_dtype, "systems": {}, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
+        os.makedirs(log_dir, exist_ok=True)
+        rounds = make_rounds(tmp)
+        urls = start_servers(args, log_dir, stack, results)
+        runs: dict = {s: [] for s in args.systems}
+        for rnd, inputs in enumerate(rounds):
+            for system in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
+                r = asyncio.run(run(urls[system], inputs))
+                runs[system].append(r)
+                print(f"[{system}] round {rnd}: {line(r)}", file=sys.stderr, flush=True)
+    return results, runs
+
+
+def medians_into(results: dict, runs: dict, drop: str) -> None:
+    """Each system's runs (without the ``drop`` field) and their medians into ``results``."""
+    for system, rs in runs.items():
+        plain = [{k: v for k, v in r.items() if k != drop} for r in rs]
+        results["runs"][system] = {"median": median_of(plain), "runs": plain}
 
 
 def parse_args() -> argparse.Namespace:

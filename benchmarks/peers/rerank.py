@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,12 +25,12 @@ sys.path.insert(0, HERE)
 
 import httpx  # noqa: E402
 
-from embeddings import (make_inputs, median_of, sitting_args, sitting_parser, sitting_summary,  # noqa: E402
-                        start_servers)
+from embeddings import (alternating_rounds, make_inputs, medians_into, sitting_args, sitting_parser,  # noqa: E402
+                        sitting_summary)
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
-from servers import SERVED_NAME, cpu_facts  # noqa: E402
+from servers import SERVED_NAME  # noqa: E402
 
-from inflight.bench.common import json_safe, machine_info  # noqa: E402
+from inflight.bench.common import json_safe  # noqa: E402
 
 
 def make_reranker(hf_folder: str, out: str) -> str:
@@ -92,28 +90,20 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
-                     "machine": machine_info(), "vllm_dtype": args.vllm_dtype, "systems": {}, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
-        os.makedirs(log_dir, exist_ok=True)
-        rounds = []
+
+    def make_rounds(tmp: str) -> list:
+        rounds, k = [], args.docs_per_request
         for rnd in range(args.repeats):
             queries = make_inputs(args.num_requests, (8, 32), 1000 + rnd, tmp)
-            docs = make_inputs(args.num_requests * args.docs_per_request, (64, args.max_doc_tokens), 2000 + rnd, tmp)
-            k = args.docs_per_request
+            docs = make_inputs(args.num_requests * k, (64, args.max_doc_tokens), 2000 + rnd, tmp)
             rounds.append([{"query": q, "documents": docs[i * k:(i + 1) * k]} for i, q in enumerate(queries)])
-        urls = start_servers(args, log_dir, stack, results)
-        runs: dict = {s: [] for s in args.systems}
-        for rnd, reqs in enumerate(rounds):
-            for system in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
-                r = asyncio.run(run_once(urls[system], reqs))
-                runs[system].append(r)
-                print(f"[{system}] round {rnd}: {r['pairs_per_s']:.1f} pairs/s, {r['prompt_tokens_per_s']:.0f} tok/s, "
-                      f"p50 {r['latency_p50_s']:.2f} s, p99 {r['latency_p99_s']:.2f} s", file=sys.stderr, flush=True)
-    for s in args.systems:
-        plain = [{k: v for k, v in r.items() if k != "scores"} for r in runs[s]]
-        results["runs"][s] = {"median": median_of(plain), "runs": plain}
+        return rounds
+
+    results, runs = alternating_rounds(
+        args, make_rounds, run_once,
+        lambda r: (f"{r['pairs_per_s']:.1f} pairs/s, {r['prompt_tokens_per_s']:.0f} tok/s, "
+                   f"p50 {r['latency_p50_s']:.2f} s, p99 {r['latency_p99_s']:.2f} s"))
+    medians_into(results, runs, "scores")
     if len(args.systems) == 2:
         a, b = (runs[s] for s in args.systems)
         results["max_score_difference"] = max(abs(x[d] - y[d]) for ra, rb in zip(a, b)
