@@ -14,7 +14,6 @@ beams for the same prompt are compared (equal texts, best first).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import time
@@ -26,11 +25,9 @@ sys.path.insert(0, HERE)
 import httpx  # noqa: E402
 
 from compare import apply_isa_cap  # noqa: E402
-from embeddings import (alternating_rounds, make_inputs, medians_into, sitting_parser,  # noqa: E402
+from embeddings import (alternating_rounds, make_inputs, medians_into, report, sitting_parser,  # noqa: E402
                         sitting_summary)
 from servers import SERVED_NAME  # noqa: E402
-
-from inflight.bench.common import json_safe  # noqa: E402
 
 
 async def run_once(url: str, prompts: list[str], width: int, max_tokens: int, ignore_eos: bool) -> dict:
@@ -90,12 +87,7 @@ def main() -> int:
         results["same_beams"] = sum(x == y for x, y in pairs) / len(pairs)
         results["ratio_searches_per_s"] = (results["runs"]["inflight"]["median"]["searches_per_s"]
                                            / results["runs"]["vllm"]["median"]["searches_per_s"])
-    print(json.dumps({k: results[k] for k in ("runs", "same_best_beam", "same_beams", "ratio_searches_per_s")
-                      if k in results}, indent=1, default=str)[:3000])
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(json_safe(results), f, indent=1, allow_nan=False)
-    return 0
+    return report(results, args.out, ("runs", "same_best_beam", "same_beams", "ratio_searches_per_s"))
 
 
 if __name__ == "__main__":

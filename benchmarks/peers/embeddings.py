@@ -177,6 +177,15 @@ def medians_into(results: dict, runs: dict, drop: str) -> None:
         results["runs"][system] = {"median": median_of(plain), "runs": plain}
 
 
+def report(results: dict, out: str | None, keys: tuple[str, ...]) -> int:
+    """Print ``keys`` of ``results`` and write it all to ``out`` (if given); 0."""
+    print(json.dumps({k: results[k] for k in keys if k in results}, indent=1, default=str)[:3000])
+    if out:
+        with open(out, "w") as f:
+            json.dump(json_safe(results), f, indent=1, allow_nan=False)
+    return 0
+
+
 def parse_args() -> argparse.Namespace:
     ap = sitting_parser(__doc__)
     ap.add_argument("--num-docs", type=int, default=256)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -25,12 +24,10 @@ sys.path.insert(0, HERE)
 
 import httpx  # noqa: E402
 
-from embeddings import (alternating_rounds, make_inputs, medians_into, sitting_args, sitting_parser,  # noqa: E402
-                        sitting_summary)
+from embeddings import (alternating_rounds, make_inputs, medians_into, report, sitting_args,  # noqa: E402
+                        sitting_parser, sitting_summary)
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
 from servers import SERVED_NAME  # noqa: E402
-
-from inflight.bench.common import json_safe  # noqa: E402
 
 
 def make_reranker(hf_folder: str, out: str) -> str:
@@ -110,12 +107,7 @@ def main() -> int:
                                               for x, y in zip(ra["scores"], rb["scores"]) for d in x)
         results["ratio_pairs_per_s"] = (results["runs"]["inflight"]["median"]["pairs_per_s"]
                                         / results["runs"]["vllm"]["median"]["pairs_per_s"])
-    print(json.dumps({k: results[k] for k in ("runs", "max_score_difference", "ratio_pairs_per_s") if k in results},
-                     indent=1, default=str)[:3000])
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(json_safe(results), f, indent=1, allow_nan=False)
-    return 0
+    return report(results, args.out, ("runs", "max_score_difference", "ratio_pairs_per_s"))
 
 
 if __name__ == "__main__":
