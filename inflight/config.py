@@ -33,6 +33,9 @@ class ModelConfig:
     runner: str = "auto"  # auto | generate | pooling
     convert: str = "auto"  # auto | none | embed
     pooler_config: Optional[Union[str, dict, PoolerConfig]] = None  # JSON text, dict or PoolerConfig
+    # vLLM's: JSON text or a dict set over the folder's config.json (e.g. a causal LM read as a
+    # classifier: {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": [...]})
+    hf_overrides: Optional[Union[str, dict]] = None
 
 
 @dataclass

@@ -4,6 +4,8 @@ probabilities equal transformers' on a tiny random model, offline (``LLM.classif
 ``/rerank``; each endpoint refuses a model of the other kind with a 404."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 import torch
@@ -133,3 +135,51 @@ def test_other_llama_shaped_classifiers(folders, tmp_path, arch):
     for p, o in zip(PROMPTS, llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)):
         torch.testing.assert_close(torch.tensor(o.outputs.probs), torch.softmax(_logits(model, p), -1),
                                    atol=2e-5, rtol=1e-4)
+
+
+# Qwen3-Reranker's recipe in vLLM: the causal LM read as a classifier from two of its tokens
+RERANKER = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["n", "y"],
+            "is_original_qwen3_reranker": True}
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_causal_lm_as_a_reranker_from_two_tokens(tmp_path, folders, tie):
+    """hf_overrides with classifier_from_token (Qwen3-Reranker's form): a pair's score is the
+    softmax of the causal LM's own "n" and "y" logits at the last token, taken "y"; the head
+    is read from the lm_head, or from the embedding where the two are tied."""
+    _, tok, _ = folders
+    model = tiny_model("qwen3", seed=4, tie=tie).eval()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    no, yes = tok.convert_tokens_to_ids(["n", "y"])
+    llm = LLM(str(tmp_path), hf_overrides=RERANKER, **SMALL)
+    assert llm.llm_engine.pooler_config.task == "classify" and len(llm.llm_engine.pooler_config.labels) == 1
+    query, docs = "the cat sat", ["a cat sat down", "stock prices fell", "cats"]
+    with torch.no_grad():
+        want = [torch.softmax(model(torch.tensor([tok(query, text_pair=d).input_ids])).logits[0, -1, [no, yes]],
+                              -1)[1].item() for d in docs]
+    assert [s.outputs.score for s in llm.score(query, docs, use_tqdm=False)] == pytest.approx(want, abs=1e-5)
+
+
+def test_causal_lm_as_a_classifier_of_its_tokens(tmp_path, folders):
+    """method no_post_processing: one label per token, the probabilities the softmax of
+    those tokens' logits; bad settings are refused by name."""
+    _, tok, _ = folders
+    model = tiny_model("llama", seed=5).eval()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    tokens = ["a", "b", "c"]
+    overrides = {"architectures": ["LlamaForSequenceClassification"], "classifier_from_token": tokens,
+                 "method": "no_post_processing"}
+    llm = LLM(str(tmp_path), hf_overrides=json.dumps(overrides), **SMALL)
+    ids = tok.convert_tokens_to_ids(tokens)
+    for p, o in zip(PROMPTS, llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)):
+        with torch.no_grad():
+            want = torch.softmax(model(torch.tensor([p])).logits[0, -1, ids], -1)
+        torch.testing.assert_close(torch.tensor(o.outputs.probs), want, atol=2e-5, rtol=1e-4)
+    for bad, match in (({**overrides, "architectures": ["LlamaForCausalLM"]}, "ForSequenceClassification"),
+                       ({**overrides, "method": "from_2_way_softmax"}, "two tokens"),
+                       ({**overrides, "classifier_from_token": ["a", "not-a-token"]}, "not-a-token"),
+                       ({**overrides, "method": "sideways"}, "method must be")):
+        with pytest.raises(Exception, match=match):
+            LLM(str(tmp_path), hf_overrides=bad, **SMALL)

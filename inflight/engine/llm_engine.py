@@ -55,7 +55,8 @@ class LLMEngine:
 
         self.config = config
         t0 = time.time()
-        loaded = load_model(config.model_config.model, quantization=config.model_config.quantization)
+        loaded = load_model(config.model_config.model, quantization=config.model_config.quantization,
+                            hf_overrides=config.model_config.hf_overrides)
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = tuple(loaded.eos_token_ids)
         self.model_source = loaded.source

@@ -22,6 +22,9 @@ _HELP = {
                      "normalized)",
     "quantization": "the checkpoint's quantization method: gptq | awq | fp8 | compressed-tensors (default: "
                     "read from its config.json; its layers are dequantized into --dtype as they load)",
+    "hf_overrides": 'JSON set over the folder\'s config.json (vLLM\'s), e.g. \'{"architectures": '
+                    '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+                    '"is_original_qwen3_reranker": true}\' to serve Qwen3-Reranker as a reranker',
     "max_model_len": "longest prompt + output in tokens (default: the model's)",
     "kv_cache_memory": "bytes for the KV pool on CPU (default 2 GiB)",
     "max_num_seqs": "most requests running at once (default: the platform's; CPU 256, CUDA 256)",

@@ -72,8 +72,8 @@ class Worker:
         from inflight.loader import load_model
         from inflight.worker.builder import build_runner
 
-        loaded = load_model(self.config.model_config.model,
-                            quantization=self.config.model_config.quantization)
+        loaded = load_model(self.config.model_config.model, quantization=self.config.model_config.quantization,
+                            hf_overrides=self.config.model_config.hf_overrides)
         built = build_runner(self.config, loaded.hf_config, loaded.weights)
         self.runner = built.runner
         return replace(built, runner=None)

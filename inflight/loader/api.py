@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ from .config import merge_eos_ids
 from .gguf_file import gguf_hf_config, gguf_weights, open_gguf
 from .hf import generation_eos, hf_config, hf_weights
 from .quant import dequantized
+from .seq_cls import ScoreFromTokens, token_ids
 from .tokenizer import tokenizer_from_folder, tokenizer_from_gguf
 from .stream import SafetensorsSource, WeightSource
 from .types import LoadedModel, ModelLoadError
@@ -53,7 +55,7 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
 
 
 def load_model(model: str | None = None, *, cache_dir: str | None = None,
-               quantization: str | None = None) -> LoadedModel:
+               quantization: str | None = None, hf_overrides: dict | str | None = None) -> LoadedModel:
     """Load config, weights and tokenizer from a GGUF file or an HF folder.
 
     The weights are a ``WeightSource``: names and shapes are read (and checked
@@ -65,11 +67,15 @@ def load_model(model: str | None = None, *, cache_dir: str | None = None,
     cached under ``cache_dir`` (default ``$INFLIGHT_CACHE_DIR`` or
     ``~/.cache/inflight``) because dequantizing is slow. A folder's GPTQ, AWQ, FP8 or
     compressed-tensors layers are dequantized as they load (loader/quant); ``quantization``
-    (vLLM's flag), if given, must name the checkpoint's method. Raises ModelLoadError.
+    (vLLM's flag), if given, must name the checkpoint's method. ``hf_overrides`` (vLLM's: a
+    dict or JSON text) is set over a folder's config.json. Raises ModelLoadError.
     """
     path = resolve_model_path(model)
+    overrides = overrides_dict(hf_overrides)
     if os.path.isdir(path):
-        return _load_folder(path, quantization)
+        return _load_folder(path, quantization, overrides)
+    if overrides:
+        raise ModelLoadError(f"hf_overrides applies to an HF folder's config.json; {path} is a GGUF file")
     if quantization not in (None, "gguf"):
         raise ModelLoadError(f"quantization={quantization!r} does not fit {path}, a GGUF file")
     return _load_gguf(path, cache_dir)
@@ -102,10 +108,26 @@ def _gguf_tokenizer(path: str) -> "PreTrainedTokenizerBase":
     return tokenizer_from_gguf(path, chat_template=template_from_metadata)
 
 
-def _load_folder(folder: str, quantization: str | None) -> LoadedModel:
-    config = hf_config(folder)
-    weights = check_weights(dequantized(hf_weights(folder), config, folder, quantization), config, folder)
+def overrides_dict(value: dict | str | None) -> dict | None:
+    """``hf_overrides`` as a dict (JSON text is parsed); ModelLoadError for anything else."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ModelLoadError(f"hf_overrides is not valid JSON: {exc}") from None
+    if value is not None and not isinstance(value, dict):
+        raise ModelLoadError(f"hf_overrides must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _load_folder(folder: str, quantization: str | None, overrides: dict | None = None) -> LoadedModel:
+    config = hf_config(folder, overrides)
     tokenizer = tokenizer_from_folder(folder)
+    weights = dequantized(hf_weights(folder), config, folder, quantization)
+    if config.get("classifier_method"):  # a causal LM's token rows as a classifier's head (seq_cls.py)
+        ids = token_ids(tokenizer, config["classifier_from_token"], folder)
+        weights = ScoreFromTokens(weights, ids, config["classifier_method"])
+    weights = check_weights(weights, config, folder)
     eos = merge_eos_ids(config["eos_token_id"], generation_eos(folder), tokenizer.eos_token_id)
     return LoadedModel(config, weights, tokenizer, folder, eos)
 

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from .config import normalize_hf_config
+from .seq_cls import apply_overrides, classifier_settings
 from .stream import SafetensorsSource, read_safetensors_header
 from .types import ModelLoadError
 
@@ -25,12 +26,12 @@ def _read_json(path: str) -> dict[str, Any]:
     return data
 
 
-def hf_config(folder: str) -> dict[str, Any]:
-    """Read and normalise ``folder/config.json``."""
+def hf_config(folder: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Read and normalise ``folder/config.json``, with vLLM's ``hf_overrides`` set over it."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise ModelLoadError(f"{folder} has no config.json; expected an HF model folder or a .gguf file")
-    return normalize_hf_config(_read_json(path), folder)
+    return normalize_hf_config(classifier_settings(apply_overrides(_read_json(path), overrides), folder), folder)
 
 
 def generation_eos(folder: str) -> int | list[int] | None:
