@@ -222,6 +222,29 @@ def test_glm4_sandwich_norms_equal_transformers(tmp_path, tokenizer, backend):
     assert _run(llm, PROMPTS) == want
 
 
+@pytest.mark.parametrize("window", [None, 8])
+def test_exaone4_equals_transformers(tmp_path, tokenizer, window):
+    """EXAONE 4.0: OLMo 2's post-sublayer norms with per-head q/k norms; with a sliding window
+    (8 tokens, far shorter than the prompts), windowed and global layers alternate and the
+    global ones have no positions. Both backends, batched and in chunks."""
+    extra = {"sliding_window": window, "sliding_window_pattern": 2} if window else {"sliding_window": None,
+                                                                                 "layer_types": [FULL, FULL]}
+    model = tiny_model("exaone4", seed=6, **extra).eval()
+    _sharpen(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    want = [_hf_greedy(model, p) for p in PROMPTS]
+    for backend in ("auto", "torch"):
+        llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+                  max_num_seqs=16, max_num_batched_tokens=256)
+        arch = llm.llm_engine.arch
+        assert arch.no_rope_layers == ([1, 0] if window else None)
+        assert [ly.self_attn.sliding_window for ly in llm.llm_engine.runner.model.layers] == [window, None]
+        assert _run(llm, PROMPTS) == want
+        _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+        assert _run(llm, PROMPTS) == want
+
+
 def test_granite_gguf_greedy_equals_transformers(tmp_path):
     """A Granite GGUF as llama.cpp's converter writes it (Q/K rows permuted, the four scalars
     as granite.embedding_scale, residual_scale, attention.scale and logit_scale)."""

@@ -47,7 +47,10 @@ def normalize_hf_config(raw: dict[str, Any], source: str) -> dict[str, Any]:
         arch = parse_hf_config(cfg)
     except (ValueError, TypeError) as exc:
         raise ModelLoadError(f"config of {source}: {exc}") from exc
-    cfg.update({k: v for k, v in asdict(arch).items() if k != "architecture"})
+    parsed = {k: v for k, v in asdict(arch).items() if k != "architecture"}
+    if parsed["layer_types"] is None:  # every layer alike: the file's own list (if any) says so too, and
+        parsed.pop("layer_types")      # some config classes cannot derive one again (EXAONE 4 without a window)
+    cfg.update(parsed)
     archs = raw.get("architectures") or []
     if spec.is_encoder_only or archs and headless_spec(archs[0] if isinstance(archs, list) else archs) is spec:
         # no logits head in the checkpoint: nothing to tie or load; it serves embeddings only

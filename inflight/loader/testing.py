@@ -33,6 +33,7 @@ CONFIG_CLASSES = {
     "glm": transformers.GlmConfig,
     "glm4": transformers.Glm4Config,
     "granitemoe": transformers.GraniteMoeConfig,
+    "exaone4": transformers.Exaone4Config,
 }
 
 

@@ -18,9 +18,11 @@ from inflight.models.registry import LLAMA_GGUF_TENSORS, ArchSpec, ModelArchConf
 class Olmo2DecoderLayer(nn.Module):
     """x + norm(attention(x)), then + norm(mlp(.)): the norms see the sublayers' outputs."""
 
+    attention: type[nn.Module] = OlmoeAttention  # q/k norms over the whole projection
+
     def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, layer: int) -> None:
         super().__init__()
-        self.self_attn = OlmoeAttention(cfg, backend, layer)
+        self.self_attn = self.attention(cfg, backend, layer)
         self.mlp = LlamaMLP(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -120,6 +120,8 @@ class ArchSpec:
     gguf_tensors: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF_TENSORS))
     gguf_permute_qk: bool = False  # llama.cpp's converter reorders Q/K rows for this type
     check_config: Optional[Callable[[Any], None]] = None  # raises ValueError for unsupported features
+    # ModelArchConfig fields only this type derives from transformers' config object (EXAONE 4's NoPE layers)
+    config_fields: Optional[Callable[[Any], dict[str, Any]]] = None
     # HF config keys from a GGUF file's metadata beyond the common ones; ``meta(key)`` reads ``<gguf_arch>.<key>``
     gguf_config: Optional[Callable[[Callable[[str], Any]], dict[str, Any]]] = None
     gguf_norm_offset: float = 0.0  # llama.cpp's converter stored every norm weight plus this (Gemma: 1)
@@ -293,7 +295,7 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
         attention_bias=spec.attention_bias if bias is None else bool(bias),
         qk_norm=spec.qk_norm, rope_interleaved=spec.rope_interleaved, sliding_window=int(window) if window else None,
         **_moe_fields(c),
-        **_extra_fields(c),
+        **{**_extra_fields(c), **(spec.config_fields(c) if spec.config_fields else {})},
         num_labels=_num_labels(hf, c),
         **(_encoder_fields(c, offset) if spec.is_encoder_only else {}),
     )
