@@ -1,5 +1,5 @@
 """Mixture-of-experts: the routing and grouped experts against a per-token loop, and
-Mixtral, Qwen3-MoE, OLMoE and Granite MoE from HF folders: greedy float32 tokens equal
+Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE and Granite MoE from HF folders: greedy float32 tokens equal
 transformers' on tiny random-weight checkpoints, alone, batched, in tiny chunks,
 under preemption and prefix-cached, on the CPU fast path and the torch reference;
 and from GGUF files written from the same checkpoints as llama.cpp's converter does."""
@@ -26,6 +26,10 @@ CONFIGS = {
     "qwen3_moe": (transformers.Qwen3MoeConfig, dict(num_experts=8, moe_intermediate_size=48, norm_topk_prob=True,
                                                     decoder_sparse_step=1, mlp_only_layers=[1])),
     "olmoe": (transformers.OlmoeConfig, dict(num_experts=8, norm_topk_prob=False, clip_qkv=3.0)),
+    # a shared expert every token takes (sigmoid-gated) beside the routed ones, q/k/v biases, a dense layer 1
+    "qwen2_moe": (transformers.Qwen2MoeConfig, dict(num_experts=8, moe_intermediate_size=48, norm_topk_prob=False,
+                                                    shared_expert_intermediate_size=96, decoder_sparse_step=1,
+                                                    mlp_only_layers=[1])),
     # Granite's four scalars far from 1 (as test_model_archs' dense Granite), experts stacked in the checkpoint
     "granitemoe": (transformers.GraniteMoeConfig, dict(num_local_experts=8, embedding_multiplier=6.0,
                                                        residual_multiplier=0.3, attention_multiplier=0.4,

@@ -34,6 +34,7 @@ CONFIG_CLASSES = {
     "glm4": transformers.Glm4Config,
     "granitemoe": transformers.GraniteMoeConfig,
     "exaone4": transformers.Exaone4Config,
+    "qwen2_moe": transformers.Qwen2MoeConfig,
 }
 
 

@@ -6,6 +6,7 @@ Llama-shaped stacks: on the CPU fast path these run op by op with packed linears
 packed experts."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -23,16 +24,24 @@ from inflight.structured_output.masks import GrammarBitmask
 
 
 class SparseMoeBlock(nn.Module):
-    """The router (``gate``) and the experts of one sparse layer."""
+    """The router (``gate``) and the experts of one sparse layer; with
+    ``shared_expert_intermediate_size`` (Qwen2-MoE) also a dense ``shared_expert`` every
+    token takes, weighted by the sigmoid of its own gate."""
 
     def __init__(self, cfg: ModelArchConfig) -> None:
         super().__init__()
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
                                 cfg.moe_intermediate_size, cfg.norm_topk_prob)
+        shared = cfg.shared_expert_intermediate_size
+        self.shared_expert = LlamaMLP(replace(cfg, intermediate_size=shared)) if shared else None
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.experts(x, self.gate(x))
+        out = self.experts(x, self.gate(x))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
 
 
 class MoeDecoderLayer(nn.Module):
@@ -109,7 +118,12 @@ class MixtralForCausalLM(nn.Module):
         too), in shard order. Under tensor parallelism the experts and the router stay
         whole on every rank: each rank computes the full MoE output."""
         rows = {"qkv_proj": self.layers[0].self_attn.qkv_proj.shard_rows()}
-        dense = [ly.mlp for ly in self.layers if isinstance(getattr(ly, "mlp", None), LlamaMLP)]
+        mlps = [getattr(ly, self.mlp_name) for ly in self.layers]
+        dense = [m for m in mlps if isinstance(m, LlamaMLP)]
+        dense += [m.shared_expert for m in mlps if getattr(m, "shared_expert", None) is not None]
+        sizes = {tuple(m.gate_up_proj.shard_rows()) for m in dense}
+        if len(sizes) > 1:  # NOTE: one fused name, one shard layout (weight_loading.plan_copies)
+            raise ValueError("dense MLPs and shared experts of different widths in one model are not supported")
         if dense:
             rows["gate_up_proj"] = dense[0].gate_up_proj.shard_rows()
         return rows

@@ -54,6 +54,7 @@ class ModelArchConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # a dense expert every token takes, gated (Qwen2-MoE); 0: none
     norm_topk_prob: bool = True  # renormalise each token's top-k routing weights to sum to 1
     # the layers whose MLP is sparse (a list: the config dict round-trips through JSON)
     moe_layers: list[int] = field(default_factory=list)
@@ -352,5 +353,6 @@ def _moe_fields(c: Any) -> dict[str, Any]:
     dense = set(getattr(c, "mlp_only_layers", None) or ())
     return {**out, "num_experts": experts, "num_experts_per_tok": int(c.num_experts_per_tok),
             "moe_intermediate_size": int(getattr(c, "moe_intermediate_size", None) or c.intermediate_size),
+            "shared_expert_intermediate_size": int(getattr(c, "shared_expert_intermediate_size", None) or 0),
             "norm_topk_prob": bool(getattr(c, "norm_topk_prob", True)),
             "moe_layers": [i for i in range(int(c.num_hidden_layers)) if i not in dense and (i + 1) % step == 0]}
