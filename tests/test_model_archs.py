@@ -245,6 +245,24 @@ def test_exaone4_equals_transformers(tmp_path, tokenizer, window):
         assert _run(llm, PROMPTS) == want
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_stablelm_equals_transformers(tmp_path, tokenizer, backend):
+    """StableLM 2: LayerNorms with biases, q/k/v biases, RoPE over a quarter of each head
+    (4 of 16 dims); op by op on the CPU, alone, batched and in chunks."""
+    model = tiny_model("stablelm", seed=6, use_qkv_bias=True, layer_norm_eps=1e-5).eval()
+    _sharpen(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    want = [_hf_greedy(model, p) for p in PROMPTS]
+    llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+              max_num_seqs=16, max_num_batched_tokens=256)
+    arch = llm.llm_engine.arch
+    assert arch.rotary_dim == 4 and arch.attention_bias and llm.llm_engine.runner.model.layer_loop is None
+    assert _run(llm, PROMPTS) == want
+    _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+    assert _run(llm, PROMPTS) == want
+
+
 def test_granite_gguf_greedy_equals_transformers(tmp_path):
     """A Granite GGUF as llama.cpp's converter writes it (Q/K rows permuted, the four scalars
     as granite.embedding_scale, residual_scale, attention.scale and logit_scale)."""

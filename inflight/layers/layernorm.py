@@ -1,4 +1,4 @@
-"""RMSNorm with the residual add fused in (vLLM's ``fused_add_rms_norm``)."""
+"""RMSNorm with the residual add fused in (vLLM's ``fused_add_rms_norm``), and LayerNorm with the same call."""
 from __future__ import annotations
 
 from typing import Optional
@@ -97,3 +97,21 @@ def _plain_norms(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> boo
     """Both norms are RMSNorms of qkv's dtype with one eps: what rmsnorm_heads_* computes."""
     return (type(q_norm) is RMSNorm and type(k_norm) is RMSNorm and q_norm.eps == k_norm.eps
             and q_norm.weight.dtype == qkv.dtype == k_norm.weight.dtype)
+
+
+class LayerNorm(CustomOp):
+    """LayerNorm with a bias (StableLM), computed in float32 and cast back; adds the
+    residual first when given one, with RMSNorm's (normed, sum) return."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward_native(self, x: torch.Tensor,
+                       residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        out = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps)
+        return out.to(x.dtype), x

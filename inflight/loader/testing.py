@@ -35,6 +35,7 @@ CONFIG_CLASSES = {
     "granitemoe": transformers.GraniteMoeConfig,
     "exaone4": transformers.Exaone4Config,
     "qwen2_moe": transformers.Qwen2MoeConfig,
+    "stablelm": transformers.StableLmConfig,
 }
 
 

@@ -282,7 +282,7 @@ def _parse_hf_config(hf: dict[str, Any]) -> ModelArchConfig:
     # positions past the padding id: the table's first rows are never a position
     offset = int(c.pad_token_id) + 1 if spec.positions_after_padding else 0
     window = getattr(c, "sliding_window", None) if getattr(c, "use_sliding_window", True) else None
-    bias = getattr(c, "attention_bias", None)
+    bias = getattr(c, "attention_bias", getattr(c, "use_qkv_bias", None))  # StableLM's name for it
     return ModelArchConfig(
         architecture=spec.architecture,
         hidden_size=int(c.hidden_size), intermediate_size=int(c.intermediate_size),
