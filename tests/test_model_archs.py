@@ -263,6 +263,34 @@ def test_stablelm_equals_transformers(tmp_path, tokenizer, backend):
     assert _run(llm, PROMPTS) == want
 
 
+@pytest.mark.parametrize("arch", ["cohere", "cohere2"])
+def test_cohere_equals_transformers(tmp_path, tokenizer, arch):
+    """Cohere: attention and MLP side by side from one LayerNorm without a bias, interleaved
+    RoPE, logits times logit_scale; Cohere2 also alternates an 8-token window with a global
+    layer that has no positions. Both backends, batched and in chunks."""
+    extra = {"logit_scale": 0.25}
+    if arch == "cohere2":
+        extra.update(sliding_window=WINDOW, layer_types=[SLIDING, FULL])
+    model = tiny_model(arch, seed=6, **extra).eval()
+    _sharpen(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    want = [_hf_greedy(model, p) for p in PROMPTS]
+    for backend in ("auto", "torch"):
+        llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+                  max_num_seqs=16, max_num_batched_tokens=256)
+        assert llm.llm_engine.arch.no_rope_layers == ([1, 0] if arch == "cohere2" else None)
+        assert _run(llm, PROMPTS) == want
+        # logit_scale changes no argmax: the first token's logprob shows it was applied
+        out = llm.generate(prompt_token_ids=[PROMPTS[2]], use_tqdm=False,
+                           sampling_params=SamplingParams(temperature=0.0, max_tokens=1, logprobs=0))[0].outputs[0]
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([PROMPTS[2]])).logits[0, -1].float(), -1)
+        assert out.logprobs[0][out.token_ids[0]].logprob == pytest.approx(lp[out.token_ids[0]].item(), abs=1e-4)
+        _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+        assert _run(llm, PROMPTS) == want
+
+
 def test_granite_gguf_greedy_equals_transformers(tmp_path):
     """A Granite GGUF as llama.cpp's converter writes it (Q/K rows permuted, the four scalars
     as granite.embedding_scale, residual_scale, attention.scale and logit_scale)."""

@@ -100,18 +100,19 @@ def _plain_norms(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> boo
 
 
 class LayerNorm(CustomOp):
-    """LayerNorm with a bias (StableLM), computed in float32 and cast back; adds the
-    residual first when given one, with RMSNorm's (normed, sum) return."""
+    """LayerNorm, with a bias (StableLM) or without (Cohere), computed in float32 and cast
+    back; adds the residual first when given one, with RMSNorm's (normed, sum) return."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         self.eps = eps
 
     def forward_native(self, x: torch.Tensor,
                        residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is not None:
             x = x + residual
-        out = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps)
+        bias = None if self.bias is None else self.bias.float()
+        out = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], self.weight.float(), bias, self.eps)
         return out.to(x.dtype), x

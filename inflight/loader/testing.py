@@ -36,6 +36,8 @@ CONFIG_CLASSES = {
     "exaone4": transformers.Exaone4Config,
     "qwen2_moe": transformers.Qwen2MoeConfig,
     "stablelm": transformers.StableLmConfig,
+    "cohere": transformers.CohereConfig,
+    "cohere2": transformers.Cohere2Config,
 }
 
 
