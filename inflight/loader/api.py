@@ -122,12 +122,13 @@ def overrides_dict(value: dict | str | None) -> dict | None:
 
 def _load_folder(folder: str, quantization: str | None, overrides: dict | None = None) -> LoadedModel:
     config = hf_config(folder, overrides)
-    tokenizer = tokenizer_from_folder(folder)
-    weights = dequantized(hf_weights(folder), config, folder, quantization)
+    weights, tokenizer = dequantized(hf_weights(folder), config, folder, quantization), None
     if config.get("classifier_method"):  # a causal LM's token rows as a classifier's head (seq_cls.py)
+        tokenizer = tokenizer_from_folder(folder)
         ids = token_ids(tokenizer, config["classifier_from_token"], folder)
         weights = ScoreFromTokens(weights, ids, config["classifier_method"])
     weights = check_weights(weights, config, folder)
+    tokenizer = tokenizer or tokenizer_from_folder(folder)
     eos = merge_eos_ids(config["eos_token_id"], generation_eos(folder), tokenizer.eos_token_id)
     return LoadedModel(config, weights, tokenizer, folder, eos)
 
