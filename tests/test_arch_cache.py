@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from inflight.models import arch_cache, registry
-from inflight.models.registry import parse_hf_config
+from inflight.models import arch_cache, hf_config
+from inflight.models.hf_config import parse_hf_config
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -25,12 +25,12 @@ def cache(tmp_path, monkeypatch):
 def _no_parsing(monkeypatch):
     def refuse(hf):
         raise AssertionError("parsed although the memo holds this config")
-    monkeypatch.setattr(registry, "_parse_hf_config", refuse)
+    monkeypatch.setattr(hf_config, "_parse_hf_config", refuse)
 
 
 @pytest.mark.parametrize("hf", [LLAMA, MIXTRAL], ids=["llama-rope-scaling", "mixtral-moe"])
 def test_a_memoized_parse_is_the_parse(cache, monkeypatch, hf):
-    fresh = registry._parse_hf_config(hf)
+    fresh = hf_config._parse_hf_config(hf)
     assert parse_hf_config(hf) == fresh  # stored
     assert len(os.listdir(cache)) == 1
     _no_parsing(monkeypatch)
@@ -41,8 +41,8 @@ def test_a_memoized_parse_is_the_parse(cache, monkeypatch, hf):
 def test_another_config_or_other_code_parses_afresh(cache, monkeypatch):
     parse_hf_config(LLAMA)
     calls = []
-    real = registry._parse_hf_config
-    monkeypatch.setattr(registry, "_parse_hf_config", lambda hf: calls.append(hf) or real(hf))
+    real = hf_config._parse_hf_config
+    monkeypatch.setattr(hf_config, "_parse_hf_config", lambda hf: calls.append(hf) or real(hf))
     assert parse_hf_config({**LLAMA, "rms_norm_eps": 1e-6}).rms_norm_eps == 1e-6
     assert len(calls) == 1
     monkeypatch.setattr(arch_cache, "code_version", lambda: "an edited model file")

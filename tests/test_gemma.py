@@ -22,7 +22,7 @@ from inflight.core.kv_cache_manager import NULL_BLOCK, KVCacheManager
 from inflight.core.scheduler import Scheduler
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.loader.testing import TOKENS, write_tiny_gguf
-from inflight.models.registry import parse_hf_config, text_part
+from inflight.models.hf_config import parse_hf_config, text_part
 
 pytestmark = pytest.mark.slow
 

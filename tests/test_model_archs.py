@@ -17,7 +17,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.distributed.layers import RowParallelLinear
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.loader.testing import tiny_model, write_tiny_gguf
-from inflight.models.registry import _max_window_layer_types
+from inflight.models.hf_config import _max_window_layer_types
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from inflight.layers.rotary import RotaryEmbedding, rope_inv_freq
-from inflight.models.registry import parse_hf_config
+from inflight.models.hf_config import parse_hf_config
 
 MAX_POS = 256
 VARIANTS = {

@@ -5,7 +5,7 @@ writes ``rope_parameters`` and ``dtype``; v4 writes ``rope_theta``,
 ``rope_scaling`` and ``torch_dtype``) and by what they leave to defaults
 (``head_dim``, ``num_key_value_heads``, ``rms_norm_eps``), whose values differ by
 model type. GGUF metadata is translated into the same dict and passes through here
-too. The parsing itself is ``inflight.models.registry.parse_hf_config``'s, the one
+too. The parsing itself is ``inflight.models.hf_config.parse_hf_config``'s, the one
 parser: the dict carries its results.
 """
 
@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Iterable
 
-from inflight.models.registry import headless_spec, parse_hf_config, resolve_spec, text_part
+from inflight.models.hf_config import parse_hf_config, text_part
+from inflight.models.registry import headless_spec, resolve_spec
 
 from .types import ModelLoadError, unsupported_architecture
 

@@ -1,4 +1,4 @@
-"""An on-disk memo of the HF-config parser (``registry.parse_hf_config``).
+"""An on-disk memo of the HF-config parser (``hf_config.parse_hf_config``).
 
 The parser asks transformers' config class for the model type to fill in defaults,
 and importing that class pulls in ``torch.distributed.tensor`` and sympy on every
