@@ -17,6 +17,7 @@ from inflight.entrypoints.openai.serving_common import ServerState, add_engine_r
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 from inflight.sampling_params import BeamSearchParams, SamplingParams
 
+
 async def beam_search(state: ServerState, request_id: str, prompts: list[dict[str, Any]], params: SamplingParams,
                       req: Any) -> list[RequestOutput]:
     """Every prompt's search at once; one finished RequestOutput each, its outputs the
