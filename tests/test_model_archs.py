@@ -291,6 +291,29 @@ def test_cohere_equals_transformers(tmp_path, tokenizer, arch):
         assert _run(llm, PROMPTS) == want
 
 
+def test_olmo3_equals_transformers(tmp_path, tokenizer):
+    """OLMo 3: OLMo 2 with an 8-token window on every layer but the global one; the windowed
+    layers turn by plain RoPE, the global one by YaRN (the long-context models' form), two
+    tables. Both backends, batched and in chunks."""
+    model = tiny_model("olmo3", seed=6, sliding_window=WINDOW, layer_types=[SLIDING, FULL],
+                       rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}).eval()
+    _sharpen(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    want = [_hf_greedy(model, p) for p in PROMPTS]
+    for backend in ("auto", "torch"):
+        llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
+                  max_num_seqs=16, max_num_batched_tokens=256)
+        arch = llm.llm_engine.arch
+        assert arch.rope_scaling["rope_type"] == "yarn" and arch.layer_types == [SLIDING, FULL]
+        assert _run(llm, PROMPTS) == want
+        _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
+        assert _run(llm, PROMPTS) == want
+    write_tiny_gguf(str(tmp_path / "olmo3.gguf"), model, "olmo2")  # llama.cpp files OLMo 3 under olmo2
+    with pytest.raises(Exception, match="OLMo 3 GGUF"):
+        LLM(model=str(tmp_path / "olmo3.gguf"), dtype="float32", kv_cache_memory=16 << 20)
+
+
 def test_granite_gguf_greedy_equals_transformers(tmp_path):
     """A Granite GGUF as llama.cpp's converter writes it (Q/K rows permuted, the four scalars
     as granite.embedding_scale, residual_scale, attention.scale and logit_scale)."""

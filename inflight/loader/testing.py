@@ -38,6 +38,7 @@ CONFIG_CLASSES = {
     "stablelm": transformers.StableLmConfig,
     "cohere": transformers.CohereConfig,
     "cohere2": transformers.Cohere2Config,
+    "olmo3": transformers.Olmo3Config,
 }
 
 

@@ -1,14 +1,17 @@
-"""OLMo 2: the Llama-shaped decoder with its norms after the sublayers instead of before
-them (each attention and MLP output RMS-normalised before the residual add; no input
-norm), and q and k each RMS-normalised over the whole projection as OLMoE's are."""
+"""OLMo 2 and OLMo 3: the Llama-shaped decoder with its norms after the sublayers instead
+of before them (each attention and MLP output RMS-normalised before the residual add; no
+input norm), and q and k each RMS-normalised over the whole projection as OLMoE's are.
+OLMo 3 adds windowed layers with a RoPE table of their own."""
 from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import nn
 
 from inflight.attention.base import AttentionBackend
 from inflight.layers.layernorm import RMSNorm
+from inflight.models.gemma2 import GemmaRope
 from inflight.models.layer_plan import LayerPlan
 from inflight.models.llama import LlamaForCausalLM, LlamaMLP
 from inflight.models.olmoe import OlmoeAttention
@@ -48,10 +51,43 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
         return None
 
 
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    """OLMo 3 (7B, 32B): OLMo 2 with three windowed layers to each global one; the windowed
+    layers turn by plain RoPE, the global ones by the config's (YaRN in the long-context
+    models), as Gemma 3's two tables do."""
+
+    supports_tensor_parallel = False
+    supports_hybrid_kv = True
+    supports_classification = True
+
+    def __init__(self, cfg: ModelArchConfig, backend: AttentionBackend, max_positions: int) -> None:
+        super().__init__(cfg, backend, max_positions)
+        self.rope = GemmaRope(cfg, max_positions)
+
+    def forward(self, input_ids, positions, kv_caches: list, md) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        glob, local = self.rope.lookup(positions, x.dtype)
+        residual = None
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
+            rope = local if layer.self_attn.sliding_window else glob
+            x, residual = layer(x, residual, rope, kv, md.for_layer(i))
+        return self.norm(x, residual)[0]
+
+
+def _olmo2_gguf(meta) -> dict:
+    """llama.cpp files OLMo 3 under olmo2 too, with a window (every fourth layer global):
+    its layer types and second RoPE table are not read from GGUF."""
+    if meta("attention.sliding_window"):
+        raise ValueError("an OLMo 3 GGUF (olmo2 with a sliding window) is not supported; load its HF folder")
+    return {}
+
+
 ARCHITECTURES = (
-    ArchSpec("Olmo2ForCausalLM", "olmo2", Olmo2ForCausalLM, gguf_arch="olmo2",
+    ArchSpec("Olmo2ForCausalLM", "olmo2", Olmo2ForCausalLM, gguf_arch="olmo2", gguf_config=_olmo2_gguf,
              gguf_tensors={**{k: v for k, v in LLAMA_GGUF_TENSORS.items() if k not in ("attn_norm", "ffn_norm")},
                            "post_attention_norm": "post_attention_layernorm",
                            "post_ffw_norm": "post_feedforward_layernorm",
                            "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}),
+    ArchSpec("Olmo3ForCausalLM", "olmo3", Olmo3ForCausalLM),
 )
