@@ -25,6 +25,8 @@ MAX_TOKENS = 12
 SHARED = [7 + (5 * j) % 240 for j in range(40)]  # a prefix longer than two 16-token blocks
 PROMPTS = [[5 + (i * 7 + j * 13) % 250 for j in range(6 + 11 * i)] for i in range(5)]
 PROMPTS += [SHARED + [100, 101, 102], SHARED + [200, 201]]
+WINDOW = 8
+SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 @pytest.fixture(scope="module")
@@ -184,132 +186,66 @@ def test_phi4_long_context_turns_every_position_by_the_long_factors(tmp_path, to
     assert _run(llm, prompts) == [_hf_greedy(model, p) for p in prompts]
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_olmo2_greedy_equals_transformers(tmp_path, tokenizer, backend):
-    """OLMo 2's post-sublayer norms and whole-projection q/k norms, from an HF folder and
-    from a GGUF as llama.cpp writes it (no input norms; post_attention_norm, post_ffw_norm),
-    alone, batched and in chunks of 4 tokens; op by op (the C layer loop runs pre-norm stacks)."""
-    model = tiny_model("olmo2", seed=6).eval()
-    _sharpen(model)
-    model.save_pretrained(tmp_path / "hf")
-    tokenizer.save_pretrained(tmp_path / "hf")
-    write_tiny_gguf(str(tmp_path / "olmo2.gguf"), model, "olmo2")
-    want = [_hf_greedy(model, p) for p in PROMPTS]
-    for path in (str(tmp_path / "hf"), str(tmp_path / "olmo2.gguf")):
-        llm = LLM(model=path, dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-                  max_num_seqs=16, max_num_batched_tokens=256)
-        assert llm.llm_engine.runner.model.layer_loop is None
-        assert [_run(llm, [p])[0] for p in PROMPTS[:2]] == want[:2]
-        assert _run(llm, PROMPTS) == want
-        _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
-        assert _run(llm, PROMPTS) == want
+# Families that run op by op on the CPU (the C layer loop runs pre-norm RMSNorm stacks):
+# name -> (transformers' model type, config fields, what the parsed config must show)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+OP_BY_OP = {
+    # post-sublayer norms, whole-projection q/k norms
+    "olmo2": ("olmo2", {}, lambda a: a.qk_norm is False),
+    # plus windowed layers on plain RoPE and a global one on YaRN: two tables
+    "olmo3": ("olmo3", dict(sliding_window=WINDOW, layer_types=[SLIDING, FULL], rope_scaling=YARN),
+              lambda a: a.rope_scaling["rope_type"] == "yarn" and a.layer_types == [SLIDING, FULL]),
+    # post-sublayer norms over per-head q/k norms; the global layer of a windowed stack has no positions
+    "exaone4": ("exaone4", {"sliding_window": None, "layer_types": [FULL, FULL]}, lambda a: a.no_rope_layers is None),
+    "exaone4-window": ("exaone4", {"sliding_window": WINDOW, "sliding_window_pattern": 2},
+                       lambda a: a.no_rope_layers == [1, 0] and a.layer_types == [SLIDING, FULL]),
+    # GLM's interleaved half-width RoPE and q/k/v biases, plus a norm after each sublayer's output
+    "glm4": ("glm4", {"head_dim": 16}, lambda a: a.rotary_dim == 8 and a.rope_interleaved),
+    # LayerNorms with biases, q/k/v biases, RoPE over a quarter of each head
+    "stablelm": ("stablelm", {"use_qkv_bias": True}, lambda a: a.rotary_dim == 4 and a.attention_bias),
+    # a parallel block from one bias-free LayerNorm, interleaved RoPE, logits times logit_scale
+    "cohere": ("cohere", {"logit_scale": 0.25}, lambda a: a.no_rope_layers is None),
+    # plus a window and a global layer without positions
+    "cohere2": ("cohere2", {"logit_scale": 0.25, "sliding_window": WINDOW, "layer_types": [SLIDING, FULL]},
+                lambda a: a.no_rope_layers == [1, 0]),
+}
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_glm4_sandwich_norms_equal_transformers(tmp_path, tokenizer, backend):
-    """GLM-4-0414: GLM's interleaved half-width RoPE and q/k/v biases, plus a norm after each
-    sublayer's output as well as before it; op by op on the CPU, alone, batched and in chunks."""
-    model = tiny_model("glm4", seed=6, head_dim=16).eval()
-    _sharpen(model)
-    model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    want = [_hf_greedy(model, p) for p in PROMPTS]
-    llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-              max_num_seqs=16, max_num_batched_tokens=256)
-    assert llm.llm_engine.arch.rotary_dim == 8 and llm.llm_engine.runner.model.layer_loop is None
-    assert _run(llm, PROMPTS) == want
-    _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
-    assert _run(llm, PROMPTS) == want
-
-
-@pytest.mark.parametrize("window", [None, 8])
-def test_exaone4_equals_transformers(tmp_path, tokenizer, window):
-    """EXAONE 4.0: OLMo 2's post-sublayer norms with per-head q/k norms; with a sliding window
-    (8 tokens, far shorter than the prompts), windowed and global layers alternate and the
-    global ones have no positions. Both backends, batched and in chunks."""
-    extra = {"sliding_window": window, "sliding_window_pattern": 2} if window else {"sliding_window": None,
-                                                                                 "layer_types": [FULL, FULL]}
-    model = tiny_model("exaone4", seed=6, **extra).eval()
+@pytest.mark.parametrize("name", sorted(OP_BY_OP))
+def test_op_by_op_families_equal_transformers(tmp_path, tokenizer, name):
+    """Greedy tokens equal transformers' on both backends, batched and in chunks of 4 tokens,
+    and the first token's logprob too (a logit scale changes no argmax)."""
+    model_type, fields, parsed = OP_BY_OP[name]
+    model = tiny_model(model_type, seed=6, **fields).eval()
     _sharpen(model)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     want = [_hf_greedy(model, p) for p in PROMPTS]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([PROMPTS[2]])).logits[0, -1].float(), -1)
     for backend in ("auto", "torch"):
         llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
                   max_num_seqs=16, max_num_batched_tokens=256)
-        arch = llm.llm_engine.arch
-        assert arch.no_rope_layers == ([1, 0] if window else None)
-        assert [ly.self_attn.sliding_window for ly in llm.llm_engine.runner.model.layers] == [window, None]
+        assert parsed(llm.llm_engine.arch) and llm.llm_engine.runner.model.layer_loop is None
         assert _run(llm, PROMPTS) == want
-        _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
-        assert _run(llm, PROMPTS) == want
-
-
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_stablelm_equals_transformers(tmp_path, tokenizer, backend):
-    """StableLM 2: LayerNorms with biases, q/k/v biases, RoPE over a quarter of each head
-    (4 of 16 dims); op by op on the CPU, alone, batched and in chunks."""
-    model = tiny_model("stablelm", seed=6, use_qkv_bias=True, layer_norm_eps=1e-5).eval()
-    _sharpen(model)
-    model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    want = [_hf_greedy(model, p) for p in PROMPTS]
-    llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-              max_num_seqs=16, max_num_batched_tokens=256)
-    arch = llm.llm_engine.arch
-    assert arch.rotary_dim == 4 and arch.attention_bias and llm.llm_engine.runner.model.layer_loop is None
-    assert _run(llm, PROMPTS) == want
-    _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
-    assert _run(llm, PROMPTS) == want
-
-
-@pytest.mark.parametrize("arch", ["cohere", "cohere2"])
-def test_cohere_equals_transformers(tmp_path, tokenizer, arch):
-    """Cohere: attention and MLP side by side from one LayerNorm without a bias, interleaved
-    RoPE, logits times logit_scale; Cohere2 also alternates an 8-token window with a global
-    layer that has no positions. Both backends, batched and in chunks."""
-    extra = {"logit_scale": 0.25}
-    if arch == "cohere2":
-        extra.update(sliding_window=WINDOW, layer_types=[SLIDING, FULL])
-    model = tiny_model(arch, seed=6, **extra).eval()
-    _sharpen(model)
-    model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    want = [_hf_greedy(model, p) for p in PROMPTS]
-    for backend in ("auto", "torch"):
-        llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-                  max_num_seqs=16, max_num_batched_tokens=256)
-        assert llm.llm_engine.arch.no_rope_layers == ([1, 0] if arch == "cohere2" else None)
-        assert _run(llm, PROMPTS) == want
-        # logit_scale changes no argmax: the first token's logprob shows it was applied
         out = llm.generate(prompt_token_ids=[PROMPTS[2]], use_tqdm=False,
                            sampling_params=SamplingParams(temperature=0.0, max_tokens=1, logprobs=0))[0].outputs[0]
-        with torch.no_grad():
-            lp = torch.log_softmax(model(torch.tensor([PROMPTS[2]])).logits[0, -1].float(), -1)
         assert out.logprobs[0][out.token_ids[0]].logprob == pytest.approx(lp[out.token_ids[0]].item(), abs=1e-4)
         _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
         assert _run(llm, PROMPTS) == want
 
 
-def test_olmo3_equals_transformers(tmp_path, tokenizer):
-    """OLMo 3: OLMo 2 with an 8-token window on every layer but the global one; the windowed
-    layers turn by plain RoPE, the global one by YaRN (the long-context models' form), two
-    tables. Both backends, batched and in chunks."""
-    model = tiny_model("olmo3", seed=6, sliding_window=WINDOW, layer_types=[SLIDING, FULL],
-                       rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}).eval()
+def test_olmo2_gguf_and_olmo3_gguf(tmp_path):
+    """OLMo 2's GGUF as llama.cpp writes it (no input norms; post_attention_norm, post_ffw_norm)
+    equals transformers; llama.cpp files OLMo 3 under olmo2 with a window, which is refused."""
+    model = tiny_model("olmo2", seed=6).eval()
     _sharpen(model)
-    model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    want = [_hf_greedy(model, p) for p in PROMPTS]
-    for backend in ("auto", "torch"):
-        llm = LLM(model=str(tmp_path), dtype="float32", attention_backend=backend, kv_cache_memory=16 << 20,
-                  max_num_seqs=16, max_num_batched_tokens=256)
-        arch = llm.llm_engine.arch
-        assert arch.rope_scaling["rope_type"] == "yarn" and arch.layer_types == [SLIDING, FULL]
-        assert _run(llm, PROMPTS) == want
-        _scheduler(llm, {"long_prefill_token_threshold": 4, "max_num_batched_tokens": 8})
-        assert _run(llm, PROMPTS) == want
-    write_tiny_gguf(str(tmp_path / "olmo3.gguf"), model, "olmo2")  # llama.cpp files OLMo 3 under olmo2
+    write_tiny_gguf(str(tmp_path / "olmo2.gguf"), model, "olmo2")
+    llm = LLM(model=str(tmp_path / "olmo2.gguf"), dtype="float32", kv_cache_memory=16 << 20,
+              max_num_batched_tokens=256)
+    assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
+    olmo3 = tiny_model("olmo3", seed=6, sliding_window=WINDOW, layer_types=[SLIDING, FULL]).eval()
+    write_tiny_gguf(str(tmp_path / "olmo3.gguf"), olmo3, "olmo2")
     with pytest.raises(Exception, match="OLMo 3 GGUF"):
         LLM(model=str(tmp_path / "olmo3.gguf"), dtype="float32", kv_cache_memory=16 << 20)
 
@@ -326,9 +262,6 @@ def test_granite_gguf_greedy_equals_transformers(tmp_path):
     assert got == pytest.approx((6.0, 0.3, 0.4, 4.0))  # float32 in the file
     assert _run(llm, PROMPTS[:4]) == [_hf_greedy(model, p) for p in PROMPTS[:4]]
 
-
-WINDOW = 8
-SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 @pytest.fixture(scope="module")
