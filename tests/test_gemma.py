@@ -292,3 +292,8 @@ def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path):
         sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
         assert [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=PROMPTS[:4], sampling_params=sp,
                                                              use_tqdm=False)] == want
+    # the hub's Gemma 3 folders may keep the chat template only in the processor's chat_template.json
+    (tmp_path / "mm" / "chat_template.jinja").unlink()
+    (tmp_path / "mm" / "chat_template.json").write_text(json.dumps({"chat_template": "{{ 'T' }}"}))
+    llm = LLM(model=str(tmp_path / "mm"), dtype="float32", kv_cache_memory=16 << 20)
+    assert llm.get_tokenizer().chat_template == "{{ 'T' }}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Callable
 
@@ -12,14 +13,24 @@ if TYPE_CHECKING:
 
 
 def tokenizer_from_folder(folder: str) -> "PreTrainedTokenizerBase":
-    """Load the tokenizer saved in ``folder`` (an HF model folder or our cache entry)."""
+    """Load the tokenizer saved in ``folder`` (an HF model folder or our cache entry); a
+    multimodal checkpoint's chat template may live only in its processor's
+    ``chat_template.json`` (Gemma 3), which transformers' tokenizer does not read."""
     from transformers import AutoTokenizer
 
     try:
         # local_files_only: no hub is reachable, and a local folder must not fall back to one.
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot load tokenizer from {folder}: {type(exc).__name__}: {exc}") from exc
+    processor_template = os.path.join(folder, "chat_template.json")
+    if not tok.chat_template and os.path.isfile(processor_template):
+        try:
+            with open(processor_template, encoding="utf-8") as f:
+                tok.chat_template = json.load(f).get("chat_template") or None
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ModelLoadError(f"cannot read {processor_template}: {exc}") from exc
+    return tok
 
 
 def tokenizer_from_gguf(
