@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
-
+from inflight.models.llama import fold_scalars
 from inflight.models.mixtral import MixtralForCausalLM
 from inflight.models.registry import ArchSpec
 
@@ -38,17 +37,9 @@ class GraniteMoeForCausalLM(MixtralForCausalLM):
 
     def load_weights(self, weights) -> None:
         super().load_weights(weights)
-        self._fold_scalars()
-
-    @torch.no_grad()
-    def _fold_scalars(self) -> None:
-        """The residual multiplier into every sublayer's output projection, the logits
-        scaling into the final norm: the same products, no op of their own."""
-        m, s = self.cfg.residual_multiplier, self.cfg.logits_scaling
-        for layer in self.layers:
-            layer.self_attn.o_proj.weight.mul_(m)
-            layer.block_sparse_moe.experts.w2_weight.mul_(m)
-        self.norm.weight.div_(s)
+        fold_scalars(self.cfg, (t for layer in self.layers for t in (layer.self_attn.o_proj.weight,
+                                                                     layer.block_sparse_moe.experts.w2_weight)),
+                     self.norm)
 
 
 def _check(c: Any) -> None:

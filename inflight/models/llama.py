@@ -3,7 +3,7 @@ every fourth layer), Mistral, Qwen2 and Granite (four scalars) here; Qwen3 (per-
 norm) and Phi-3 (fused checkpoint projections) reuse it."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 from torch import nn
@@ -203,19 +203,23 @@ class LlamaForCausalLM(nn.Module):
                     w = norm.weight.data.view(-1, attn.hd)
                     w.copy_(w[:, perm].clone())
 
-    @torch.no_grad()
     def _fold_scalars(self) -> None:
-        """Granite's residual multiplier into each layer's o_proj and down_proj, its logits
-        scaling into the final norm: the same products, no op of their own (so the packed
-        linears and the C layer loop run it as they run Llama)."""
-        m, s = self.cfg.residual_multiplier, self.cfg.logits_scaling
-        if m != 1.0:
-            for proj in (p for layer in self.layers for p in (layer.self_attn.o_proj, layer.mlp.down_proj)):
-                proj.weight.mul_(m)
-                if getattr(proj, "bias", None) is not None:
-                    proj.bias.mul_(m)
-        if s != 1.0:
-            self.norm.weight.div_(s)
+        projections = (proj for layer in self.layers for proj in (layer.self_attn.o_proj, layer.mlp.down_proj))
+        fold_scalars(self.cfg, (t for proj in projections for t in (proj.weight, getattr(proj, "bias", None))
+                                if t is not None), self.norm)
+
+
+@torch.no_grad()
+def fold_scalars(cfg: ModelArchConfig, outputs: Iterable[torch.Tensor], norm: nn.Module) -> None:
+    """Granite's residual multiplier into ``outputs`` (the weights and biases of every
+    sublayer's output projection), its logits scaling into the final ``norm``: the same
+    products, no op of their own (so the packed linears and the C layer loop run them as
+    they run Llama). Cohere's logit scale arrives as a logits scaling too."""
+    if cfg.residual_multiplier != 1.0:
+        for t in outputs:
+            t.mul_(cfg.residual_multiplier)
+    if cfg.logits_scaling != 1.0:
+        norm.weight.div_(cfg.logits_scaling)
 
 
 def head_argmax(head: Optional[nn.Module], hidden: torch.Tensor, vocab_size: int,
