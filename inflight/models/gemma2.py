@@ -110,6 +110,17 @@ class GemmaRope(nn.Module):
             if rope is not None:
                 rope.build_cache(device)
 
+    def run_layers(self, layers: nn.ModuleList, x: torch.Tensor, positions: torch.Tensor, kv_caches: list,
+                   md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer in turn, a windowed one on the local table and a global one on the
+        global; returns (the last layer's output, the residual stream before it is added)."""
+        glob, local = self.lookup(positions, x.dtype)
+        residual = None
+        for i, (layer, kv) in enumerate(zip(layers, kv_caches)):
+            rope = local if layer.self_attn.sliding_window else glob
+            x, residual = layer(x, residual, rope, kv, md.for_layer(i))
+        return x, residual
+
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype):
         """(global cos/sin, local cos/sin or the global ones) for the step's positions."""
         glob = self.global_rope.lookup(positions, dtype)
@@ -137,12 +148,7 @@ class GemmaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         # the scale rounded to the model's dtype first, as transformers does
         x = x * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=x.dtype)
-        glob, local = self.rope.lookup(positions, x.dtype)
-        residual = None
-        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
-            rope = local if layer.self_attn.sliding_window else glob
-            x, residual = layer(x, residual, rope, kv, md.for_layer(i))
-        return self.norm(x, residual)[0]
+        return self.norm(*self.rope.run_layers(self.layers, x, positions, kv_caches, md))[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden) if self.lm_head is not None else F.linear(hidden, self.embed_tokens.weight)

@@ -66,13 +66,8 @@ class Olmo3ForCausalLM(Olmo2ForCausalLM):
         self.rope = GemmaRope(cfg, max_positions)
 
     def forward(self, input_ids, positions, kv_caches: list, md) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        glob, local = self.rope.lookup(positions, x.dtype)
-        residual = None
-        for i, (layer, kv) in enumerate(zip(self.layers, kv_caches)):
-            rope = local if layer.self_attn.sliding_window else glob
-            x, residual = layer(x, residual, rope, kv, md.for_layer(i))
-        return self.norm(x, residual)[0]
+        return self.norm(*self.rope.run_layers(self.layers, self.embed_tokens(input_ids), positions, kv_caches,
+                                               md))[0]
 
 
 def _olmo2_gguf(meta) -> dict:
