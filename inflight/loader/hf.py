@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from .config import normalize_hf_config
-from .seq_cls import apply_overrides, classifier_settings
+from .seq_cls import classifier_settings
 from .stream import SafetensorsSource, read_safetensors_header
 from .types import ModelLoadError
 
@@ -24,6 +24,17 @@ def _read_json(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"cannot read {path}: expected a JSON object")
     return data
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` with vLLM's ``hf_overrides`` set over it (a nested dict merged key by key)."""
+    out = dict(raw)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = apply_overrides(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def hf_config(folder: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

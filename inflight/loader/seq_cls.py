@@ -13,7 +13,7 @@ checkpoint's lm_head (or its tied embedding) when the model reads ``score.weight
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -21,17 +21,6 @@ from .stream import WeightSource
 from .types import ModelLoadError
 
 METHODS = ("from_2_way_softmax", "no_post_processing")
-
-
-def apply_overrides(raw: dict[str, Any], overrides: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """``raw`` with vLLM's ``hf_overrides`` set over it (a nested dict merged key by key)."""
-    out = dict(raw)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = apply_overrides(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def classifier_settings(raw: dict[str, Any], source: str) -> dict[str, Any]:

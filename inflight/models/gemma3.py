@@ -20,7 +20,6 @@ _VISION_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_p
 class Gemma3TextOfMultimodal(GemmaForCausalLM):
     """Gemma 3's decoder from a multimodal checkpoint; images are refused by the server."""
 
-
     def checkpoint_rename(self, name: str) -> Optional[str]:
         """A checkpoint tensor's name in this model; None for the vision parts (and a tied head)."""
         if name.startswith(_VISION_PREFIXES):
@@ -30,6 +29,7 @@ class Gemma3TextOfMultimodal(GemmaForCausalLM):
                 name = ours + name[len(theirs):]
                 break
         return None if name == "lm_head.weight" and self.lm_head is None else name
+
 
 ARCHITECTURES = (
     ArchSpec("Gemma3ForCausalLM", "gemma3_text", GemmaForCausalLM, qk_norm=True, check_config=check_gemma_config,
