@@ -1,7 +1,9 @@
-"""inflight against vLLM's CPU build, in one sitting, on the same workloads and client.
+"""inflight against vLLM's CPU build and llama.cpp's server, in one sitting, on the same workloads
+and client.
 
     .venv/bin/python benchmarks/peers/compare.py --out benchmarks/results/peers-vllm.json
     .venv/bin/python benchmarks/peers/compare.py --workloads chat --num-requests 4 --max-tokens-cap 16  # a check
+    .venv/bin/python benchmarks/peers/compare.py --systems llamacpp,inflight --out ...  # against llama.cpp
 
 Each system gets one server (vLLM first, then inflight, by --systems), started on
 a free local port; its start-up time is from process start to the first /health
@@ -11,8 +13,9 @@ turn, vLLM first on the first workload, inflight first on the next and so on, so
 that a host whose speed drifts over the sitting (a shared VM's does) weighs on
 both sides of each ratio alike. Every workload (../shared/workloads/NAME.jsonl, else the project's generator)
 then runs against it with `inflight bench`'s streaming client: every request at
-once, ignore_eos, temperature 0, one short untimed warm-up request first. Run
-benchmarks/peers/setup_vllm.sh and make_hf_folder.py first (README.md here).
+once (or --max-concurrency at a time), ignore_eos, temperature 0, one short untimed warm-up
+request first. Run benchmarks/peers/setup_vllm.sh and make_hf_folder.py first, or
+setup_llamacpp.sh for llama.cpp (README.md here).
 Server logs go to OUT-logs/ beside --out (else a temporary folder, removed).
 
 `--cap-isa avx2` runs the whole sitting as on an AVX2+FMA CPU, on a CPU with more
@@ -41,7 +44,7 @@ sys.path.insert(0, HERE)  # servers.py beside this file, wherever it is started 
 
 from cpu_serving import flops_per_token, matmul_peak_gflops, prefix_cache_hits, workload_file  # noqa: E402
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
-from servers import DEFAULT_VLLM_VENV, SERVED_NAME, SERVERS, cpu_facts, version_of  # noqa: E402
+from servers import DEFAULT_LLAMA_SERVER, DEFAULT_VLLM_VENV, SERVED_NAME, SERVERS, cpu_facts, version_of  # noqa: E402
 
 from inflight.bench.client import ClientConfig  # noqa: E402
 from inflight.bench.common import json_safe, machine_info  # noqa: E402
@@ -89,13 +92,16 @@ def start_server(system: str, args: argparse.Namespace, log_dir: str, stack: con
 def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Namespace) -> dict:
     """One workload against a running server: the client's summary, with MFU."""
     cfg = ClientConfig(base_url=url, model=args.model_name or SERVED_NAME, ignore_eos=True, temperature=0.0,
-                       warmup_requests=1, show_progress=False)
-    # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto"
+                       warmup_requests=1, show_progress=False, max_concurrency=args.max_concurrency)
+    # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto". None for
+    # llama.cpp: it computes on the GGUF's quantized weights, whose rate no float matmul bounds,
+    # and its /metrics counts no prefix-cache hits.
+    mfu = args.mfu and system != "llamacpp"
     peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
-    peaks = [matmul_peak_gflops(dtype=peak_dtype)] if args.mfu else []
-    hits = prefix_cache_hits(url) if args.mfu else 0.0  # the counter runs from start-up
+    peaks = [matmul_peak_gflops(dtype=peak_dtype)] if mfu else []
+    hits = prefix_cache_hits(url) if mfu else 0.0  # the counter runs from start-up
     s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
-    if args.mfu:
+    if mfu:
         peaks.append(matmul_peak_gflops(dtype=peak_dtype))
         add_mfu(s, prefix_cache_hits(url) - hits, max(peaks), peaks, args.flops_per_token)
     print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
@@ -154,6 +160,8 @@ def table(results: dict, systems: list[str]) -> str:
                              f"{s['failed']:>7.0f}" + (f"{s['mfu']:>6.0%}" if "mfu" in s else ""))
         if "ratio_output_throughput" in per_system:
             lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_output_throughput']:>9.2f}x  (inflight / vLLM)")
+        if "ratio_llamacpp" in per_system:
+            lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_llamacpp']:>9.2f}x  (inflight / llama.cpp)")
         if "ratio_baseline" in per_system:
             lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_baseline']:>9.2f}x  (inflight / baseline)")
     lines.append("start-up (process start -> /health 200): " + ", ".join(
@@ -167,6 +175,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list (default: all four)")
     ap.add_argument("--num-requests", type=int, default=None, help="first N requests of each workload (a check)")
     ap.add_argument("--max-tokens-cap", type=int, default=None, help="cap every max_tokens (a check)")
+    ap.add_argument("--max-concurrency", type=int, default=None,
+                    help="requests in flight at most (default: every request at once); 1 times one user's stream")
     ap.add_argument("--systems", default="vllm,inflight", help="comma list, run in this order")
     ap.add_argument("--out", default=None, help="results JSON")
     ap.add_argument("--vllm-venv", default=os.environ.get("VLLM_VENV", DEFAULT_VLLM_VENV))
@@ -174,6 +184,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--vllm-preload", action=argparse.BooleanOptionalAction, default=True,
                     help="LD_PRELOAD tcmalloc and libiomp5 for vLLM, as its CPU guide says (default on)")
     ap.add_argument("--vllm-args", default="", help="more flags for vLLM's server, one string")
+    ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER", DEFAULT_LLAMA_SERVER),
+                    help="llama.cpp's server binary, for the 'llamacpp' system (setup_llamacpp.sh builds it)")
+    ap.add_argument("--llamacpp-model", default=None, help="the GGUF llama-server loads (default: the embedded one)")
+    ap.add_argument("--llamacpp-parallel", type=int, default=128,
+                    help="llama-server's slots (-np; default 128, the largest workload's requests)")
+    ap.add_argument("--llamacpp-args", default="", help="more flags for llama-server, one string")
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`, one string")
     ap.add_argument("--inflight-model", default=None,
                     help="the model `inflight serve` loads (default: the embedded GGUF), e.g. the --hf-folder")
@@ -220,21 +236,20 @@ def apply_isa_cap(args: argparse.Namespace) -> None:
 
 
 def add_ratios(results: dict) -> None:
-    """inflight's output throughput over vLLM's and over the baseline's, per workload."""
+    """inflight's output throughput over vLLM's, llama.cpp's and the baseline's, per workload."""
+    keys = {"vllm": "ratio_output_throughput", "llamacpp": "ratio_llamacpp", "baseline": "ratio_baseline"}
     for per_system in results["workloads"].values():
-        if "vllm" in per_system and "inflight" in per_system and per_system["vllm"]["output_throughput"]:
-            per_system["ratio_output_throughput"] = (per_system["inflight"]["output_throughput"]
-                                                     / per_system["vllm"]["output_throughput"])
-        if "baseline" in per_system and "inflight" in per_system and per_system["baseline"]["output_throughput"]:
-            per_system["ratio_baseline"] = (per_system["inflight"]["output_throughput"]
-                                            / per_system["baseline"]["output_throughput"])
+        for peer, key in keys.items():
+            if peer in per_system and "inflight" in per_system and per_system[peer]["output_throughput"]:
+                per_system[key] = per_system["inflight"]["output_throughput"] / per_system[peer]["output_throughput"]
 
 
 def main() -> int:
     args = parse_args()
     systems = args.systems
     results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv, "cpu": cpu_facts(),
-               "machine": machine_info(), "client": {"request_rate": "inf", "ignore_eos": True, "stream": True,
+               "machine": machine_info(), "client": {"request_rate": "inf", "max_concurrency": args.max_concurrency,
+                                                     "ignore_eos": True, "stream": True,
                                                      "temperature": 0.0, "warmup_requests": 1},
                "isa_cap": ISA_CAPS.get(args.cap_isa), "num_requests": args.num_requests,
                "max_tokens_cap": args.max_tokens_cap, "systems": {},

