@@ -63,21 +63,20 @@ def test_default_sitting_runs_one_server_at_a_time(monkeypatch):
                       ("longprompt", "inflight"), ("stop", "inflight")]
 
 
-def test_llamacpp_serves_the_embedded_gguf_with_a_slot_per_request_and_the_same_kv_pool(monkeypatch):
+def test_llamacpp_serves_the_embedded_gguf_with_slots_of_the_model_length(monkeypatch):
     compare = load_compare()
     servers = sys.modules["servers"]
     from inflight.loader.api import default_model_path
     monkeypatch.setattr(servers.os, "sched_getaffinity", lambda pid: {0, 1})
-    args = argparse.Namespace(llama_server="/opt/llama-server", llamacpp_model=None, llamacpp_parallel=128,
+    args = argparse.Namespace(llama_server="/opt/llama-server", llamacpp_model=None, llamacpp_parallel=32,
                               llamacpp_args="--temp 0")
     cmd, env = servers.llamacpp_server(args, 8123)
     assert env == {}
     assert cmd[:3] == ["/opt/llama-server", "-m", default_model_path()] and cmd[-2:] == ["--temp", "0"]
     flag = {cmd[i]: cmd[i + 1] for i in range(1, len(cmd) - 1) if cmd[i].startswith("-")}
-    assert (flag["--port"], flag["-t"], flag["-tb"], flag["-np"]) == ("8123", "2", "2", "128")
-    # 2 GiB of 16-bit K and V: 30 layers x 3 kv heads x 64 dims x 2 x 2 bytes = 23,040 bytes a token
-    assert flag["-c"] == str(2 * 2**30 // 23040 // 256 * 256) == "93184"
-    assert "--kv-unified" in cmd and flag["--alias"] == servers.SERVED_NAME
+    assert (flag["--port"], flag["-t"], flag["-tb"], flag["-np"]) == ("8123", "2", "2", "32")
+    assert flag["-c"] == str(32 * 4096) and "--no-kv-unified" in cmd  # each slot holds a 4,096-token request
+    assert flag["--alias"] == servers.SERVED_NAME
     results = {"workloads": {"chat": {"llamacpp": {"output_throughput": 50.0},
                                       "inflight": {"output_throughput": 75.0}}}}
     compare.add_ratios(results)

@@ -187,8 +187,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER", DEFAULT_LLAMA_SERVER),
                     help="llama.cpp's server binary, for the 'llamacpp' system (setup_llamacpp.sh builds it)")
     ap.add_argument("--llamacpp-model", default=None, help="the GGUF llama-server loads (default: the embedded one)")
-    ap.add_argument("--llamacpp-parallel", type=int, default=128,
-                    help="llama-server's slots (-np; default 128, the largest workload's requests)")
+    ap.add_argument("--llamacpp-parallel", type=int, default=32,
+                    help="llama-server's slots (-np; default 32), each with its own 4,096 tokens of KV")
     ap.add_argument("--llamacpp-args", default="", help="more flags for llama-server, one string")
     ap.add_argument("--inflight-args", default="", help="more flags for `inflight serve`, one string")
     ap.add_argument("--inflight-model", default=None,

@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS_DIR = os.path.join(os.path.expanduser("~"), ".cache", "inflight-peers")
 DEFAULT_VLLM_VENV = os.path.join(PEERS_DIR, "vllm-venv")
 DEFAULT_LLAMA_SERVER = os.path.join(PEERS_DIR, "llama.cpp", "build", "bin", "llama-server")  # setup_llamacpp.sh
-KV_POOL_GIB = 2  # every server's KV pool: `inflight serve`'s default
+MODEL_LEN = 4096  # tokens a request may hold: the longest workload request is 3,110
 SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -69,36 +69,26 @@ def vllm_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     env.update({k: v for k, v in os.environ.items() if k.startswith("VLLM_CPU_")})  # the user's choice wins
     if args.cap_isa:  # its kernel library too (cap_avx2/sitecustomize.py)
         env["PYTHONPATH"] = os.path.join(HERE, f"cap_{args.cap_isa}")
-    # --max-model-len 4096: the longest workload request is 3,110 tokens (longprompt).
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.hf_folder, "--dtype", args.vllm_dtype,
-           "--served-model-name", SERVED_NAME, "--max-model-len", "4096", "--host", "127.0.0.1",
+           "--served-model-name", SERVED_NAME, "--max-model-len", str(MODEL_LEN), "--host", "127.0.0.1",
            "--port", str(port), *shlex.split(args.vllm_args)]
     return cmd, env
 
 
-def kv_pool_tokens(hf_config: dict, gib: float = KV_POOL_GIB, bytes_per_value: int = 2) -> int:
-    """Tokens of K and V (16-bit) that ``gib`` GiB hold for this model, in multiples of 256."""
-    heads, kv = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-    d = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
-    per_token = hf_config["num_hidden_layers"] * kv * d * 2 * bytes_per_value
-    return int(gib * 2**30 // per_token) // 256 * 256
-
-
 def llamacpp_server(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     """llama.cpp's `llama-server` on the GGUF file `inflight serve` loads by default (or
-    --llamacpp-model), computing in the
-    file's own quantized weights, as llama.cpp does. Its defaults (four slots) would queue a burst,
-    so it gets a slot for each of a workload's requests (--llamacpp-parallel, 128 by default: the
-    largest workload) over one KV buffer all slots share (`--kv-unified`) of the tokens the other
-    servers' 2 GiB pools hold, and every core of this process's affinity for its threads."""
-    from inflight.loader import load_model
+    --llamacpp-model), computing on the file's own quantized weights, as llama.cpp does. Its
+    default of four slots would queue a burst, so it gets --llamacpp-parallel slots (32 by
+    default: its best chat throughput here, see README.md), each with a KV stream of its own
+    holding MODEL_LEN tokens (vLLM's --max-model-len), and every core of this process's
+    affinity for its threads."""
     from inflight.loader.api import default_model_path
     gguf = args.llamacpp_model or default_model_path()
     threads = str(len(os.sched_getaffinity(0)))
-    ctx = kv_pool_tokens(load_model(gguf).hf_config)
     cmd = [args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--alias", SERVED_NAME,
-           "-t", threads, "-tb", threads, "-np", str(args.llamacpp_parallel), "-c", str(ctx), "--kv-unified",
-           "--no-webui", "--metrics", *shlex.split(args.llamacpp_args)]
+           "-t", threads, "-tb", threads, "-np", str(args.llamacpp_parallel),
+           "-c", str(args.llamacpp_parallel * MODEL_LEN), "--no-kv-unified", "--no-webui", "--metrics",
+           *shlex.split(args.llamacpp_args)]
     return cmd, {}
 
 
