@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from isa_levels import kernel_test_levels, level_id
+
 from inflight import LLM
 from inflight.errors import InvalidRequestError
 from inflight.loader.testing import write_tiny_gguf
@@ -240,13 +242,23 @@ def test_bert_cross_encoder_reads_token_types(bert_cross_encoder):
         assert r.status_code == 400
 
 
-def test_encoder_attention_bf16_path_equals_sdpa():
-    """The CPU's bf16 path (batched GEMMs around softmax) gives float32 SDPA's rows, per
-    request, to bf16 rounding; a request not whole in the step is refused."""
+@pytest.mark.parametrize("tiles", [False, True], ids=["dot-product", "tiles"])
+def test_encoder_attention_bf16_path_equals_sdpa(tiles, monkeypatch):
+    """The CPU's bf16 path gives float32 SDPA's rows, per request, to bf16 rounding, whether
+    every request runs in the C kernel (a CPU with AMX tiles) or only the short ones, the 130
+    tokens long one through batched GEMMs around softmax; a request not whole in the step is
+    refused."""
     from inflight.attention.base import AttentionMetadata
+    from inflight.kernels.cpu.encoder_attention import load_encoder_attention
+    from inflight.layers import encoder_attention
     from inflight.layers.encoder_attention import EncoderAttention
 
-    lens = [5, 130, 37]  # the short ones take SDPA on the bf16 path too
+    kernel = load_encoder_attention()
+    assert kernel is not None
+    kernel.tiles = tiles  # which requests it takes; the products are this CPU's either way
+    monkeypatch.setattr(encoder_attention, "cpu_encoder_attention", lambda: kernel)
+
+    lens = [5, 130, 37]
     qsl = [0, 5, 135, 172]
     md = AttentionMetadata(slot_mapping=torch.zeros(0), block_tables=torch.zeros(0), seq_lens=torch.tensor(lens),
                            query_start_loc_list=qsl, seq_lens_list=lens, num_decodes=0, block_size=16)
@@ -262,5 +274,32 @@ def test_encoder_attention_bf16_path_equals_sdpa():
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
     md.seq_lens_list = [5, 140, 37]  # the second request has 10 tokens before this step
-    with pytest.raises(RuntimeError, match="whole in one step"):
-        op(q, k, v, md)
+    for dtype in (torch.float32, torch.bfloat16):  # torch's path and the C kernel's
+        with pytest.raises(RuntimeError, match="whole in one step"):
+            op(q.to(dtype), k.to(dtype), v.to(dtype), md)
+
+
+ENCODER_LEVELS = [pytest.param(lv, id=level_id(lv)) for lv in kernel_test_levels()]
+
+
+@pytest.mark.parametrize("level", ENCODER_LEVELS)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (12, 12, 32), (6, 2, 96)])
+def test_encoder_attention_kernel_sees_every_row_of_its_request_on_every_level(level, heads, kv_heads, head_dim):
+    """The C kernel reads q, k and v in place from one fused qkv output, as BERT hands them over,
+    and each row attends over every row of its request, both ways (float32 SDPA's rows to bf16
+    rounding), on every ISA level; a lone token and a request of one row included."""
+    from inflight.kernels.cpu.encoder_attention import load_encoder_attention
+
+    kernel = load_encoder_attention(level)
+    assert kernel is not None
+    lens = [1, 5, 70, 130]
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    torch.manual_seed(1)
+    qkv = torch.randn(sum(lens), heads + 2 * kv_heads, head_dim).bfloat16()
+    q, k, v = (t.transpose(0, 1) for t in qkv.split([heads, kv_heads, kv_heads], dim=1))  # [H, T, D] views
+    assert kernel.supports(q, k)
+    got = kernel(q, k, v, starts, lens, head_dim ** -0.5).float()
+    for s, n in zip(starts, lens):
+        qf, kf, vf = (t[:, s:s + n].float() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(qf[None], kf[None], vf[None], enable_gqa=True)[0]
+        torch.testing.assert_close(got[s:s + n], ref.transpose(0, 1).reshape(n, -1), atol=2e-2, rtol=2e-2)

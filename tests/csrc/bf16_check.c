@@ -19,6 +19,9 @@ int paged_prefill_supported(int);
 int paged_prefill_bf16(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
                        const int64_t*, const int64_t*, const int64_t*, uint16_t*, int, int, int, int, int, float, void*);
 int64_t paged_prefill_workspace(const int64_t*, const int64_t*, int, int, int, int);
+int encoder_attention_bf16(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, int64_t, const int64_t*,
+                           const int64_t*, uint16_t*, int, int, int, int, float, void*);
+int64_t encoder_attention_workspace(const int64_t*, int, int, int, int);
 
 static int passed, failed;
 static uint32_t seed = 12345;
@@ -148,6 +151,45 @@ static void check_prefill(int H, int KVH, int D, int BS) {
     free(kc); free(vc); free(bt); free(q); free(o); free(ws); free(p);
 }
 
+/* an encoder's attention: each request's rows over every row of the request, both ways; q, k
+ * and v read in place from one fused [T][(H + 2 KVH) D] output, as the model hands them over */
+static void check_encoder(int H, int KVH, int D) {
+    char what[96];
+    snprintf(what, sizeof what, "encoder_attention_bf16 H=%d KVH=%d D=%d", H, KVH, D);
+    const int R = 3;
+    const int64_t len[3] = {5, 70, 130}, stride = (int64_t)(H + 2 * KVH) * D;
+    int64_t q_start[3], T = 0;
+    for (int r = 0; r < R; r++) { q_start[r] = T; T += len[r]; }
+    uint16_t *qkv = malloc((size_t)T * stride * 2), *o = malloc((size_t)T * H * D * 2);
+    for (int64_t i = 0; i < T * stride; i++) qkv[i] = f32_to_bf16(rnd() * 2);
+    const uint16_t *k = qkv + (int64_t)H * D, *v = k + (int64_t)KVH * D;
+    void* ws = malloc((size_t)encoder_attention_workspace(len, R, H, KVH, D) + 64);
+    const float scale = 1.f / sqrtf((float)D);
+    int ok = encoder_attention_bf16(qkv, stride, k, v, stride, q_start, len, o, R, H, KVH, D, scale, ws) == 0;
+    double* p = malloc(sizeof(double) * 256);
+    for (int r = 0; r < R && ok; r++)
+        for (int64_t i = 0; i < len[r] && ok; i++)
+            for (int h = 0; h < H && ok; h++) {
+                const int64_t row = q_start[r] + i, kh = h / (H / KVH);
+                double mx = -INFINITY, sum = 0;
+                for (int64_t t = 0; t < len[r]; t++) {
+                    double d = 0;
+                    for (int e = 0; e < D; e++)
+                        d += (double)b2f(qkv[row * stride + h * D + e]) * b2f(k[(q_start[r] + t) * stride + kh * D + e]);
+                    p[t] = d * scale;
+                    mx = p[t] > mx ? p[t] : mx;
+                }
+                for (int64_t t = 0; t < len[r]; t++) sum += p[t] = exp(p[t] - mx);
+                for (int e = 0; e < D && ok; e++) {
+                    double ref = 0;
+                    for (int64_t t = 0; t < len[r]; t++) ref += p[t] / sum * b2f(v[(q_start[r] + t) * stride + kh * D + e]);
+                    ok = fabs(b2f(o[(row * H + h) * D + e]) - ref) <= 1e-2 + fabs(ref) / 64;
+                }
+            }
+    report(ok, what);
+    free(qkv); free(o); free(ws); free(p);
+}
+
 int main(void) {
     report(gemm_bf16_supported() == 1, "gemm_bf16_supported");
     const int shapes[][3] = {{1, 100, 33}, {5, 64, 40}, {7, 160, 96}, {8, 128, 64}, {13, 64, 7},
@@ -161,6 +203,9 @@ int main(void) {
     check_prefill(8, 1, 128, 16);
     check_prefill(6, 2, 96, 16);  /* a last group of 32 head-dim columns on the AMX tiles */
     if (paged_prefill_supported(48)) check_prefill(4, 2, 48, 16);
+    check_encoder(4, 4, 64);  /* BERT's: as many kv heads as heads */
+    check_encoder(12, 12, 32);
+    check_encoder(6, 2, 96);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

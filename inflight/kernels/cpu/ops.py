@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from inflight.kernels.cpu.encoder_attention import CpuEncoderAttention, load_encoder_attention
 from inflight.kernels.cpu.fused import CpuFusedOps, load_fused_ops
 
 # The symbol that must exist in the fused-ops library for each dtype.
@@ -25,3 +26,9 @@ def cpu_fused_ops(dtype: torch.dtype) -> Optional[CpuFusedOps]:
     if ops is None or symbol is None or not hasattr(ops.lib, symbol):
         return None
     return ops
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_encoder_attention() -> Optional[CpuEncoderAttention]:
+    """The encoder-attention kernel (both ways over each request's rows, bfloat16), or None."""
+    return load_encoder_attention()

@@ -48,24 +48,29 @@ int paged_prefill_supported(int head_dim) {
 
 static inline int short_chunk(int64_t q_len, int G) { return q_len <= SHORT_Q && q_len * G <= DECODE_MAX_ROWS; }
 
-/* Bytes of workspace the repacked K/V of these requests need (short chunks repack nothing;
- * without the bf16 dot product: every request's K/V widened to fp32, pf_widened_floats). */
+/* Bytes of workspace the repacked K/V of these requests need (short causal chunks repack
+ * nothing; without the bf16 dot product: every request's K/V widened to fp32, pf_widened_floats). */
 static inline int64_t pf_widened_floats(int64_t seq_len, int num_kv_heads, int head_dim) {
     return (seq_len + KT - 1) / KT * KT * num_kv_heads * 2 * (int64_t)head_dim;
 }
 
-int64_t paged_prefill_workspace(const int64_t* seq_len, const int64_t* q_len, int num_reqs, int num_heads,
-                                int num_kv_heads, int head_dim) {
+static int64_t prefill_workspace(const int64_t* seq_len, const int64_t* q_len, int num_reqs, int num_heads,
+                                 int num_kv_heads, int head_dim, int causal) {
 #if !defined(INFLIGHT_ISA_AVX512_BF16)
     int64_t floats = 0;
     for (int r = 0; r < num_reqs; r++) floats += pf_widened_floats(seq_len[r], num_kv_heads, head_dim);
-    (void)q_len, (void)num_heads;
+    (void)q_len, (void)num_heads, (void)causal;
     return floats * (int64_t)sizeof(float);
 #endif
     int64_t tiles = 0;
     for (int r = 0; r < num_reqs; r++)
-        if (!short_chunk(q_len[r], num_heads / num_kv_heads)) tiles += (seq_len[r] + KT - 1) / KT;
+        if (!causal || !short_chunk(q_len[r], num_heads / num_kv_heads)) tiles += (seq_len[r] + KT - 1) / KT;
     return tiles * num_kv_heads * 2 * (int64_t)KT * head_dim * 2;
+}
+
+int64_t paged_prefill_workspace(const int64_t* seq_len, const int64_t* q_len, int num_reqs, int num_heads,
+                                int num_kv_heads, int head_dim) {
+    return prefill_workspace(seq_len, q_len, num_reqs, num_heads, num_kv_heads, head_dim, 1);
 }
 
 #if defined(INFLIGHT_ISA_AMX_BF16)
@@ -76,21 +81,60 @@ int64_t paged_prefill_workspace(const int64_t* seq_len, const int64_t* q_len, in
 #include "prefill_bf16_widen.h"
 #endif
 
-int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
-                       const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
-                       const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads, int num_kv_heads,
-                       int head_dim, int block_size, float scale, void* workspace) {
+/* Either level's prefill; causal 0: every row sees its request's every key (an encoder's). */
+static int prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                        const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
+                        const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads, int num_kv_heads,
+                        int head_dim, int block_size, int64_t tok_stride, float scale, int causal, void* workspace) {
 #if defined(INFLIGHT_ISA_AMX_BF16)
     amx_permitted();  /* asked here, before the threads start */
 #endif
 #if defined(INFLIGHT_ISA_AVX512_BF16)
     return prefill_bf16_dp(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
-                           num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, (uint32_t*)workspace);
+                           num_reqs, num_heads, num_kv_heads, head_dim, block_size, tok_stride, scale, causal,
+                           (uint32_t*)workspace);
 #else
     return prefill_bf16_widened(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len,
-                                out, num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale,
-                                (float*)workspace);
+                                out, num_reqs, num_heads, num_kv_heads, head_dim, block_size, tok_stride, scale,
+                                causal, (float*)workspace);
 #endif
+}
+
+int paged_prefill_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                       const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
+                       const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads, int num_kv_heads,
+                       int head_dim, int block_size, float scale, void* workspace) {
+    return prefill_bf16(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
+                        num_reqs, num_heads, num_kv_heads, head_dim, block_size, (int64_t)num_kv_heads * head_dim,
+                        scale, 1, workspace);
+}
+
+/* An encoder's attention (it keeps no KV): the rows q_start[r] .. q_start[r] + q_len[r] of
+ * request r attend over each other, every row over every one of them (no causal mask). k and v
+ * hold the same rows, kv_stride elements apart ([num_tokens, num_kv_heads, D] with rows
+ * kv_stride apart: views into the fused qkv output); q and out as for paged_prefill_bf16. The
+ * rows are a pool of one-token blocks whose block tables count up from q_start[r]. Workspace:
+ * encoder_attention_workspace bytes. Returns 0, or -1 for a shape it does not take. */
+int64_t encoder_attention_workspace(const int64_t* q_len, int num_reqs, int num_heads, int num_kv_heads,
+                                    int head_dim) {
+    return prefill_workspace(q_len, q_len, num_reqs, num_heads, num_kv_heads, head_dim, 0);
+}
+
+int encoder_attention_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k, const uint16_t* v,
+                           int64_t kv_stride, const int64_t* q_start, const int64_t* q_len, uint16_t* out,
+                           int num_reqs, int num_heads, int num_kv_heads, int head_dim, float scale,
+                           void* workspace) {
+    if (num_reqs <= 0) return 0;
+    int64_t longest = 1;
+    for (int r = 0; r < num_reqs; r++) longest = q_len[r] > longest ? q_len[r] : longest;
+    int64_t* tables = (int64_t*)malloc(sizeof(int64_t) * (size_t)num_reqs * (size_t)longest);
+    if (tables == NULL) return -1;
+    for (int r = 0; r < num_reqs; r++)
+        for (int64_t t = 0; t < q_len[r]; t++) tables[r * longest + t] = q_start[r] + t;
+    const int rc = prefill_bf16(q, q_stride, k, v, tables, longest, q_start, q_len, q_len, out, num_reqs, num_heads,
+                                num_kv_heads, head_dim, 1, kv_stride, scale, 0, workspace);
+    free(tables);
+    return rc;
 }
 
 /* float32 on every ISA level (attn_f32.h): flash-attention tiles over the block pool in

@@ -150,16 +150,18 @@ static void attend_item(const uint32_t* qrows, const int64_t* pos, int nrows, co
 }
 
 /* Phase 2 for one work item: query tokens [i0, i1) of a request (starting at
- * position first_pos) x the G heads of kv head kh; scratch: qrows, pos, dst. */
+ * position first_pos) x the G heads of kv head kh; scratch: qrows, pos, dst. With
+ * seen >= 0 (not causal) every row sees keys 0 .. seen instead of those up to its position. */
 static void prefill_item(const uint16_t* q, int64_t q_stride, uint16_t* out, int64_t q_start, int64_t first_pos,
-                         int64_t i0, int64_t i1, int kh, int G, int num_heads, int D, const uint32_t* tiles, float scale,
-                         uint32_t* qrows, int64_t* pos, uint16_t** dst, float* sbuf, int64_t kpad) {
+                         int64_t seen, int64_t i0, int64_t i1, int kh, int G, int num_heads, int D,
+                         const uint32_t* tiles, float scale, uint32_t* qrows, int64_t* pos, uint16_t** dst,
+                         float* sbuf, int64_t kpad) {
     int nrows = 0;
     for (int64_t i = i0; i < i1; i++)
         for (int g = 0; g < G; g++, nrows++) {
             const int64_t head = ((int64_t)kh * G + g) * D;
             memcpy(qrows + (int64_t)nrows * (D / 2), q + (q_start + i) * q_stride + head, sizeof(uint16_t) * D);
-            pos[nrows] = first_pos + i;
+            pos[nrows] = seen >= 0 ? seen : first_pos + i;
             dst[nrows] = out + (q_start + i) * num_heads * D + head;
         }
     PF_ATTEND(qrows, pos, nrows, tiles, D, scale, dst, sbuf, kpad);
@@ -175,13 +177,14 @@ struct pf_work {
     int64_t *tile_base, *it1, *it2;  /* it1, it2: (request, tile) pairs */
 };
 
-static void pf_plan(struct pf_work* w, const int64_t* q_len, const int64_t* seq_len, int num_reqs, int G) {
+static void pf_plan(struct pf_work* w, const int64_t* q_len, const int64_t* seq_len, int num_reqs, int G,
+                    int causal) {
     memset(w, 0, sizeof *w);
     w->tq = MAX_ROWS / G > 0 ? MAX_ROWS / G : 1;
     w->tile_base = (int64_t*)malloc(sizeof(int64_t) * (num_reqs + 1));
     w->tile_base[0] = 0;
     for (int r = 0; r < num_reqs; r++) {
-        const int is_short = short_chunk(q_len[r], G);
+        const int is_short = causal && short_chunk(q_len[r], G);
         w->tile_base[r + 1] = w->tile_base[r] + (is_short ? 0 : (seq_len[r] + KT - 1) / KT);
         w->n2 += (q_len[r] + w->tq - 1) / w->tq;
         if (is_short) {
@@ -208,16 +211,18 @@ static void pf_plan(struct pf_work* w, const int64_t* q_len, const int64_t* seq_
 }
 
 /* paged_prefill_bf16 at the avx512_bf16 level: phase 1 repacks every long chunk's context
- * into the workspace, phase 2 attends (short chunks through decode_core.h instead). */
+ * into the workspace, phase 2 attends (short causal chunks through decode_core.h instead).
+ * The cache's tokens are tok_stride elements apart; causal 0: every row sees every key. */
 static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
                            const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
                            const int64_t* q_len, const int64_t* seq_len, uint16_t* out, int num_reqs, int num_heads,
-                           int num_kv_heads, int D, int block_size, float scale, uint32_t* ws) {
+                           int num_kv_heads, int D, int block_size, int64_t tok_stride, float scale, int causal,
+                           uint32_t* ws) {
     const int G = num_heads / num_kv_heads, half = D / 2;
     if (!paged_prefill_supported(D) || G > MAX_ROWS) return -1;
-    const int64_t tok_stride = (int64_t)num_kv_heads * D, tile_words = (int64_t)KT * half;
+    const int64_t tile_words = (int64_t)KT * half;
     struct pf_work w;
-    pf_plan(&w, q_len, seq_len, num_reqs, G);
+    pf_plan(&w, q_len, seq_len, num_reqs, G, causal);
     #pragma omp parallel
     {
         #pragma omp for collapse(2) schedule(static)
@@ -239,7 +244,7 @@ static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* 
         for (int64_t i = 0; i < w.n2; i++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
                 const int r = (int)w.it2[2 * i];
-                if (short_chunk(q_len[r], G)) {
+                if (causal && short_chunk(q_len[r], G)) {
                     decode_seq_avx512(q + q_start[r] * q_stride, q_stride, (int)q_len[r], k_cache, v_cache,
                                       block_tables + (int64_t)r * bt_stride, seq_len[r],
                                       out + q_start[r] * num_heads * D, (int64_t)num_heads * D, G, kh, kh + 1, D,
@@ -248,7 +253,8 @@ static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* 
                 }
                 const int64_t i0 = w.it2[2 * i + 1] * w.tq;
                 const int64_t i1 = i0 + w.tq < q_len[r] ? i0 + w.tq : q_len[r];
-                prefill_item(q, q_stride, out, q_start[r], seq_len[r] - q_len[r], i0, i1, kh, G, num_heads, D,
+                prefill_item(q, q_stride, out, q_start[r], seq_len[r] - q_len[r], causal ? -1 : seq_len[r] - 1,
+                             i0, i1, kh, G, num_heads, D,
                              head_tiles(ws, w.tile_base, r, kh, num_kv_heads, tile_words), scale, qrows, pos, dst,
                              sbuf, w.kpad);
             }

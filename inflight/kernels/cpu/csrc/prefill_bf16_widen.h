@@ -55,15 +55,15 @@ static void round_heads(const float* buf, int ntok, int G, int kh, int D, uint16
  * tokens x the G heads of a kv head, with the q rows widened into, and the output
  * rounded to bf16 from, per-thread buffers. The widened K/V of a (request, kv head)
  * is one block of a pool whose block table is {0}. Probabilities stay fp32 (the
- * avx512_bf16 path rounds them to bf16 before P.V). */
+ * avx512_bf16 path rounds them to bf16 before P.V). K/V tokens are tok_stride elements apart
+ * in the cache; causal 0: every query token sees every key of its request. */
 static int prefill_bf16_widened(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache,
                                 const uint16_t* v_cache, const int64_t* block_tables, int64_t bt_stride,
                                 const int64_t* q_start, const int64_t* q_len, const int64_t* seq_len, uint16_t* out,
-                                int num_reqs, int num_heads, int num_kv_heads, int D, int block_size, float scale,
-                                float* ws) {
+                                int num_reqs, int num_heads, int num_kv_heads, int D, int block_size,
+                                int64_t tok_stride, float scale, int causal, float* ws) {
     const int G = num_heads / num_kv_heads;
     if (G * num_kv_heads != num_heads || G > AF_MAX_ROWS || !paged_prefill_supported(D)) return -1;
-    const int64_t tok_stride = (int64_t)num_kv_heads * D;
     const int tq = AF_MAX_ROWS / G;  /* query tokens per work item */
     int64_t* base = (int64_t*)malloc(sizeof(int64_t) * (size_t)(num_reqs + 1));  /* floats before request r */
     int64_t n1 = 0, n2 = 0;
@@ -105,9 +105,16 @@ static int prefill_bf16_widened(const uint16_t* q, int64_t q_stride, const uint1
                 const int64_t lp = (seq_len[r] + KT - 1) / KT * KT;
                 const float* kw = ws + base[r] + (int64_t)kh * 2 * lp * D;
                 widen_heads(q + (q_start[r] + i0) * q_stride, q_stride, ntok, G, kh, D, qbuf);
-                /* kv head 0 of a one-head pool: q and out rows are [G][D], the pool [lp][D] */
-                af_attend(qbuf, (int64_t)G * D, obuf, (int64_t)G * D, ntok, seq_len[r] - q_len[r] + i0, G, 0, 1, D,
-                          kw, kw + lp * D, zero_table, (int)lp, D, scale, 0, scratch, 0);
+                /* kv head 0 of a one-head pool: q and out rows are [G][D], the pool [lp][D]. Not
+                 * causal: each token alone, placed at the last position, so it sees every key. */
+                if (causal)
+                    af_attend(qbuf, (int64_t)G * D, obuf, (int64_t)G * D, ntok, seq_len[r] - q_len[r] + i0, G, 0, 1,
+                              D, kw, kw + lp * D, zero_table, (int)lp, D, scale, 0, scratch, 0);
+                else
+                    for (int i = 0; i < ntok; i++)
+                        af_attend(qbuf + (int64_t)i * G * D, (int64_t)G * D, obuf + (int64_t)i * G * D,
+                                  (int64_t)G * D, 1, seq_len[r] - 1, G, 0, 1, D, kw, kw + lp * D, zero_table, (int)lp,
+                                  D, scale, 0, scratch, 0);
                 round_heads(obuf, ntok, G, kh, D, out + (q_start[r] + i0) * num_heads * D, (int64_t)num_heads * D);
             }
         free(scratch);
