@@ -3,9 +3,12 @@ the torch paths it replaced (batched bf16 GEMMs around softmax; torch's fused SD
 shapes of the encoders served (bge-base: 12 heads of 64; MiniLM: 12 heads of 32).
 
     .venv/bin/python benchmarks/encoder_attention.py [--repeats 20]
+    .venv/bin/python benchmarks/encoder_attention.py --embed ~/.cache/inflight-peers/bert-base-shape-hf
 
 Prints the median ms per call (one layer's attention over a step of N requests of L tokens)
-and the GFLOP/s over the two products (4 L^2 D per head and request).
+and the GFLOP/s over the two products (4 L^2 D per head and request). With --embed FOLDER
+(an encoder, e.g. from peers/make_bert_folder.py): LLM.encode (its pooling task) over --docs random texts of
+--doc-tokens tokens in bf16, the kernel on and off (the torch paths) in alternating rounds.
 """
 from __future__ import annotations
 
@@ -51,10 +54,40 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def embed_ab(folder: str, docs: int, doc_tokens: int, rounds: int) -> None:
+    """Whole embedding runs with the kernel and without (the layer's torch paths), alternating."""
+    from inflight import LLM
+    from inflight.layers import encoder_attention
+
+    llm = LLM(folder, dtype="bfloat16")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(100, 7000, (doc_tokens - i % 64,), generator=gen).tolist()}
+               for i in range(docs)]
+    kernel = encoder_attention.cpu_encoder_attention
+    times: dict[str, list[float]] = {"kernel": [], "torch": []}
+    llm.encode(prompts[:8], use_tqdm=False)
+    for r in range(rounds):
+        for name in (("kernel", "torch") if r % 2 == 0 else ("torch", "kernel")):
+            encoder_attention.cpu_encoder_attention = kernel if name == "kernel" else (lambda: None)
+            t0 = time.perf_counter()
+            llm.encode(prompts, use_tqdm=False)
+            times[name].append(time.perf_counter() - t0)
+    encoder_attention.cpu_encoder_attention = kernel
+    for name, ts in times.items():
+        print(f"{name:<7} {docs / statistics.median(ts):7.1f} docs/s  (runs: {', '.join(f'{t:.2f} s' for t in ts)})")
+    print(f"kernel / torch: {statistics.median(times['torch']) / statistics.median(times['kernel']):.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--embed", default=None, help="an encoder folder: whole LLM.embed runs, kernel on and off")
+    ap.add_argument("--docs", type=int, default=128)
+    ap.add_argument("--doc-tokens", type=int, default=300, help="the longest text; each is up to 63 shorter")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.embed:
+        return embed_ab(args.embed, args.docs, args.doc_tokens, args.rounds)
     kernel = load_encoder_attention()
     if kernel is None:
         raise SystemExit("the C kernel did not build")
