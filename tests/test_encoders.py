@@ -244,10 +244,9 @@ def test_bert_cross_encoder_reads_token_types(bert_cross_encoder):
 
 @pytest.mark.parametrize("tiles", [False, True], ids=["dot-product", "tiles"])
 def test_encoder_attention_bf16_path_equals_sdpa(tiles, monkeypatch):
-    """The CPU's bf16 path gives float32 SDPA's rows, per request, to bf16 rounding, whether
-    every request runs in the C kernel (a CPU with AMX tiles) or only the short ones, the 130
-    tokens long one through batched GEMMs around softmax; a request not whole in the step is
-    refused."""
+    """The CPU's bf16 path gives float32 SDPA's rows, per request, to bf16 rounding, whether the
+    step runs in the C kernel (a CPU with AMX tiles) or in torch (batched GEMMs around softmax,
+    SDPA for the short requests); a request not whole in the step is refused."""
     from inflight.attention.base import AttentionMetadata
     from inflight.kernels.cpu.encoder_attention import load_encoder_attention
     from inflight.layers import encoder_attention
@@ -255,7 +254,7 @@ def test_encoder_attention_bf16_path_equals_sdpa(tiles, monkeypatch):
 
     kernel = load_encoder_attention()
     assert kernel is not None
-    kernel.tiles = tiles  # which requests it takes; the products are this CPU's either way
+    kernel.tiles = tiles  # whether the layer takes it; its products are this CPU's either way
     monkeypatch.setattr(encoder_attention, "cpu_encoder_attention", lambda: kernel)
 
     lens = [5, 130, 37]

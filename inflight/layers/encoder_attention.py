@@ -2,12 +2,12 @@
 
 Every request's prompt is in the step whole (the engine runs encoders without chunking or a
 prefix cache), so its rows attend over each other only. ``forward_native`` is torch's SDPA per
-request. On the CPU a bfloat16 model runs the C kernel (kernels/cpu/encoder_attention.py: the
-prefill kernel with every key visible) for every request where it has AMX tiles and for
-requests under SHORT tokens elsewhere, where one call for all of them beats a torch call or
-three per request; a longer request without tiles computes the two products as batched bf16
-GEMMs around torch's softmax (which accumulates in float32), faster there than the C kernel's
-dot products and than torch's fused kernel, with the same rounding of the output.
+request. On a CPU with AMX tiles a bfloat16 model runs the C kernel
+(kernels/cpu/encoder_attention.py: the prefill kernel with every key visible) over every request
+of the step in one call. Without tiles it computes the two products as batched bf16 GEMMs around
+torch's softmax (which accumulates in float32), faster there than torch's fused kernel at the
+lengths encoders see, with the same rounding of the output; the C kernel's dot products were
+not measured to beat either on such a CPU.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from inflight.attention.base import AttentionMetadata
 from inflight.kernels.cpu.ops import cpu_encoder_attention
 from inflight.layers.custom_op import CustomOp
 
-SHORT = 64  # tokens: below this the C kernel runs on every ISA level
+SHORT = 64  # tokens: below this the CPU's bf16 path without tiles takes torch's fused kernel too
 
 
 class EncoderAttention(CustomOp):
@@ -31,21 +31,15 @@ class EncoderAttention(CustomOp):
     def forward_cpu(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         if q.dtype != torch.bfloat16:
             return self.forward_native(q, k, v, md)
-        qsl, kernel = md.query_start_loc_list, cpu_encoder_attention()
+        kernel = cpu_encoder_attention()
+        if kernel is None or not kernel.tiles or not kernel.supports(q, k):
+            return self._each(q, k, v, md, self._gemms)
+        qsl = md.query_start_loc_list
         lens = [qsl[i + 1] - qsl[i] for i in range(md.num_reqs)]
         # NOTE: the engine runs an encoder's prompt whole (no chunking, no prefix cache)
         if md.seq_lens_list[:md.num_reqs] != lens:
             raise RuntimeError("an encoder's prompt must run whole in one step")
-        if kernel is None or not kernel.supports(q, k):
-            return self._each(q, k, v, md, self._gemms)
-        on_c = [i for i, n in enumerate(lens) if kernel.tiles or n < SHORT]
-        out = kernel(q, k, v, [qsl[i] for i in on_c], [lens[i] for i in on_c], q.shape[-1] ** -0.5)
-        if len(on_c) < md.num_reqs:
-            rows = out.view(q.shape[1], q.shape[0], q.shape[2])
-            for i in sorted(set(range(md.num_reqs)) - set(on_c)):
-                s, e = qsl[i], qsl[i + 1]
-                rows[s:e] = self._gemms(q[:, s:e], k[:, s:e], v[:, s:e]).transpose(0, 1)
-        return out
+        return kernel(q, k, v, qsl[:md.num_reqs], lens, q.shape[-1] ** -0.5)
 
     @staticmethod
     def _gemms(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -43,8 +43,7 @@ class CpuEncoderAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: list[int],
                  q_len: list[int], scale: float) -> torch.Tensor:
         """q [H, T, D], k and v [Hkv, T, D] (views of one qkv output, or any tensors); request r is
-        rows q_start[r] .. q_start[r] + q_len[r]. Returns [T, H * D]; rows of no listed request
-        are left as they were allocated."""
+        rows q_start[r] .. q_start[r] + q_len[r], every row in one request. Returns [T, H * D]."""
         q_rows, k_rows, v_rows = _rows(q), _rows(k), _rows(v)
         if k_rows.stride(0) != v_rows.stride(0):
             k_rows, v_rows = k_rows.contiguous(), v_rows.contiguous()
