@@ -219,6 +219,8 @@ def parse_args() -> argparse.Namespace:
         ap.error(f"unknown system(s) {unknown}; choose from {list(SERVERS)}")
     if "vllm" in systems and not os.path.isfile(os.path.join(args.hf_folder, "config.json")):
         ap.error(f"no HF folder at {args.hf_folder}: run benchmarks/peers/make_hf_folder.py first")
+    if "llamacpp" in systems and not os.access(args.llama_server, os.X_OK):
+        ap.error(f"no llama-server at {args.llama_server}: run benchmarks/peers/setup_llamacpp.sh first")
     args.systems = systems
     return args
 

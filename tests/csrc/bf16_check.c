@@ -173,16 +173,17 @@ static void check_encoder(int H, int KVH, int D) {
                 const int64_t row = q_start[r] + i, kh = h / (H / KVH);
                 double mx = -INFINITY, sum = 0;
                 for (int64_t t = 0; t < len[r]; t++) {
+                    const uint16_t* kr = k + (q_start[r] + t) * stride + kh * D;
                     double d = 0;
-                    for (int e = 0; e < D; e++)
-                        d += (double)b2f(qkv[row * stride + h * D + e]) * b2f(k[(q_start[r] + t) * stride + kh * D + e]);
+                    for (int e = 0; e < D; e++) d += (double)b2f(qkv[row * stride + h * D + e]) * b2f(kr[e]);
                     p[t] = d * scale;
                     mx = p[t] > mx ? p[t] : mx;
                 }
                 for (int64_t t = 0; t < len[r]; t++) sum += p[t] = exp(p[t] - mx);
                 for (int e = 0; e < D && ok; e++) {
                     double ref = 0;
-                    for (int64_t t = 0; t < len[r]; t++) ref += p[t] / sum * b2f(v[(q_start[r] + t) * stride + kh * D + e]);
+                    for (int64_t t = 0; t < len[r]; t++)
+                        ref += p[t] / sum * b2f(v[(q_start[r] + t) * stride + kh * D + e]);
                     ok = fabs(b2f(o[(row * H + h) * D + e]) - ref) <= 1e-2 + fabs(ref) / 64;
                 }
             }
