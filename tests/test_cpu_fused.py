@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from inflight.kernels.cpu.fused import load_fused_ops
 from isa_levels import kernel_test_levels, level_id
-from inflight.layers.layernorm import QKNorm, RMSNorm
+from inflight.layers.layernorm import LayerNorm, QKNorm, RMSNorm
 from inflight.layers.rotary import apply_rope
 
 OPS = load_fused_ops()
@@ -108,3 +108,27 @@ def test_rmsnorm_heads_kernel_matches_torch(level, rows):
     close(got, want, 0.01)
     assert torch.equal(got, per_head)
     assert torch.equal(got[:, (nh + nkv) * d:], v)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("rows,dim", [(1, 768), (5, 384), (7, 100)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_layernorm_kernel_at_every_level(level, rows, dim, with_residual):
+    """add_layernorm_bf16 (BERT's post-norm, StableLM's norms) against the torch LayerNorm in
+    float32 cast back: the bf16 sum exactly, the normed rows to bf16 rounding; a row whose mean
+    is far from zero (the variance is taken about the mean, not as E[x^2] - mean^2)."""
+    torch.manual_seed(rows + dim)
+    norm = LayerNorm(dim, 1e-12).to(BF16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-1, 1)
+    x = torch.randn(rows, dim, dtype=BF16) * 3 + 40
+    res = torch.randn(rows, dim, dtype=BF16) if with_residual else None
+    want_out, want_res = norm(x, None if res is None else res.clone())
+    got_out, got_res = load_fused_ops(level).add_layernorm_bf16(
+        x.clone(), None if res is None else res.clone(), norm.weight.detach(), norm.bias.detach(), 1e-12)
+    close(got_out, want_out, 0.02)
+    assert torch.equal(got_res, want_res)
+    norm.dispatch_to("cpu")  # the layer takes the kernel on the CPU in bf16
+    layer_out, _ = norm(x.clone(), None if res is None else res.clone())
+    close(layer_out, want_out, 0.02)

@@ -302,3 +302,12 @@ def test_encoder_attention_kernel_sees_every_row_of_its_request_on_every_level(l
         qf, kf, vf = (t[:, s:s + n].float() for t in (q, k, v))
         ref = F.scaled_dot_product_attention(qf[None], kf[None], vf[None], enable_gqa=True)[0]
         torch.testing.assert_close(got[s:s + n], ref.transpose(0, 1).reshape(n, -1), atol=2e-2, rtol=2e-2)
+
+
+def test_bf16_embeddings_stay_near_float32(encoder):
+    """In bf16 on the CPU (the fused add+LayerNorm; the C attention where the build has AMX
+    tiles) the embeddings stay within bf16's reach of transformers' float32 ones."""
+    folder, hidden = encoder
+    llm = LLM(str(folder), **{**SMALL, "dtype": "bfloat16"})
+    cos = [F.cosine_similarity(g, F.normalize(h[0], dim=-1), dim=0).item() for g, h in zip(_embed(llm), hidden)]
+    assert min(cos) > 0.999, cos

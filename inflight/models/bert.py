@@ -20,6 +20,7 @@ from torch import nn
 from inflight.attention.base import AttentionBackend, AttentionMetadata
 from inflight.layers.classifier import EncoderClassificationHead
 from inflight.layers.encoder_attention import EncoderAttention
+from inflight.layers.layernorm import LayerNorm
 from inflight.models.registry import ArchSpec, ModelArchConfig, arch_spec
 from inflight.models.weight_loading import load_checkpoint
 from inflight.pooling.token_types import TOKEN_ID_MASK, TOKEN_TYPE_SHIFT
@@ -46,7 +47,7 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.typed:  # pooling/token_types.py: a pair's second text is type 1
@@ -54,7 +55,7 @@ class BertEmbeddings(nn.Module):
             x = self.word_embeddings(input_ids) + self.token_type_embeddings(types)
         else:
             x = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
-        return self.LayerNorm(x + self.position_embeddings(positions + self.offset))
+        return self.LayerNorm(self.position_embeddings(positions + self.offset), x)[0]  # the sum lands in x
 
 
 class BertSelfAttention(nn.Module):
@@ -77,10 +78,11 @@ class BertSelfOutput(nn.Module):
     def __init__(self, cfg: ModelArchConfig, width: int) -> None:
         super().__init__()
         self.dense = nn.Linear(width, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(h) + residual)
+        # NOTE: the norm's second argument receives the sum: the fresh projection, not the input
+        return self.LayerNorm(residual, self.dense(h))[0]
 
 
 class BertAttention(nn.Module):

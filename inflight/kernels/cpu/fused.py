@@ -37,6 +37,8 @@ class CpuFusedOps:
         self.lib = lib
         # Declared argument types: the ~90 calls a step pass plain ints, no wrapper objects.
         self._add_rmsnorm, self._rmsnorm_heads, self._rope, self._silu_mul = {}, {}, {}, {}
+        self._add_layernorm_bf16 = fn = lib.add_layernorm_bf16  # BERT's post-norm (bf16 only)
+        fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _i32]
         for dtype, sfx in _SUFFIX.items():
             self._add_rmsnorm[dtype] = fn = getattr(lib, f"add_rmsnorm_{sfx}")
             fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _i32]
@@ -55,6 +57,18 @@ class CpuFusedOps:
         rows, dim = x.numel() // x.shape[-1], x.shape[-1]
         self._add_rmsnorm[x.dtype](x.data_ptr(), (residual if residual is not None else x).data_ptr(),
                                    weight.data_ptr(), out.data_ptr(), rows, dim, eps, residual is not None)
+        return out, (residual if residual is not None else x)
+
+    def add_layernorm_bf16(self, x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                           bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(layernorm(x + residual) * weight + bias, x + residual) for bf16 rows; the sum is
+        written into ``residual``."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        rows, dim = x.numel() // x.shape[-1], x.shape[-1]
+        self._add_layernorm_bf16(x.data_ptr(), (residual if residual is not None else x).data_ptr(),
+                                 weight.data_ptr(), bias.data_ptr(), out.data_ptr(), rows, dim, eps,
+                                 residual is not None)
         return out, (residual if residual is not None else x)
 
     def rmsnorm_heads_(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, q_weight: torch.Tensor,
