@@ -10,6 +10,25 @@
 
 #include "bf16_simd.h"
 
+/* The row's next values as the norms read them: x, or with add bf16(x + h) written back into
+ * h (the residual). Vector (16 lanes under mask m) and scalar forms. */
+#ifdef HAVE_AVX512_BF16
+static inline __m512 add_residual16(const uint16_t* x, uint16_t* h, __mmask16 m, int add) {
+    __m512 v = load_bf16x16(x, m);
+    if (add) {
+        v = round_bf16(_mm512_add_ps(v, load_bf16x16(h, m)));
+        store_bf16x16(h, v, m);
+    }
+    return v;
+}
+#endif
+
+static inline float add_residual1(const uint16_t* x, uint16_t* h, int add) {
+    if (!add) return bf16_to_f32(*x);
+    *h = f32_to_bf16(bf16_to_f32(*x) + bf16_to_f32(*h));
+    return bf16_to_f32(*h);
+}
+
 /* One row of add_rmsnorm_bf16 (hr: the residual row, or xr itself without add). Not inlined:
  * add_rmsnorm_bf16 and rmsnorm_heads_bf16 run this one body, so a head normed by either is
  * bit-identical (-fassociative-math would let two inlined copies sum differently). */
@@ -19,12 +38,7 @@ static __attribute__((noinline)) void rmsnorm_row_bf16(uint16_t* xr, uint16_t* h
     {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t i = 0; i < dim; i += 16) {
-            const __mmask16 m = tail_mask(dim - i);
-            __m512 h = load_bf16x16(xr + i, m);
-            if (add) {
-                h = round_bf16(_mm512_add_ps(h, load_bf16x16(hr + i, m)));
-                store_bf16x16(hr + i, h, m);
-            }
+            const __m512 h = add_residual16(xr + i, hr + i, tail_mask(dim - i), add);
             acc = _mm512_fmadd_ps(h, h, acc);
         }
         const __m512 inv = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
@@ -37,8 +51,7 @@ static __attribute__((noinline)) void rmsnorm_row_bf16(uint16_t* xr, uint16_t* h
 #endif
     float ss = 0.f;
     for (int64_t i = 0; i < dim; i++) {
-        float h = add ? bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(hr[i]))) : bf16_to_f32(xr[i]);
-        if (add) hr[i] = f32_to_bf16(h);
+        const float h = add_residual1(xr + i, hr + i, add);
         ss += h * h;
     }
     const float inv = 1.f / sqrtf(ss / (float)dim + eps);
@@ -125,57 +138,48 @@ void silu_mul_bf16(const uint16_t* gate_up, uint16_t* out, int64_t rows, int64_t
     }
 }
 
+/* One row of add_layernorm_bf16 (hr: the residual row, or xr itself without add). */
+static void layernorm_row_bf16(const uint16_t* xr, uint16_t* hr, const uint16_t* weight, const uint16_t* bias,
+                               uint16_t* orow, int64_t dim, float eps, int add) {
+#ifdef HAVE_AVX512_BF16
+    {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < dim; i += 16)
+            acc = _mm512_add_ps(acc, add_residual16(xr + i, hr + i, tail_mask(dim - i), add));
+        const __m512 mv = _mm512_set1_ps(_mm512_reduce_add_ps(acc) / (float)dim);
+        acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < dim; i += 16) {
+            const __mmask16 m = tail_mask(dim - i);
+            const __m512 d = _mm512_maskz_sub_ps(m, load_bf16x16(hr + i, m), mv);
+            acc = _mm512_fmadd_ps(d, d, acc);
+        }
+        const __m512 rs = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
+        for (int64_t i = 0; i < dim; i += 16) {
+            const __mmask16 m = tail_mask(dim - i);
+            const __m512 y = _mm512_mul_ps(_mm512_sub_ps(load_bf16x16(hr + i, m), mv), rs);
+            const __m512 w = load_bf16x16(weight + i, m), b = load_bf16x16(bias + i, m);
+            store_bf16x16(orow + i, _mm512_fmadd_ps(y, w, b), m);
+        }
+        return;
+    }
+#endif
+    float sum = 0.f, ss = 0.f;
+    for (int64_t i = 0; i < dim; i++) sum += add_residual1(xr + i, hr + i, add);
+    const float mean = sum / (float)dim;
+    for (int64_t i = 0; i < dim; i++) ss += (bf16_to_f32(hr[i]) - mean) * (bf16_to_f32(hr[i]) - mean);
+    const float rs = 1.f / sqrtf(ss / (float)dim + eps);
+    for (int64_t i = 0; i < dim; i++)
+        orow[i] = f32_to_bf16((bf16_to_f32(hr[i]) - mean) * rs * bf16_to_f32(weight[i]) + bf16_to_f32(bias[i]));
+}
+
 /* residual += x (rounded to bf16, when add), then out = bf16((residual - mean) * rstd * weight
  * + bias) with mean and variance over the row in float32: post-norm LayerNorm (BERT's). */
 void add_layernorm_bf16(const uint16_t* x, uint16_t* residual, const uint16_t* weight, const uint16_t* bias,
                         uint16_t* out, int64_t rows, int64_t dim, float eps, int add) {
     #pragma omp parallel for schedule(static) if (rows > 1)
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t* xr = x + r * dim;
-        uint16_t* hr = add ? residual + r * dim : (uint16_t*)xr;
-        uint16_t* orow = out + r * dim;
-#ifdef HAVE_AVX512_BF16
-        {
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t i = 0; i < dim; i += 16) {
-                const __mmask16 m = tail_mask(dim - i);
-                __m512 h = load_bf16x16(xr + i, m);
-                if (add) {
-                    h = round_bf16(_mm512_add_ps(h, load_bf16x16(hr + i, m)));
-                    store_bf16x16(hr + i, h, m);
-                }
-                acc = _mm512_add_ps(acc, h);
-            }
-            const float mean = _mm512_reduce_add_ps(acc) / (float)dim;
-            const __m512 mv = _mm512_set1_ps(mean);
-            acc = _mm512_setzero_ps();
-            for (int64_t i = 0; i < dim; i += 16) {
-                const __mmask16 m = tail_mask(dim - i);
-                const __m512 d = _mm512_maskz_sub_ps(m, load_bf16x16(hr + i, m), mv);
-                acc = _mm512_fmadd_ps(d, d, acc);
-            }
-            const __m512 rs = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
-            for (int64_t i = 0; i < dim; i += 16) {
-                const __mmask16 m = tail_mask(dim - i);
-                const __m512 y = _mm512_mul_ps(_mm512_sub_ps(load_bf16x16(hr + i, m), mv), rs);
-                const __m512 w = load_bf16x16(weight + i, m), b = load_bf16x16(bias + i, m);
-                store_bf16x16(orow + i, _mm512_fmadd_ps(y, w, b), m);
-            }
-            continue;
-        }
-#endif
-        float sum = 0.f, ss = 0.f;
-        for (int64_t i = 0; i < dim; i++) {
-            const float h = add ? bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(hr[i]))) : bf16_to_f32(xr[i]);
-            if (add) hr[i] = f32_to_bf16(h);
-            sum += h;
-        }
-        const float mean = sum / (float)dim;
-        for (int64_t i = 0; i < dim; i++) ss += (bf16_to_f32(hr[i]) - mean) * (bf16_to_f32(hr[i]) - mean);
-        const float rs = 1.f / sqrtf(ss / (float)dim + eps);
-        for (int64_t i = 0; i < dim; i++)
-            orow[i] = f32_to_bf16((bf16_to_f32(hr[i]) - mean) * rs * bf16_to_f32(weight[i]) + bf16_to_f32(bias[i]));
-    }
+    for (int64_t r = 0; r < rows; r++)
+        layernorm_row_bf16(x + r * dim, add ? residual + r * dim : (uint16_t*)x + r * dim, weight, bias,
+                           out + r * dim, dim, eps, add);
 }
 
 /* ---- float32: the same ops written once against vec.h (every ISA level) ----
