@@ -34,12 +34,17 @@ class EncoderAttention(CustomOp):
         kernel = cpu_encoder_attention()
         if kernel is None or not kernel.tiles or not kernel.supports(q, k):
             return self._each(q, k, v, md, self._gemms)
+        return kernel(q, k, v, md.query_start_loc_list[:md.num_reqs], self._whole_lens(md), q.shape[-1] ** -0.5)
+
+    @staticmethod
+    def _whole_lens(md: AttentionMetadata) -> list[int]:
+        """Each request's rows in the step, which must be its whole prompt."""
         qsl = md.query_start_loc_list
         lens = [qsl[i + 1] - qsl[i] for i in range(md.num_reqs)]
         # NOTE: the engine runs an encoder's prompt whole (no chunking, no prefix cache)
         if md.seq_lens_list[:md.num_reqs] != lens:
             raise RuntimeError("an encoder's prompt must run whole in one step")
-        return kernel(q, k, v, qsl[:md.num_reqs], lens, q.shape[-1] ** -0.5)
+        return lens
 
     @staticmethod
     def _gemms(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -52,11 +57,6 @@ class EncoderAttention(CustomOp):
     @staticmethod
     def _each(q, k, v, md: AttentionMetadata, attend) -> torch.Tensor:
         out = torch.empty_like(q)
-        qsl = md.query_start_loc_list
-        for i in range(md.num_reqs):
-            s, e = qsl[i], qsl[i + 1]
-            # NOTE: the engine runs an encoder's prompt whole (no chunking, no prefix cache)
-            if md.seq_lens_list[i] != e - s:
-                raise RuntimeError("an encoder's prompt must run whole in one step")
-            out[:, s:e] = attend(q[:, s:e], k[:, s:e], v[:, s:e])
+        for s, n in zip(md.query_start_loc_list, EncoderAttention._whole_lens(md)):
+            out[:, s:s + n] = attend(q[:, s:s + n], k[:, s:s + n], v[:, s:s + n])
         return out.transpose(0, 1).reshape(q.shape[1], -1)
