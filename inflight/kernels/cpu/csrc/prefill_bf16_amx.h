@@ -67,17 +67,18 @@ static void amx_scores(const uint32_t* q, int D, const uint32_t* ktiles, int64_t
  * [0, lim) visible, keys [lim, kfill) zero. Max and exp as attend_block computes them.
  * Returns the row's sum. */
 static float amx_softmax_row(float* sr, int64_t lim, int64_t kfill, float scale) {
-    const __m512 sc = _mm512_set1_ps(scale);
+    const float c = scale * 1.44269504088896341f;  /* e^(s scale - m) = 2^(s c - m log2 e) */
+    const __m512 sc = _mm512_set1_ps(c);
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int64_t t = 0; t < lim; t += 16)
         vmax = _mm512_mask_max_ps(vmax, tail_mask(lim - t), vmax, _mm512_loadu_ps(sr + t));
-    const __m512 mm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax) * scale);  /* scale > 0: the max of s * scale */
+    const __m512 mm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax) * c);  /* c > 0: the max of s * c */
     uint16_t* pr = (uint16_t*)sr;  /* written behind the read position */
     __m512 sum = _mm512_setzero_ps();
     int64_t t = 0;
     for (; t < lim; t += 16) {
-        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(sr + t), sc);
-        const __m512 p = _mm512_maskz_mov_ps(tail_mask(lim - t), exp512(_mm512_sub_ps(a, mm)));
+        const __m512 a = _mm512_fmsub_ps(_mm512_loadu_ps(sr + t), sc, mm);
+        const __m512 p = _mm512_maskz_mov_ps(tail_mask(lim - t), exp2_for_bf16(a));
         sum = _mm512_add_ps(sum, p);
         store_bf16x16(pr + t, p, 0xFFFF);
     }
