@@ -63,27 +63,43 @@ static void amx_scores(const uint32_t* q, int D, const uint32_t* ktiles, int64_t
     }
 }
 
+/* lanes [0, n) of a 16-lane vector, none for n <= 0 */
+static inline __mmask16 lanes_below(int64_t n) { return n <= 0 ? 0 : tail_mask(n); }
+
 /* One row's raw scores sr to bf16 probabilities written over the front of the row: keys
- * [0, lim) visible, keys [lim, kfill) zero. Max and exp as attend_block computes them.
- * Returns the row's sum. */
+ * [0, lim) visible, keys [lim, kfill) zero (kfill a multiple of 32, its scores finite or
+ * NaN). Returns the row's sum. NOTE: two accumulators in each pass, 32 keys a step: one
+ * would chain every step on the latency of the last max or add. */
 static float amx_softmax_row(float* sr, int64_t lim, int64_t kfill, float scale) {
     const float c = scale * 1.44269504088896341f;  /* e^(s scale - m) = 2^(s c - m log2 e) */
-    const __m512 sc = _mm512_set1_ps(c);
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < lim; t += 16)
-        vmax = _mm512_mask_max_ps(vmax, tail_mask(lim - t), vmax, _mm512_loadu_ps(sr + t));
-    const __m512 mm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax) * c);  /* c > 0: the max of s * c */
-    uint16_t* pr = (uint16_t*)sr;  /* written behind the read position */
-    __m512 sum = _mm512_setzero_ps();
+    const int64_t full = lim & ~(int64_t)63;
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     int64_t t = 0;
-    for (; t < lim; t += 16) {
-        const __m512 a = _mm512_fmsub_ps(_mm512_loadu_ps(sr + t), sc, mm);
-        const __m512 p = _mm512_maskz_mov_ps(tail_mask(lim - t), exp2_for_bf16(a));
-        sum = _mm512_add_ps(sum, p);
-        store_bf16x16(pr + t, p, 0xFFFF);
+    for (; t < full; t += 64) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(sr + t));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(sr + t + 16));
+        m2 = _mm512_max_ps(m2, _mm512_loadu_ps(sr + t + 32));
+        m3 = _mm512_max_ps(m3, _mm512_loadu_ps(sr + t + 48));
     }
-    for (; t < kfill; t += 16) store_bf16x16(pr + t, _mm512_setzero_ps(), 0xFFFF);
-    return _mm512_reduce_add_ps(sum);
+    m0 = _mm512_max_ps(m0, m2);
+    m1 = _mm512_max_ps(m1, m3);
+    for (; t < lim; t += 16) m0 = _mm512_mask_max_ps(m0, tail_mask(lim - t), m0, _mm512_loadu_ps(sr + t));
+    const __m512 sc = _mm512_set1_ps(c);
+    const __m512 mm = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)) * c);  /* c > 0: max of s * c */
+    uint16_t* pr = (uint16_t*)sr;  /* written behind the read position */
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+    for (t = 0; t < kfill; t += 32) {
+        __m512 p0 = exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(sr + t), sc, mm));
+        __m512 p1 = exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(sr + t + 16), sc, mm));
+        if (t + 32 > lim) {
+            p0 = _mm512_maskz_mov_ps(lanes_below(lim - t), p0);
+            p1 = _mm512_maskz_mov_ps(lanes_below(lim - t - 16), p1);
+        }
+        sum0 = _mm512_add_ps(sum0, p0);
+        sum1 = _mm512_add_ps(sum1, p1);
+        _mm512_storeu_si512(pr + t, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 
 /* P.V for 16 rows over keys [0, kfill), normalized by 1 / l[r], into dst[r] for r < nr.
