@@ -172,7 +172,9 @@ static void prefill_item(const uint16_t* q, int64_t q_stride, uint16_t* out, int
  * NOTE: a short chunk (speculative decoding's draft rows) repacks nothing: repacking its
  * whole context costs more than a decode-style pass over the cache in place. */
 struct pf_work {
-    int64_t n1, n2, kpad, short_lp;  /* kpad: the longest context in whole key tiles */
+    int64_t n1, n2, kpad, short_lp;  /* kpad: the score rows' stride (the longest context in whole key
+                                      * tiles and 16 floats more: a stride of a multiple of 4 KiB
+                                      * would put every row of a tile store in one L1 set) */
     int short_rows, tq;              /* tq: query tokens per phase-2 item */
     int64_t *tile_base, *it1, *it2;  /* it1, it2: (request, tile) pairs */
 };
@@ -194,7 +196,7 @@ static void pf_plan(struct pf_work* w, const int64_t* q_len, const int64_t* seq_
         w->kpad = seq_len[r] > w->kpad ? seq_len[r] : w->kpad;
     }
     w->short_lp = (w->short_lp + 31) & ~(int64_t)31;
-    w->kpad = (w->kpad + KT - 1) / KT * KT;
+    w->kpad = (w->kpad + KT - 1) / KT * KT + 16;
     w->n1 = w->tile_base[num_reqs];
     w->it1 = (int64_t*)malloc(sizeof(int64_t) * 2 * (w->n1 + w->n2 + 1));
     w->it2 = w->it1 + 2 * w->n1;
