@@ -40,10 +40,12 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* 2^x for 16 finite floats to a relative 8e-5, for probabilities that are rounded to bf16
+/* 2^x for 16 floats to a relative 8e-5, for probabilities that are rounded to bf16
  * (relative 2^-9) next: 2^n * p(f), f = x - n in [-1/2, 1/2], p a degree-3 fit of 2^f.
- * Half the instructions of exp512; very negative inputs give 0 (scalef underflows). */
+ * Half the instructions of exp512; inputs below -200 give 0 (scalef underflows), -inf
+ * included. */
 static inline __m512 exp2_for_bf16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-200.f));
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.05508868380751114f), f, _mm512_set1_ps(0.24260405145947936f));

@@ -94,16 +94,20 @@ static inline __attribute__((always_inline)) void attend_block(
     }
     float l[RB_MAX];
     for (int r = 0; r < nr; r++) {
-        const __m512 mm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
+        const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);  /* e^(a - m) = 2^(a log2 e - m log2 e) */
+        const __m512 mm = _mm512_mul_ps(_mm512_set1_ps(_mm512_reduce_max_ps(vmax[r])), log2e);
         float* sr = sbuf + r * kpad;
         uint16_t* pr = (uint16_t*)sr;  /* written behind the read position */
-        __m512 sum = _mm512_setzero_ps();
-        for (int64_t t = 0; t < kround; t += 16) {
-            const __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(sr + t), mm));  /* masked keys: 0 */
-            sum = _mm512_add_ps(sum, p);
-            store_bf16x16(pr + t, p, 0xFFFF);
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;  /* two: one chains each step on an add */
+        for (int64_t t = 0; t < kround; t += 32) {  /* masked keys (-inf): 0 */
+            const __m512 p0 = exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(sr + t), log2e, mm));
+            const __m512 p1 = exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(sr + t + 16), log2e, mm));
+            sum0 = _mm512_add_ps(sum0, p0);
+            sum1 = _mm512_add_ps(sum1, p1);
+            store_bf16x16(pr + t, p0, 0xFFFF);
+            store_bf16x16(pr + t + 16, p1, 0xFFFF);
         }
-        l[r] = _mm512_reduce_add_ps(sum);
+        l[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
     }
     __m512 acc[RB_MAX][MAX_D / 16];
     for (int r = 0; r < RB; r++)
