@@ -196,8 +196,10 @@ int main(void) {
     const int shapes[][3] = {{1, 100, 33}, {5, 64, 40}, {7, 160, 96}, {8, 128, 64}, {13, 64, 7},
                              {30, 96, 64}, {97, 70, 1}, {100, 1000, 40},
                              /* K a multiple of 32, 16 rows or more: the AMX tiles at amx_bf16 (rows past a
-                              * multiple of 16, past a 32-row block, past a 128-row L2 block) */
-                             {16, 64, 64}, {37, 96, 96}, {48, 100, 32}, {133, 160, 64}};
+                              * multiple of 16, past a 32-row block, past an L2 block of rows: 128 where a
+                              * panel outgrows L1, up to 512 where it fits) */
+                             {16, 64, 64}, {37, 96, 96}, {48, 100, 32}, {133, 160, 64}, {133, 64, 800},
+                             {530, 96, 64}};
     for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) check_gemm(shapes[s][0], shapes[s][1], shapes[s][2]);
     check_prefill(4, 2, 64, 16);
     check_prefill(9, 3, 32, 32);

@@ -29,7 +29,19 @@
 #include "bf16_simd.h"
 #include "gemm_bf16_dp.h"
 
-#define AMX_MC 128  /* rows per L2 block of x */
+#define AMX_MC 128                  /* rows per L2 block of x */
+#define AMX_XBLOCK (640 << 10)      /* bytes of x per L2 block of rows, where a panel fits L1 */
+#define AMX_L1_PANEL_K ((48 << 10) / (PANEL * 2))  /* the longest K whose panel fits a 48 KiB L1 */
+
+/* rows per L2 block of x. Where a panel stays in L1 while a block passes over it, a
+ * taller block (AMX_XBLOCK bytes of x, up to 512 rows) passes over the thread's panels
+ * fewer times; a panel that does not fit L1 streams from L2 for every 32 rows anyway,
+ * and a taller block there only adds L2 traffic. */
+static inline int64_t amx_block_rows(int64_t K) {
+    if (K > AMX_L1_PANEL_K) return AMX_MC;
+    const int64_t rows = AMX_XBLOCK / (2 * K) / 32 * 32;
+    return rows < AMX_MC ? AMX_MC : rows > 512 ? 512 : rows;
+}
 
 /* acc[32][32] = init + rows x0 (16 rows, stride0 elements) and x1 (the next 16; NULL:
  * none, acc rows 16-31 untouched) . the panel b over K (a multiple of AMX_K). init:
@@ -100,7 +112,7 @@ static inline const uint16_t* amx_rows(const uint16_t* x, int64_t lda, int64_t M
 }
 
 /* gemm_range of gemm_bf16_dp.h on AMX tiles: panels [q0, q1) for every row, each panel
- * kept in cache while every 32-row block of a block of AMX_MC rows passes over it.
+ * kept in cache while every 32-row block of an L2 block of rows passes over it.
  * Calls with K not a multiple of AMX_K, or without the kernel's permission for the
  * tiles, run the dot-product loops. */
 static void amx_gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda, const uint16_t* packed,
@@ -124,8 +136,9 @@ static void amx_gemm_range(const uint16_t* x, int64_t M, int64_t K, int64_t lda,
     float acc[32 * 32] __attribute__((aligned(64))), up[32 * 32] __attribute__((aligned(64)));
     float init[32] __attribute__((aligned(64)));
     amx_configure();
-    for (int64_t mc = 0; mc < M; mc += AMX_MC) {
-        const int64_t mend = mc + AMX_MC < M ? mc + AMX_MC : M;
+    const int64_t mrows = amx_block_rows(K);
+    for (int64_t mc = 0; mc < M; mc += mrows) {
+        const int64_t mend = mc + mrows < M ? mc + mrows : M;
         for (int64_t q = q0; q < q1; q++) {
             const uint16_t* b = packed + q * panel_elems;
             if (bias)
