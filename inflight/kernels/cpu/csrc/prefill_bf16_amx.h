@@ -222,6 +222,7 @@ static void amx_attend_item(const uint32_t* qrows, const int64_t* pos, int nrows
         attend_item(qrows, pos, nrows, ktiles, D, scale, dst, sbuf, kpad);
         return;
     }
+    if (nrows <= 0) return;
     const int half = D / 2, nb = (nrows + AMX_ROWS - 1) / AMX_ROWS;
     const int64_t bstride = (int64_t)AMX_ROWS * kpad;
     uint32_t qpad[AMX_ROWS * MAX_D / 2] __attribute__((aligned(64)));
