@@ -156,8 +156,8 @@ static void amx_pump_run(struct amx_pump* p) {
 /* One row's raw scores sr to bf16 probabilities written over the front of the row: keys
  * [0, lim) visible, keys [lim, kfill) zero (kfill a multiple of 32, its scores finite or
  * NaN). Returns the row's sum; the pump takes a step every pump->every steps of 32
- * keys. NOTE: two accumulators in each pass, 32 keys a step: one
- * would chain every step on the latency of the last max or add. */
+ * keys. NOTE: four max and two sum accumulators: one would chain every step on the
+ * latency of the last max or add. */
 static float amx_softmax_row(float* sr, int64_t lim, int64_t kfill, float scale, struct amx_pump* pump) {
     const float c = scale * 1.44269504088896341f;  /* e^(s scale - m) = 2^(s c - m log2 e) */
     const int64_t full = lim & ~(int64_t)63;
@@ -238,7 +238,7 @@ static void amx_attend_item(const uint32_t* qrows, const int64_t* pos, int nrows
         const struct amx_block next = more ? amx_block_at(qrows, pos, nrows, (i + 1) * AMX_ROWS, half, qpad) : cur;
         amx_pump_load(&pump, more ? next.q : NULL, sbuf + (i + 1) % 3 * bstride, next.kfill,
                       i > 0 ? sbuf + (i + 2) % 3 * bstride : NULL, l[(i + 1) % 2], prev.nr,
-                      dst + (int64_t)(i - 1) * AMX_ROWS, prev.kfill);
+                      i > 0 ? dst + (int64_t)(i - 1) * AMX_ROWS : NULL, prev.kfill);
         const int64_t steps = amx_pump_steps(&pump), iters = (int64_t)cur.nr * (cur.kfill / AMX_K);
         pump.every = pump.countdown = steps > 0 && iters > steps ? (int)(iters / steps) : 1;
         float* sb = sbuf + i % 3 * bstride;
