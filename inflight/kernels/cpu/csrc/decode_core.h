@@ -216,7 +216,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
     const __m512 vscale = _mm512_set1_ps(scale);
     /* lines of next to prefetch per chunk of the score and exp passes, so that they are all
      * asked for by the end of the last one */
-    const int64_t chunks = (kh1 - kh0) * (int64_t)nr * ((len + CHUNK - 1) / CHUNK + (len + 31) / 32 * 2);
+    const int64_t chunks = (kh1 - kh0) * (int64_t)nr * ((len + CHUNK - 1) / CHUNK + (len + 31) / 32);
     const int per_chunk = next && chunks ? (int)((next->nblk * next->blk_bytes / 64 + chunks - 1) / chunks) : 0;
     for (int kh = kh0; kh < kh1; kh++) {
         const uint16_t* kbase = k_cache + (int64_t)kh * head_dim;
@@ -244,17 +244,23 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             /* probabilities as bf16 (rounded, as flash attention does), written over
              * the front of the same row; zero up to the padded length */
             mxs[r] = _mm512_reduce_max_ps(vmax);
-            const __m512 mx = _mm512_set1_ps(mxs[r]);
-            __m512 sum = _mm512_setzero_ps();
+            const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);  /* e^(s - m) = 2^(s log2 e - m log2 e) */
+            const __m512 mx = _mm512_set1_ps(mxs[r] * 1.44269504088896341f);
+            __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;  /* two: one chains each step on an add */
             uint16_t* pb = (uint16_t*)sc;
-            for (int64_t t0 = 0; t0 < lp; t0 += 16) {
+            for (int64_t t0 = 0; t0 < lp; t0 += 32) {
                 if (per_chunk) pf_advance(next, per_chunk);
-                const __mmask16 m = t0 < lr ? tail_mask(lr - t0) : 0;
-                const __m512 p = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t0), mx)));
-                sum = _mm512_add_ps(sum, p);
-                store_bf16x16(pb + t0, p, 0xFFFF);
+                const __mmask16 m0 = t0 < lr ? tail_mask(lr - t0) : 0, m1 = t0 + 16 < lr ? tail_mask(lr - t0 - 16) : 0;
+                const __m512 p0 = _mm512_maskz_mov_ps(
+                    m0, exp2_for_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m0, sc + t0), log2e, mx)));
+                const __m512 p1 = _mm512_maskz_mov_ps(
+                    m1, exp2_for_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m1, sc + t0 + 16), log2e, mx)));
+                sum0 = _mm512_add_ps(sum0, p0);
+                sum1 = _mm512_add_ps(sum1, p1);
+                store_bf16x16(pb + t0, p0, 0xFFFF);
+                store_bf16x16(pb + t0 + 16, p1, 0xFFFF);
             }
-            l[r] = _mm512_reduce_add_ps(sum);
+            l[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
         }
         const int gb = PV_REGS / (2 * nv) > 0 ? PV_REGS / (2 * nv) : 1;
         for (int r0 = 0; r0 < nr; r0 += gb) {
