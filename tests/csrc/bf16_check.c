@@ -193,7 +193,7 @@ static void check_encoder(int H, int KVH, int D) {
 
 #ifdef HAVE_AVX512_BF16
 /* exp2_for_bf16, the softmax's 2^x: within a relative 1e-4 of 2^x wherever that is a normal
- * float (the bf16 rounding after it is 4e-3), and 0 for -inf and far below (masked keys) */
+ * float (the bf16 rounding after it errs by up to 2e-3), and 0 for -inf and far below (masked keys) */
 static void check_exp2(void) {
     double worst = 0;
     int zeros = 1;
