@@ -43,4 +43,12 @@ static void amx_configure(void) {
     _tile_loadconfig(&c);
 }
 
+/* tiles 0-3, the four C tiles of the kernels' register blocks, to zero */
+static inline void amx_zero_c(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
 #endif

@@ -40,6 +40,8 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+#define LOG2E_F 1.44269504088896341f  /* e^x = 2^(x log2 e) */
+
 /* 2^x for 16 floats to a relative 8e-5, for probabilities that are rounded to bf16
  * (relative 2^-9) next: 2^n * p(f), f = x - n in [-1/2, 1/2], p a degree-3 fit of 2^f.
  * Half the instructions of exp512; inputs below -200 give 0 (scalef underflows), -inf

@@ -244,8 +244,8 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
             /* probabilities as bf16 (rounded, as flash attention does), written over
              * the front of the same row; zero up to the padded length */
             mxs[r] = _mm512_reduce_max_ps(vmax);
-            const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);  /* e^(s - m) = 2^(s log2 e - m log2 e) */
-            const __m512 mx = _mm512_set1_ps(mxs[r] * 1.44269504088896341f);
+            const __m512 log2e = _mm512_set1_ps(LOG2E_F);  /* e^(s - m) = 2^(s log2 e - m log2 e) */
+            const __m512 mx = _mm512_set1_ps(mxs[r] * LOG2E_F);
             __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;  /* two: one chains each step on an add */
             uint16_t* pb = (uint16_t*)sc;
             for (int64_t t0 = 0; t0 < lp; t0 += 32) {

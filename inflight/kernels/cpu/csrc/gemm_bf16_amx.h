@@ -57,10 +57,7 @@ static inline void amx_block(const uint16_t* x0, int64_t stride0, const uint16_t
         _tile_loadd(2, init, 0);
         _tile_loadd(3, init + 16, 0);
     } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        amx_zero_c();
     }
     for (int64_t k = 0; k < K; k += AMX_K) {
         if (pf)

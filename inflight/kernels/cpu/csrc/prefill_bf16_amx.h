@@ -65,12 +65,7 @@ struct amx_pump {
 
 static void amx_scores_step(struct amx_pump* p) {
     const int half = p->D / 2;
-    if (p->s_dp == 0) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
+    if (p->s_dp == 0) amx_zero_c();
     const uint32_t* kb = p->ktiles + (p->s_t0 / KT) * 2 * (int64_t)KT * half + (int64_t)p->s_dp * KT;
     _tile_loadd(4, p->q + p->s_dp, half * 4);
     _tile_loadd(5, kb, KT * 4);
@@ -93,12 +88,7 @@ static void amx_scores_step(struct amx_pump* p) {
 
 static void amx_values_step(struct amx_pump* p) {
     const int D = p->D, d0 = p->v_d0, wide = D - d0 >= 64;
-    if (p->v_t0 == 0) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
+    if (p->v_t0 == 0) amx_zero_c();
     const int64_t t0 = p->v_t0, tile_words = (int64_t)KT * (D / 2);
     const uint32_t* vb = p->ktiles + (t0 / KT) * 2 * tile_words + tile_words + (t0 % KT) / 2 * D + d0;
     _tile_loadd(4, (const uint16_t*)p->v_buf + t0, p->kpad * 4);
@@ -127,26 +117,28 @@ static void amx_values_step(struct amx_pump* p) {
     if ((p->v_d0 += 64) >= D) p->phase = 2;
 }
 
+/* the steps of a freshly loaded pump's work */
+static int64_t amx_pump_steps(const struct amx_pump* p) {
+    const int64_t s = p->q ? (p->s_end + KT - 1) / KT * (p->D / AMX_K) : 0;
+    return s + (p->v_buf ? p->v_kfill / AMX_K * ((p->D + 63) / 64) : 0);
+}
+
 /* Loads the pump with the scores of q's 16 rows over keys [0, s_end) into s_buf (q NULL:
- * none) and the P.V of v_buf's nr rows over keys [0, v_kfill) into v_dst (v_buf NULL: none). */
+ * none) and the P.V of v_buf's nr rows over keys [0, v_kfill) into v_dst (v_buf NULL: none),
+ * its steps spread evenly over the `iters` softmax steps it is to run beside (0: none). */
 static void amx_pump_load(struct amx_pump* p, const uint32_t* q, float* s_buf, int64_t s_end, const float* v_buf,
-                          const float* v_l, int nr, uint16_t* const* v_dst, int64_t v_kfill) {
+                          const float* v_l, int nr, uint16_t* const* v_dst, int64_t v_kfill, int64_t iters) {
     p->q = q, p->s_buf = s_buf, p->s_end = s_end, p->s_t0 = 0, p->s_dp = 0;
     p->v_buf = v_buf, p->v_l = v_l, p->v_nr = nr, p->v_dst = v_dst, p->v_kfill = v_kfill, p->v_t0 = 0, p->v_d0 = 0;
     p->phase = q ? 0 : v_buf ? 1 : 2;
-    p->every = p->countdown = 1;
+    const int64_t steps = amx_pump_steps(p);
+    p->every = p->countdown = steps > 0 && iters > steps ? (int)(iters / steps) : 1;
 }
 
 /* one step of the pump's work, if any is left */
 static inline void amx_pump_step(struct amx_pump* p) {
     if (p->phase == 0) amx_scores_step(p);
     else if (p->phase == 1) amx_values_step(p);
-}
-
-/* the steps of a freshly loaded pump's work */
-static int64_t amx_pump_steps(const struct amx_pump* p) {
-    const int64_t s = p->q ? (p->s_end + KT - 1) / KT * (p->D / AMX_K) : 0;
-    return s + (p->v_buf ? p->v_kfill / AMX_K * ((p->D + 63) / 64) : 0);
 }
 
 static void amx_pump_run(struct amx_pump* p) {
@@ -159,7 +151,7 @@ static void amx_pump_run(struct amx_pump* p) {
  * keys. NOTE: four max and two sum accumulators: one would chain every step on the
  * latency of the last max or add. */
 static float amx_softmax_row(float* sr, int64_t lim, int64_t kfill, float scale, struct amx_pump* pump) {
-    const float c = scale * 1.44269504088896341f;  /* e^(s scale - m) = 2^(s c - m log2 e) */
+    const float c = scale * LOG2E_F;  /* e^(s scale - m) = 2^(s c - m log2 e) */
     const int64_t full = lim & ~(int64_t)63;
     __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     int64_t t = 0;
@@ -231,16 +223,15 @@ static void amx_attend_item(const uint32_t* qrows, const int64_t* pos, int nrows
     pump.ktiles = ktiles, pump.D = D, pump.kpad = kpad;
     amx_configure();
     struct amx_block cur = amx_block_at(qrows, pos, nrows, 0, half, qpad), prev = cur;
-    amx_pump_load(&pump, cur.q, sbuf, cur.kfill, NULL, NULL, 0, NULL, 0);
+    amx_pump_load(&pump, cur.q, sbuf, cur.kfill, NULL, NULL, 0, NULL, 0, 0);
     amx_pump_run(&pump);
     for (int i = 0; i < nb; i++) {
         const int more = i + 1 < nb;
         const struct amx_block next = more ? amx_block_at(qrows, pos, nrows, (i + 1) * AMX_ROWS, half, qpad) : cur;
         amx_pump_load(&pump, more ? next.q : NULL, sbuf + (i + 1) % 3 * bstride, next.kfill,
                       i > 0 ? sbuf + (i + 2) % 3 * bstride : NULL, l[(i + 1) % 2], prev.nr,
-                      i > 0 ? dst + (int64_t)(i - 1) * AMX_ROWS : NULL, prev.kfill);
-        const int64_t steps = amx_pump_steps(&pump), iters = (int64_t)cur.nr * (cur.kfill / AMX_K);
-        pump.every = pump.countdown = steps > 0 && iters > steps ? (int)(iters / steps) : 1;
+                      i > 0 ? dst + (int64_t)(i - 1) * AMX_ROWS : NULL, prev.kfill,
+                      (int64_t)cur.nr * (cur.kfill / AMX_K));
         float* sb = sbuf + i % 3 * bstride;
         for (int r = 0; r < cur.nr; r++)
             l[i % 2][r] = amx_softmax_row(sb + r * kpad, pos[i * AMX_ROWS + r] + 1, cur.kfill, scale, &pump);
@@ -249,7 +240,7 @@ static void amx_attend_item(const uint32_t* qrows, const int64_t* pos, int nrows
         cur = next;
     }
     amx_pump_load(&pump, NULL, NULL, 0, sbuf + (nb - 1) % 3 * bstride, l[(nb - 1) % 2], prev.nr,
-                  dst + (int64_t)(nb - 1) * AMX_ROWS, prev.kfill);
+                  dst + (int64_t)(nb - 1) * AMX_ROWS, prev.kfill, 0);
     amx_pump_run(&pump);
     _tile_release();
 }

@@ -94,7 +94,7 @@ static inline __attribute__((always_inline)) void attend_block(
     }
     float l[RB_MAX];
     for (int r = 0; r < nr; r++) {
-        const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);  /* e^(a - m) = 2^(a log2 e - m log2 e) */
+        const __m512 log2e = _mm512_set1_ps(LOG2E_F);  /* e^(a - m) = 2^(a log2 e - m log2 e) */
         const __m512 mm = _mm512_mul_ps(_mm512_set1_ps(_mm512_reduce_max_ps(vmax[r])), log2e);
         float* sr = sbuf + r * kpad;
         uint16_t* pr = (uint16_t*)sr;  /* written behind the read position */
