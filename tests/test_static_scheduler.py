@@ -2,10 +2,10 @@
 from fake_runner import make_request, make_scheduler, run_step
 
 
-def _drive(s, max_steps=50):
+def _drive(s, max_steps=50, token=7):
     trace = []
     for _ in range(max_steps):
-        sched, outs = run_step(s)
+        sched, outs = run_step(s, token)
         s.kv.check_integrity()
         trace.append(({x.request.request_id: x.num_new_tokens for x in sched.scheduled},
                       sorted({o.request_id for o in outs})))
@@ -55,3 +55,17 @@ def test_static_outputs_equal_token_counts():
         if not s.has_unfinished_requests():
             break
     assert got == {"r0": 3, "r1": 1, "r2": 5, "r3": 2}
+
+
+def test_a_padding_rows_slot_is_not_served_from_the_prefix_cache_unwritten():
+    """A finished member's padding slot (its sampled token's position) is reserved at once but
+    written only when padding runs; a batch that ends first must not leave that block in the
+    prefix cache, where a prompt with the same tokens would read its unwritten slot."""
+    s = make_scheduler(num_blocks=8, block_size=2, max_num_seqs=1, max_num_batched_tokens=64, scheduling="static",
+                       enable_prefix_caching=True)
+    s.add_request(make_request("a", prompt_len=1, max_tokens=1))  # [0], then samples 1: one full block
+    _drive(s, max_steps=1, token=1)
+    s.add_request(make_request("b", prompt_len=3, max_tokens=1))  # [0, 1, 2]: the same first block
+    step, _ = run_step(s)
+    assert {x.request.request_id: x.num_new_tokens for x in step.scheduled} == {"b": 3}
+    assert s.kv.prefix_cache_hits == 0

@@ -115,7 +115,7 @@ class HybridKVCacheManager:
                    for m, c in zip(self.managers, self._split(computed)))
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed: Optional[HybridComputedBlocks] = None) -> bool:
+                       computed: Optional[HybridComputedBlocks] = None, cache: bool = True) -> bool:
         """As KVCacheManager.allocate_slots, in every group or in none."""
         for m in self.managers:
             m._remove_skipped_blocks(request, request.num_computed_tokens)
@@ -126,7 +126,7 @@ class HybridKVCacheManager:
         pinned = [b for c in self._split(computed) if c for b in c.blocks if b is not NULL_BLOCK]
         self.pool.touch(pinned)
         for m, c in zip(self.managers, self._split(computed)):
-            ok = m.allocate_slots(request, num_new_tokens, c)
+            ok = m.allocate_slots(request, num_new_tokens, c, cache)
             assert ok, "a group could not allocate what the pool had room for"
         self.pool.free(pinned)
         return True

@@ -173,11 +173,14 @@ class KVCacheManager:
         return max(num_new, 0) + num_reclaimed
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed: Optional[ComputedBlocks] = None) -> bool:
+                       computed: Optional[ComputedBlocks] = None, cache: bool = True) -> bool:
         """Make room for ``num_new_tokens`` past the request's computed tokens
         (plus any prefix-cache hits passed in). Returns False, changing nothing,
         when the pool cannot supply the blocks (blocks before a sliding window may
-        have gone back to the pool first: no token will read them again)."""
+        have gone back to the pool first: no token will read them again).
+        NOTE: full blocks enter the prefix cache here, as this step will write them;
+        ``cache=False`` for slots reserved for a later step, whose blocks enter it
+        at the allocation of the step that writes them."""
         self._remove_skipped_blocks(request, request.num_computed_tokens)
         if self.num_blocks_to_allocate(request, num_new_tokens, computed) > self.pool.num_free_blocks:
             return False
@@ -190,7 +193,8 @@ class KVCacheManager:
         blocks.extend(hit_blocks)
         if num_new > 0:
             blocks.extend(self.pool.allocate(num_new))
-        self._cache_full_blocks(request, blocks, total)
+        if cache:
+            self._cache_full_blocks(request, blocks, total)
         return True
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:

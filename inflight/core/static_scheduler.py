@@ -57,10 +57,12 @@ class StaticBatching(BatchingPolicy):
     def keeps_row(self, req: Request, status: RequestStatus) -> bool:
         # Stopping members keep their row (padding) until the batch ends; aborts leave at once.
         # NOTE: a padding row recomputes position num_tokens - 1 in place; its slot is
-        # allocated here, so padding never needs another block later.
+        # allocated here, so padding never needs another block later. The slot is not
+        # written until padding runs (a row may finish first), so its block stays out of
+        # the prefix cache until then.
         if (self.config.static_padding and req in self.batch and status != RequestStatus.FINISHED_ABORTED
                 and req.status == RequestStatus.RUNNING and req.request_id not in self._done
-                and self.kv.allocate_slots(req, req.num_tokens - req.num_computed_tokens)):
+                and self.kv.allocate_slots(req, req.num_tokens - req.num_computed_tokens, cache=False)):
             self._done[req.request_id] = status
             req.num_computed_tokens = req.num_tokens  # idle until padding starts
             return True
