@@ -5,8 +5,8 @@ alternating calls see the same).
     python benchmarks/gemm_bf16_ab.py --baseline /path/to/other/checkout [--repeats 30]
 
 Shapes: SmolLM2-135M's projections at a prefill step of 1,024 tokens and a decode step of
-64, its greedy lm_head at 64 and 256 rows, and BERT-base's at 4,096 tokens. Prints each kernel's median call time, its GFLOP/s and
-whether the outputs are bit-identical.
+64, its greedy lm_head at 64 and 256 rows, and BERT-base's at 4,096 tokens. Prints each
+kernel's median call time, its GFLOP/s and whether the outputs are bit-identical.
 """
 from __future__ import annotations
 
