@@ -1,4 +1,4 @@
-"""The bf16 panel GEMM (csrc/gemm_bf16.c, plain and with the SiLU epilogue): this
+"""The bf16 panel GEMM (csrc/gemm_bf16.c: plain, with the SiLU epilogue, greedy argmax): this
 checkout's against another checkout's, interleaved in one process (the host's load drifts;
 alternating calls see the same).
 
