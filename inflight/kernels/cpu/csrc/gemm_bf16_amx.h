@@ -65,16 +65,18 @@ struct amx_job {
 };
 
 /* the K steps [k0, k1) of rows x0 (16 rows, stride st0 bytes) and x1 (the next 16; NULL:
- * none) times the panel b into the C tiles */
+ * none) times the panel b into the C tiles.
+ * NOTE: tile registers are not renamed: a load waits until the products before it that
+ * read that tile have, so each tile is loaded in the order the last step frees them */
 static inline void amx_k_steps(const uint16_t* x0, int64_t st0, const uint16_t* x1, int64_t st1,
                                const uint16_t* b, const char* pf, int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; k += AMX_K) {
         if (pf)
             for (int l = 0; l < AMX_K * PANEL * 2; l += 64) _mm_prefetch(pf + k * PANEL * 2 + l, _MM_HINT_T1);
-        _tile_loadd(6, b + k * PANEL, 2 * PANEL * 2);
-        _tile_loadd(7, b + k * PANEL + 32, 2 * PANEL * 2);
         _tile_loadd(4, x0 + k, st0);
+        _tile_loadd(6, b + k * PANEL, 2 * PANEL * 2);
         _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + k * PANEL + 32, 2 * PANEL * 2);
         _tile_dpbf16ps(1, 4, 7);
         if (x1) {
             _tile_loadd(5, x1 + k, st1);
