@@ -23,23 +23,61 @@
 #define PF_SBUF_ROWS RB_MAX
 #endif
 
-/* Phase 1: one kv head's tile of KT keys into pair-interleaved K and V; keys past
- * the end are zero (a zero V row keeps 0 * garbage from making NaNs). */
+/* 16 rows of 16 32-bit values transposed in place: r[j][i] = r[i][j] */
+static inline void transpose16_epi32(__m512i* r) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  /* r[4g + c]'s 128-bit lane L: column 4L + c of rows 4g..4g+3 */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {  /* then the 4 x 4 lanes of each c transposed */
+        const __m512i p = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), q = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);
+        const __m512i u = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512i v = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+        t[c] = _mm512_shuffle_i32x4(p, u, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(p, u, 0xDD);
+        t[4 + c] = _mm512_shuffle_i32x4(q, v, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(q, v, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* Phase 1: one kv head's tile of KT keys into pair-interleaved K ([D / 2][KT] bf16 pairs:
+ * 16 x 16 transposes) and V ([KT / 2][D] pairs of two keys' values); keys past the end
+ * are zero (a zero V row keeps 0 * garbage from making NaNs). */
 static void repack_tile(const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* bt, int64_t len,
                         int64_t t0, int kh, int D, int block_size, int64_t tok_stride,
                         uint32_t* kp, uint32_t* vp) {
     const int half = D / 2;
-    memset(kp, 0, sizeof(uint32_t) * half * KT);
-    memset(vp, 0, sizeof(uint32_t) * (KT / 2) * D);
-    for (int j = 0; j < KT && t0 + j < len; j++) {
+    int64_t off[KT];  /* each key's row in k_cache and v_cache; -1: past the end */
+    for (int j = 0; j < KT; j++) {
         const int64_t t = t0 + j;
-        const int64_t row = (bt[t / block_size] * block_size + t % block_size) * tok_stride + (int64_t)kh * D;
-        const uint32_t* kr = (const uint32_t*)(k_cache + row);
-        for (int dp = 0; dp < half; dp++) kp[dp * KT + j] = kr[dp];
-        const uint16_t* vr = v_cache + row;
-        uint16_t* vdst = (uint16_t*)(vp + (j / 2) * D) + (j & 1);
-        for (int d = 0; d < D; d++) vdst[2 * d] = vr[d];
+        off[j] = t < len ? (bt[t / block_size] * block_size + t % block_size) * tok_stride + (int64_t)kh * D : -1;
     }
+    for (int j0 = 0; j0 < KT; j0 += 16)
+        for (int d0 = 0; d0 < half; d0 += 16) {
+            __m512i r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = off[j0 + j] >= 0 ? _mm512_loadu_si512(k_cache + off[j0 + j] + 2 * d0) : _mm512_setzero_si512();
+            transpose16_epi32(r);
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(kp + (int64_t)(d0 + i) * KT + j0, r[i]);
+        }
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int j = 0; j < KT; j += 2)
+        for (int d0 = 0; d0 < D; d0 += 32) {
+            const __m512i a = off[j] >= 0 ? _mm512_loadu_si512(v_cache + off[j] + d0) : _mm512_setzero_si512();
+            const __m512i b = off[j + 1] >= 0 ? _mm512_loadu_si512(v_cache + off[j + 1] + d0) : _mm512_setzero_si512();
+            _mm512_storeu_si512(vp + (int64_t)(j / 2) * D + d0, _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512(vp + (int64_t)(j / 2) * D + d0 + 16, _mm512_permutex2var_epi16(a, hi, b));
+        }
 }
 
 /* Request r's repacked tiles for kv head kh: workspace is [request][kv head][tile][K, V]. */
@@ -235,7 +273,8 @@ static int prefill_bf16_dp(const uint16_t* q, int64_t q_stride, const uint16_t* 
         for (int64_t i = 0; i < w.n1; i++)
             for (int kh = 0; kh < num_kv_heads; kh++) {
                 const int r = (int)w.it1[2 * i];
-                uint32_t* kp = head_tiles(ws, w.tile_base, r, kh, num_kv_heads, tile_words) + w.it1[2 * i + 1] * 2 * tile_words;
+                uint32_t* kp = head_tiles(ws, w.tile_base, r, kh, num_kv_heads, tile_words)
+                               + w.it1[2 * i + 1] * 2 * tile_words;
                 repack_tile(k_cache, v_cache, block_tables + (int64_t)r * bt_stride, seq_len[r], w.it1[2 * i + 1] * KT,
                             kh, D, block_size, tok_stride, kp, kp + tile_words);
             }
