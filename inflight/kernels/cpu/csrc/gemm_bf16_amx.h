@@ -7,9 +7,9 @@
  * bytes, so 16 K pairs of a panel's first or second 16 columns are one B tile (16 rows
  * of 64 bytes) read with a 128-byte stride, and 32 K values of 16 rows of x are one A
  * tile read in place with the row stride. A register block is 32 rows x one panel:
- * four fp32 C tiles, two A tiles, two B tiles, the eight tile registers. With an
- * epilogue that costs (SILU's gate and up, ARGMAX's maxima) a block's tile products are
- * issued a K step at a time between the rows of the block before it's epilogue.
+ * four fp32 C tiles, two A tiles, two B tiles, the eight tile registers. Where the
+ * epilogue costs (SILU's exp and divide, ARGMAX's maxima) a block's tile products are
+ * issued a K step at a time between the epilogue rows of the block before it.
  *
  * NOTE: the tiles' sums differ from the dot-product loops' in the last bit now and then
  * (the order of each K pair's two products), so every call with K a multiple of AMX_K
@@ -47,12 +47,12 @@ static inline int64_t amx_block_rows(int64_t K) {
 
 /* one register block: 32 rows (x1 NULL: 16) x one panel, its tile products issued a K
  * step at a time (amx_job_steps) so that they run beside the epilogue of the block
- * before it, or in one pass (amx_job_whole). Tiles 0-3: C (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-31 x 0-15, 16-31 x
- * 16-31); 4, 5: A (rows 0-15, 16-31); 6, 7: B (cols 0-15, 16-31). SILU runs the gate
- * panel b over K into acc, then the up panel bu over K into up. init: 32 floats every
- * row starts from (NULL: zero). pf: a panel whose lines each K step prefetches into L2
- * as many of as it reads of b (NULL: none), so the next panel streams in from memory
- * while this one runs. */
+ * before it, or in one pass (amx_job_whole). Tiles 0-3: C (rows 0-15 x cols 0-15, 0-15
+ * x 16-31, 16-31 x 0-15, 16-31 x 16-31); 4, 5: A (rows 0-15, 16-31); 6, 7: B (cols 0-15,
+ * 16-31). SILU runs the gate panel b over K into acc, then the up panel bu over K into
+ * up. init: 32 floats every row starts from (NULL: zero). pf: a panel whose lines each K
+ * step prefetches into L2 as many of as it reads of b (NULL: none), so the next panel
+ * streams in from memory while this one runs. */
 struct amx_job {
     const uint16_t *x0, *x1, *b, *bu;
     int64_t s0, s1;
