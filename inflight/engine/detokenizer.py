@@ -1,7 +1,19 @@
 """Incremental detokenization and stop strings for one sequence."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
+
+
+def rust_decoder(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` under a transformers fast tokenizer whose ``decode`` adds
+    nothing to it (no clean-up of tokenization spaces), else None.
+
+    NOTE: transformers' ``decode`` spends several times the Rust decode's own time converting
+    and checking its arguments; the detokenizer calls it twice a token for every sequence."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True) or not hasattr(backend, "decode_batch"):
+        return None
+    return backend
 
 
 class IncrementalDetokenizer:
@@ -15,6 +27,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True,
                  stop: Optional[list[str]] = None, include_stop_str_in_output: bool = False) -> None:
         self.tokenizer = tokenizer
+        self._rust = rust_decoder(tokenizer)
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
         # Seed the window with the prompt's tail so the first token's leading space decodes right.
@@ -30,6 +43,8 @@ class IncrementalDetokenizer:
         self._emitted = 0  # characters of ``text`` already handed out
 
     def _decode(self, ids: list[int]) -> str:
+        if self._rust is not None:
+            return self._rust.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add_token(self, token_id: int) -> Optional[str]:
