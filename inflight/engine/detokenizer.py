@@ -8,8 +8,8 @@ def rust_decoder(tokenizer: Any) -> Any:
     """The ``tokenizers.Tokenizer`` under a transformers fast tokenizer whose ``decode`` adds
     nothing to it (no clean-up of tokenization spaces), else None.
 
-    NOTE: transformers' ``decode`` spends several times the Rust decode's own time converting
-    and checking its arguments; the detokenizer calls it twice a token for every sequence."""
+    NOTE: transformers' ``decode`` converts and checks its arguments in Python around the Rust
+    decode, and the detokenizer calls it twice a token for every sequence."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if getattr(tokenizer, "clean_up_tokenization_spaces", True) or not hasattr(backend, "decode_batch"):
         return None
