@@ -180,15 +180,19 @@ static inline void pf_advance(struct pf_cursor* c, int n) {
 /* A thread's scratch for decode_seq_avx512: sbuf, G * ql rows of the padded length; rows,
  * that many cache offsets; next, the sequence to prefetch during the score and exp passes (used
  * when has_next); prefetched: this sequence's blocks were asked for while the previous
- * one ran, so it skips warm_blocks. part (ql 1): the keys are a part of the row's, so each
- * query head's unnormalized output, max and sum go to part + head * (head_dim + 2) in float32
- * instead of out (decode_f32.h's state layout, merged by dk_merge). */
+ * one ran, so it skips warm_blocks. part: the keys are a part of the row's, so each query
+ * head's unnormalized output, max and sum go to part + token * part_row + head * (head_dim + 2)
+ * in float32 instead of out (decode_f32.h's state layout, merged by dk_merge). all_keys: every
+ * query token sees all len keys (the rows are other requests' tokens over their shared prefix),
+ * not the causal run within the chunk. */
 struct decode_scratch {
     float* sbuf;
     int64_t* rows;
     struct pf_cursor next;
     int has_next, prefetched;
     float* part;
+    int64_t part_row;
+    int all_keys;
 };
 
 /* One request, kv heads [kh0, kh1), in three passes per kv head over its query rows
@@ -224,7 +228,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
         float l[DECODE_MAX_ROWS], mxs[DECODE_MAX_ROWS];
         for (int r = 0; r < nr; r++) {
             const int i = r / G, g = r % G;
-            const int64_t lr = len - (ql - 1 - i);  /* keys this row sees */
+            const int64_t lr = ws->all_keys ? len : len - (ql - 1 - i);  /* keys this row sees */
             const uint16_t* qp = q + i * q_stride + (int64_t)(kh * G + g) * head_dim;
             __m512bh qv[DECODE_MAX_D / 32];
             for (int v = 0; v < nv; v++) qv[v] = (__m512bh)_mm512_loadu_si512(qp + 32 * v);
@@ -277,7 +281,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
                 const int i = (r0 + r) / G, g = (r0 + r) % G;
                 store_head(acc + r * 2 * nv, nv, mxs[r0 + r], l[r0 + r],
                            out + i * out_stride + (int64_t)(kh * G + g) * head_dim,
-                           ws->part ? ws->part + (int64_t)(kh * G + g) * (head_dim + 2) : NULL);
+                           ws->part ? ws->part + i * ws->part_row + (int64_t)(kh * G + g) * (head_dim + 2) : NULL);
             }
         }
     }

@@ -2,7 +2,8 @@
  * Paged decode attention for the CPU: one query token per sequence, reading K/V from
  * the block pool. float32 on every level is decode_f32.h's; bf16 at the avx512_bf16
  * level is decode_core.h's, over whole sequences, or with few sequences over parts of
- * their keys merged after (as decode_f32.h does). The portable bf16 path here
+ * their keys merged after (as decode_f32.h does), and requests that share cached prefix
+ * blocks over the prefix together (decode_bf16_prefix.h). The portable bf16 path here
  * (DEFINE_DECODE) is parallel over (sequence, kv head) with OpenMP: scores go to a
  * per-thread buffer, then softmax, then the weighted sum of V.
  *
@@ -21,6 +22,7 @@
 #include "decode_core.h"
 #include "attn_f32.h"
 #include "decode_f32.h"
+#include "decode_bf16_prefix.h"
 
 #define MAX_G 16
 #define MAX_D 256
@@ -181,6 +183,15 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
     if (head_dim % 32 == 0 && num_heads / num_kv_heads <= MAX_G && head_dim <= MAX_D) {
         const int G = num_heads / num_kv_heads;
         const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
+        struct sp_plan plan = {0};
+        if (sp_may_group(block_tables, bt_stride, seq_lens, num_seqs, G))
+            plan = sp_make(block_tables, bt_stride, seq_lens, num_seqs, G, block_size);
+        const int done = plan.n_chunks > 0
+                         && decode_bf16_grouped(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,
+                                                num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+                                                &plan) == 0;
+        sp_free(&plan);
+        if (done) return;
         /* Whole sequences per work item when there are enough of them (contiguous block
          * reads); else parts of them, so a lone long sequence still spreads over the cores */
         if (num_seqs < DK_ITEMS_PER_THREAD * omp_get_max_threads()) {

@@ -50,6 +50,19 @@ static int64_t sp_common_blocks(const int64_t* bt, int64_t bt_stride, const int*
     return limit;
 }
 
+#define SP_BUCKETS 256
+
+/* Whether sp_make can find a group at all: some first block held by enough requests. Requests
+ * with the same first block land in one bucket of their ids, so a step whose buckets all hold
+ * fewer than a group's least requests (most steps without prefix caching hits) skips the sort. */
+static int sp_may_group(const int64_t* bt, int64_t bt_stride, const int64_t* seq_lens, int num_seqs, int G) {
+    const int min_n = (AW_MIN_ROWS + G - 1) / G;
+    int count[SP_BUCKETS] = {0};
+    for (int s = 0; s < num_seqs; s++)
+        if (seq_lens[s] > AF_KT && ++count[(uint64_t)bt[(int64_t)s * bt_stride] % SP_BUCKETS] >= min_n) return 1;
+    return 0;
+}
+
 /* The plan for one step (sp_free releases it); no chunks where no group qualifies. */
 static struct sp_plan sp_make(const int64_t* bt, int64_t bt_stride, const int64_t* seq_lens, int num_seqs, int G,
                               int block_size) {

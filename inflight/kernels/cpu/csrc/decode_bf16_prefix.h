@@ -1,0 +1,98 @@
+/* bf16 paged decode of requests that share cached prefix blocks (paged_decode.c, the
+ * avx512_bf16 level): cascade attention over decode_core.h's passes. shared_prefix.h groups
+ * the requests whose block tables start with the same blocks (prefix caching hands them the
+ * same block ids); the prefix keys of a group are then scored for several of its requests in
+ * one pass, their queries as the pass's rows (each seeing every prefix key), so a prefix is
+ * read from memory once a pass instead of once a request. Each request's own keys after the
+ * prefix run as a pass of their own, and the two softmax states merge into its output
+ * (dk_merge). Requests in no group run whole.
+ */
+#ifndef INFLIGHT_DECODE_BF16_PREFIX_H
+#define INFLIGHT_DECODE_BF16_PREFIX_H
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode_core.h"
+#include "decode_f32.h"
+#include "shared_prefix.h"
+
+#if defined(INFLIGHT_ISA_AVX512_BF16)
+
+/* the plan's chunks cut into passes of near-equal size, each at most `most` requests
+ * (*n_pass of them; NULL: out of memory) */
+static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int* n_pass) {
+    int n = 0;
+    for (int c = 0; c < plan->n_chunks; c++) n += (plan->chunks[c].n + most - 1) / most;
+    struct sp_chunk* pass = malloc(sizeof *pass * (size_t)n);
+    if (!pass) return NULL;
+    for (int c = 0, i = 0; c < plan->n_chunks; c++) {
+        const struct sp_chunk ch = plan->chunks[c];
+        const int k = (ch.n + most - 1) / most;
+        for (int j = 0, start = ch.start; j < k; j++) {
+            const int size = ch.n / k + (j < ch.n % k);
+            pass[i++] = (struct sp_chunk){start, size, ch.prefix};
+            start += size;
+        }
+    }
+    *n_pass = n;
+    return pass;
+}
+
+/* paged_decode_bf16's arguments and the step's plan (with at least one chunk). Returns 0,
+ * or -1 out of memory (nothing written: the caller runs the plain path). */
+static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                               const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
+                               int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                               float scale, const struct sp_plan* plan) {
+    const int G = num_heads / num_kv_heads;
+    const int64_t tok_stride = (int64_t)num_kv_heads * head_dim, row = (int64_t)num_heads * head_dim;
+    const int64_t srow = (int64_t)num_heads * (head_dim + 2);  /* one request's state: each head's D + 2 */
+    const int grouped = plan->chunks[plan->n_chunks - 1].start + plan->chunks[plan->n_chunks - 1].n;
+    int n_pass = 0;
+    struct sp_chunk* pass = dp_passes(plan, DECODE_MAX_ROWS / G, &n_pass);
+    uint16_t* qg = malloc(sizeof(uint16_t) * (size_t)(grouped * row));  /* the pass's rows in plan order */
+    float* states = malloc(sizeof(float) * (size_t)(grouped * 2 * srow));  /* a request's prefix, then own */
+    if (!pass || !qg || !states) {
+        free(pass), free(qg), free(states);
+        return -1;
+    }
+    for (int i = 0; i < grouped; i++)
+        memcpy(qg + i * row, q + (int64_t)plan->order[i] * q_stride, sizeof(uint16_t) * (size_t)row);
+    int64_t longest = 0;
+    for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
+    const int64_t lp = (longest + 31) & ~(int64_t)31;
+    _Pragma("omp parallel")
+    {
+        float* sbuf = (float*)malloc(sizeof(float) * (size_t)(DECODE_MAX_ROWS * lp));
+        int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
+        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL, 2 * srow, 1};
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int i = 0; i < n_pass; i++) {
+            ws.part = states + (int64_t)pass[i].start * 2 * srow;  /* so out is never written */
+            decode_seq_avx512(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache,
+                              block_tables + (int64_t)plan->order[pass[i].start] * bt_stride, pass[i].prefix, out,
+                              row, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, &ws);
+        }  /* NOTE: the implicit barrier here: every prefix state is written before a request merges it */
+        ws.part_row = 0, ws.all_keys = 0;
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int s = 0; s < num_seqs; s++) {
+            const int slot = plan->slot[s];
+            const int64_t k0 = slot >= 0 ? plan->k0[s] : 0;  /* a multiple of block_size */
+            ws.part = slot >= 0 ? states + ((int64_t)slot * 2 + 1) * srow : NULL;
+            decode_seq_avx512(q + (int64_t)s * q_stride, q_stride, 1, k_cache, v_cache,
+                              block_tables + (int64_t)s * bt_stride + k0 / block_size, seq_lens[s] - k0,
+                              out + (int64_t)s * row, row, G, 0, num_kv_heads, head_dim, block_size, tok_stride,
+                              scale, &ws);
+            if (slot >= 0) dk_merge(states + (int64_t)slot * 2 * srow, 2, num_heads, head_dim, NULL, out + s * row);
+        }
+        free(sbuf);
+        free(rows);
+    }
+    free(pass), free(qg), free(states);
+    return 0;
+}
+#endif
+
+#endif
