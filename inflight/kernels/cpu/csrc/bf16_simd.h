@@ -22,6 +22,31 @@ static inline uint16_t f32_to_bf16(float f) {
 #include <immintrin.h>
 #define HAVE_AVX512_BF16 1
 
+/* 16 rows of 16 32-bit values transposed in place: r[j][i] = r[i][j] */
+static inline void transpose16_epi32(__m512i* r) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  /* r[4g + c]'s 128-bit lane L: column 4L + c of rows 4g..4g+3 */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {  /* then the 4 x 4 lanes of each c transposed */
+        const __m512i p = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), q = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);
+        const __m512i u = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512i v = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+        t[c] = _mm512_shuffle_i32x4(p, u, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(p, u, 0xDD);
+        t[4 + c] = _mm512_shuffle_i32x4(q, v, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(q, v, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
 /* e^x for 16 floats: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 Taylor
  * (relative error ~1e-7). Inputs below -100 give 0 (scalef underflows), -inf included. */
 static inline __m512 exp512(__m512 x) {

@@ -19,6 +19,9 @@
 #include "shared_prefix.h"
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
+#if defined(INFLIGHT_ISA_AMX_BF16)
+#include "decode_prefix_amx.h"
+#endif
 
 /* the plan's chunks cut into passes of near-equal size, each at most `most` requests
  * (*n_pass of them; NULL: out of memory) */
@@ -60,21 +63,35 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
     }
     for (int i = 0; i < grouped; i++)
         memcpy(qg + i * row, q + (int64_t)plan->order[i] * q_stride, sizeof(uint16_t) * (size_t)row);
-    int64_t longest = 0;
+    int64_t longest = 0, widest = 0;  /* the longest sequence, the longest prefix */
     for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
+    for (int c = 0; c < plan->n_chunks; c++) widest = plan->chunks[c].prefix > widest ? plan->chunks[c].prefix : widest;
     const int64_t lp = (longest + 31) & ~(int64_t)31;
     _Pragma("omp parallel")
     {
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)(DECODE_MAX_ROWS * lp));
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
         struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL, 2 * srow, 1};
+#if defined(INFLIGHT_ISA_AMX_BF16)
+        float* tiles = (float*)aligned_alloc(64, sizeof(float) * (size_t)((pa_floats(widest, head_dim) + 15) & ~15));
+#endif
         _Pragma("omp for schedule(dynamic, 1)")
         for (int i = 0; i < n_pass; i++) {
-            ws.part = states + (int64_t)pass[i].start * 2 * srow;  /* so out is never written */
-            decode_seq_avx512(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache,
-                              block_tables + (int64_t)plan->order[pass[i].start] * bt_stride, pass[i].prefix, out,
+            float* part = states + (int64_t)pass[i].start * 2 * srow;
+            const int64_t* bt = block_tables + (int64_t)plan->order[pass[i].start] * bt_stride;
+#if defined(INFLIGHT_ISA_AMX_BF16)
+            if (tiles && prefix_pass_amx(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache, bt, pass[i].prefix,
+                                         G, num_kv_heads, head_dim, block_size, tok_stride, scale, part, 2 * srow,
+                                         tiles, rows) == 0)
+                continue;
+#endif
+            ws.part = part;  /* so out is never written */
+            decode_seq_avx512(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache, bt, pass[i].prefix, out,
                               row, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, &ws);
         }  /* NOTE: the implicit barrier here: every prefix state is written before a request merges it */
+#if defined(INFLIGHT_ISA_AMX_BF16)
+        free(tiles);
+#endif
         ws.part_row = 0, ws.all_keys = 0;
         _Pragma("omp for schedule(dynamic, 1)")
         for (int s = 0; s < num_seqs; s++) {

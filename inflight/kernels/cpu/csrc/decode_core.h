@@ -195,6 +195,39 @@ struct decode_scratch {
     int all_keys;
 };
 
+/* A score row sc (keys [0, lr) visible, scaled, max mxv) to probabilities as bf16 (rounded,
+ * as flash attention does), written over the front of the same row and zero up to the padded
+ * length lp; returns their sum. next (NULL: none) gets per_chunk lines prefetched a step. */
+static inline float probs_row(float* sc, int64_t lr, int64_t lp, float mxv, struct pf_cursor* next, int per_chunk) {
+    const __m512 log2e = _mm512_set1_ps(LOG2E_F);  /* e^(s - m) = 2^(s log2 e - m log2 e) */
+    const __m512 mx = _mm512_set1_ps(mxv * LOG2E_F);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;  /* two: one chains each step on an add */
+    uint16_t* pb = (uint16_t*)sc;
+    for (int64_t t0 = 0; t0 < lp; t0 += 32) {
+        if (next) pf_advance(next, per_chunk);
+        const __mmask16 m0 = t0 < lr ? tail_mask(lr - t0) : 0, m1 = t0 + 16 < lr ? tail_mask(lr - t0 - 16) : 0;
+        const __m512 p0 = _mm512_maskz_mov_ps(
+            m0, exp2_for_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m0, sc + t0), log2e, mx)));
+        const __m512 p1 = _mm512_maskz_mov_ps(
+            m1, exp2_for_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m1, sc + t0 + 16), log2e, mx)));
+        sum0 = _mm512_add_ps(sum0, p0);
+        sum1 = _mm512_add_ps(sum1, p1);
+        store_bf16x16(pb + t0, p0, 0xFFFF);
+        store_bf16x16(pb + t0 + 16, p1, 0xFFFF);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+/* The block by block cache offsets of a sequence's len keys (rows[t]: key t's row in the
+ * pool), zero from len up to the padded length lp */
+static inline void key_rows(int64_t* rows, const int64_t* bt, int64_t len, int64_t lp, int block_size,
+                            int64_t tok_stride) {
+    for (int64_t b = 0, t = 0; t < len; b++)  /* block by block: no division per token */
+        for (int64_t j = 0, r = bt[b] * block_size * tok_stride; j < block_size && t < len; j++, t++)
+            rows[t] = r + j * tok_stride;
+    for (int64_t t = len; t < lp; t++) rows[t] = 0;
+}
+
 /* One request, kv heads [kh0, kh1), in three passes per kv head over its query rows
  * (ql query tokens x the G query heads of the kv head; token i sees the first
  * len - (ql - 1 - i) cached tokens: causal within the chunk): the scores into a
@@ -210,10 +243,7 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
     int64_t* rows = ws->rows;
     struct pf_cursor* next = ws->has_next ? &ws->next : NULL;
     const int64_t lp = (len + 31) & ~(int64_t)31;  /* padded score row */
-    for (int64_t b = 0, t = 0; t < len; b++)  /* block by block: no division per token */
-        for (int64_t j = 0, r = bt[b] * block_size * tok_stride; j < block_size && t < len; j++, t++)
-            rows[t] = r + j * tok_stride;
-    for (int64_t t = len; t < lp; t++) rows[t] = 0;
+    key_rows(rows, bt, len, lp, block_size, tok_stride);
     if (!ws->prefetched && kh0 == 0 && (int64_t)kh1 * head_dim == tok_stride
         && len * tok_stride * 4 <= WARM_MAX_BYTES)
         warm_blocks(k_cache, v_cache, bt, (len + block_size - 1) / block_size, block_size * tok_stride);
@@ -245,26 +275,8 @@ static inline __attribute__((always_inline)) void decode_seq_nv(
                 vmax = _mm512_max_ps(vmax, s);
                 _mm512_storeu_ps(sc + t0, s);
             }
-            /* probabilities as bf16 (rounded, as flash attention does), written over
-             * the front of the same row; zero up to the padded length */
             mxs[r] = _mm512_reduce_max_ps(vmax);
-            const __m512 log2e = _mm512_set1_ps(LOG2E_F);  /* e^(s - m) = 2^(s log2 e - m log2 e) */
-            const __m512 mx = _mm512_set1_ps(mxs[r] * LOG2E_F);
-            __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;  /* two: one chains each step on an add */
-            uint16_t* pb = (uint16_t*)sc;
-            for (int64_t t0 = 0; t0 < lp; t0 += 32) {
-                if (per_chunk) pf_advance(next, per_chunk);
-                const __mmask16 m0 = t0 < lr ? tail_mask(lr - t0) : 0, m1 = t0 + 16 < lr ? tail_mask(lr - t0 - 16) : 0;
-                const __m512 p0 = _mm512_maskz_mov_ps(
-                    m0, exp2_for_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m0, sc + t0), log2e, mx)));
-                const __m512 p1 = _mm512_maskz_mov_ps(
-                    m1, exp2_for_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m1, sc + t0 + 16), log2e, mx)));
-                sum0 = _mm512_add_ps(sum0, p0);
-                sum1 = _mm512_add_ps(sum1, p1);
-                store_bf16x16(pb + t0, p0, 0xFFFF);
-                store_bf16x16(pb + t0 + 16, p1, 0xFFFF);
-            }
-            l[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+            l[r] = probs_row(sc, lr, lp, mxs[r], per_chunk ? next : NULL, per_chunk);
         }
         const int gb = PV_REGS / (2 * nv) > 0 ? PV_REGS / (2 * nv) : 1;
         for (int r0 = 0; r0 < nr; r0 += gb) {
