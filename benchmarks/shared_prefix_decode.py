@@ -20,7 +20,8 @@ from checkout_kernels import ab_setup, time_interleaved
 from inflight.kernels.cpu.isa import current_level
 
 H, KVH, D, BS = 9, 3, 64, 16
-CASES = [(96, 512, 150), (96, 0, 150), (64, 512, 100), (32, 256, 64), (24, 1024, 64), (96, 0, 600), (64, 0, 300)]
+CASES = [(96, 512, 150), (96, 0, 150), (64, 512, 100), (32, 256, 64), (24, 1024, 64), (8, 512, 64), (96, 0, 600),
+         (64, 0, 300)]
 
 
 def step(n: int, prefix: int, own: int, g: torch.Generator, dtype: torch.dtype) -> tuple:

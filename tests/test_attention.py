@@ -118,15 +118,17 @@ def test_cpu_decode_bf16_head_dims_and_long_contexts(level, dim, num_seqs, block
 @pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 8), (16, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_decode_with_requests_sharing_prefix_blocks(level, heads, kv_heads, dtype):
+@pytest.mark.parametrize("group", [36, 6])
+def test_cpu_decode_with_requests_sharing_prefix_blocks(level, heads, kv_heads, dtype, group):
     """Requests whose tables start with the same blocks (prefix caching) are scored over the
     shared keys together: the same answer as each request alone, with requests outside the
     group, one only a token past the prefix, and one sharing part of a block. 36 requests
-    take several passes over the prefix (a bf16 pass holds 32 query rows)."""
+    take several passes over the prefix (a bf16 pass holds 32 query rows); 6 are a group
+    only where a pass runs on AMX tiles (one tile of rows)."""
     q, kc, vc, md = make_case(heads, 40, heads, kv_heads, 64, 16, dtype, max_len=100)
     shared = 12  # blocks: 192 keys
     lens = md.seq_lens.clone()
-    lens[:36] = shared * 16 + torch.randint(1, 90, (36,), generator=torch.Generator().manual_seed(1))
+    lens[:group] = shared * 16 + torch.randint(1, 90, (group,), generator=torch.Generator().manual_seed(1))
     lens[1] = shared * 16 + 1
     lens[2] = shared * 16 - 7  # the last shared block only in part: the group shares 11 blocks
     blocks = 1 + (int(lens.max()) - 1) // 16
@@ -135,7 +137,7 @@ def test_cpu_decode_with_requests_sharing_prefix_blocks(level, heads, kv_heads, 
     kc = torch.randn(num_blocks, 16, kv_heads, 64, generator=g).to(dtype)
     vc = torch.randn(num_blocks, 16, kv_heads, 64, generator=g).to(dtype)
     tables = torch.randperm(num_blocks, generator=g)[:40 * blocks].view(40, blocks)
-    tables[1:36, :shared] = tables[0, :shared]
+    tables[1:group, :shared] = tables[0, :shared]
     md = AttentionMetadata(slot_mapping=md.slot_mapping, block_tables=tables, seq_lens=lens,
                            query_start_loc_list=md.query_start_loc_list, seq_lens_list=lens.tolist(),
                            num_decodes=40, block_size=16, max_decode_seq_len=int(lens.max()))

@@ -21,6 +21,9 @@
 #if defined(INFLIGHT_ISA_AVX512_BF16)
 #if defined(INFLIGHT_ISA_AMX_BF16)
 #include "decode_prefix_amx.h"
+#define DP_MIN_ROWS 16           /* query rows a group fills, at least: one A tile */
+#else
+#define DP_MIN_ROWS AW_MIN_ROWS  /* a row at a time, a small group saves less than its merge costs */
 #endif
 
 /* the plan's chunks cut into passes of near-equal size, each at most `most` requests

@@ -147,8 +147,8 @@ static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, c
     const int rows_fit = num_heads <= AF_MAX_ROWS && (!kv16 || tok_stride <= AF_COPY_SPAN);
     const int few = num_seqs < DK_ITEMS_PER_THREAD * omp_get_max_threads();
     struct sp_plan plan = {0};
-    if (window == 0 && sp_may_group(block_tables, bt_stride, seq_lens, num_seqs, G))
-        plan = sp_make(block_tables, bt_stride, seq_lens, num_seqs, G, block_size);
+    if (window == 0 && sp_may_group(block_tables, bt_stride, seq_lens, num_seqs, G, AW_MIN_ROWS))
+        plan = sp_make(block_tables, bt_stride, seq_lens, num_seqs, G, block_size, AW_MIN_ROWS, AF_MAX_ROWS);
     if (rows_fit && few && plan.n_chunks == 0) {
         sp_free(&plan);
         decode_f32_parts(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,

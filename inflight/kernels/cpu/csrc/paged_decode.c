@@ -184,8 +184,8 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
         const int G = num_heads / num_kv_heads;
         const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
         struct sp_plan plan = {0};
-        if (sp_may_group(block_tables, bt_stride, seq_lens, num_seqs, G))
-            plan = sp_make(block_tables, bt_stride, seq_lens, num_seqs, G, block_size);
+        if (sp_may_group(block_tables, bt_stride, seq_lens, num_seqs, G, DP_MIN_ROWS))
+            plan = sp_make(block_tables, bt_stride, seq_lens, num_seqs, G, block_size, DP_MIN_ROWS, DECODE_MAX_ROWS);
         const int done = plan.n_chunks > 0
                          && decode_bf16_grouped(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,
                                                 num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,

@@ -3,10 +3,11 @@
  * blocks (prefix caching hands them the same block ids) are grouped, and each group's
  * common blocks become wide items with the requests' heads as lanes.
  *
- * A group needs enough requests that an item has AW_MIN_ROWS rows, and at least a tile
+ * A group needs enough requests that an item has min_rows rows (the float32 wide items'
+ * AW_MIN_ROWS; the bf16 kernel passes its own), and at least a tile
  * of common keys; it leaves every request at least one key of its own (the new token's),
  * so each request's own item always has a key to merge. Groups larger than an item are
- * split into near-equal chunks of at most AF_MAX_ROWS / G requests.
+ * split into near-equal chunks of at most max_rows / G requests.
  */
 #ifndef INFLIGHT_SHARED_PREFIX_H
 #define INFLIGHT_SHARED_PREFIX_H
@@ -52,11 +53,18 @@ static int64_t sp_common_blocks(const int64_t* bt, int64_t bt_stride, const int*
 
 #define SP_BUCKETS 256
 
+/* requests a group needs: min_rows query rows, and two at least (one alone shares nothing) */
+static inline int sp_min_requests(int min_rows, int G) {
+    const int n = (min_rows + G - 1) / G;
+    return n > 2 ? n : 2;
+}
+
 /* Whether sp_make can find a group at all: some first block held by enough requests. Requests
  * with the same first block land in one bucket of their ids, so a step whose buckets all hold
  * fewer than a group's least requests (most steps without prefix caching hits) skips the sort. */
-static int sp_may_group(const int64_t* bt, int64_t bt_stride, const int64_t* seq_lens, int num_seqs, int G) {
-    const int min_n = (AW_MIN_ROWS + G - 1) / G;
+static int sp_may_group(const int64_t* bt, int64_t bt_stride, const int64_t* seq_lens, int num_seqs, int G,
+                        int min_rows) {
+    const int min_n = sp_min_requests(min_rows, G);
     int count[SP_BUCKETS] = {0};
     for (int s = 0; s < num_seqs; s++)
         if (seq_lens[s] > AF_KT && ++count[(uint64_t)bt[(int64_t)s * bt_stride] % SP_BUCKETS] >= min_n) return 1;
@@ -65,7 +73,8 @@ static int sp_may_group(const int64_t* bt, int64_t bt_stride, const int64_t* seq
 
 /* The plan for one step (sp_free releases it); no chunks where no group qualifies. */
 static struct sp_plan sp_make(const int64_t* bt, int64_t bt_stride, const int64_t* seq_lens, int num_seqs, int G,
-                              int block_size) {
+                              int block_size,
+                              int min_rows, int max_rows) {
     struct sp_plan p = {0, malloc(sizeof(int) * (size_t)num_seqs), malloc(sizeof(int) * (size_t)num_seqs),
                         calloc((size_t)num_seqs, sizeof(int64_t)), malloc(sizeof(struct sp_chunk) * (size_t)num_seqs)};
     struct sp_key* keys = malloc(sizeof(struct sp_key) * (size_t)num_seqs);
@@ -75,7 +84,7 @@ static struct sp_plan sp_make(const int64_t* bt, int64_t bt_stride, const int64_
         if (seq_lens[s] > AF_KT) keys[nk++] = (struct sp_key){bt[(int64_t)s * bt_stride], s};
     }
     qsort(keys, (size_t)nk, sizeof keys[0], sp_cmp);
-    const int min_n = (AW_MIN_ROWS + G - 1) / G, max_n = AF_MAX_ROWS / G;
+    const int min_n = sp_min_requests(min_rows, G), max_n = max_rows / G;
     int used = 0;
     for (int a = 0, b; a < nk; a = b) {
         for (b = a + 1; b < nk && keys[b].first == keys[a].first; b++) {}
