@@ -1,11 +1,13 @@
-/* bf16 paged decode of requests that share cached prefix blocks (paged_decode.c, the
- * avx512_bf16 level): cascade attention over decode_core.h's passes. shared_prefix.h groups
- * the requests whose block tables start with the same blocks (prefix caching hands them the
- * same block ids); the prefix keys of a group are then scored for several of its requests in
- * one pass, their queries as the pass's rows (each seeing every prefix key), so a prefix is
- * read from memory once a pass instead of once a request. Each request's own keys after the
- * prefix run as a pass of their own, and the two softmax states merge into its output
+/* bf16 paged decode of requests that share cached prefix blocks (paged_decode.c, both bf16
+ * levels): cascade attention. shared_prefix.h groups the requests whose block tables start
+ * with the same blocks (prefix caching hands them the same block ids); the prefix keys of a
+ * group are then scored for several of its requests in one pass, their queries as the pass's
+ * rows (each seeing every prefix key): on AMX tiles at the amx_bf16 level
+ * (decode_prefix_amx.h), else as decode_core.h's passes. Each request's own keys after the
+ * prefix run as a part of its context, and the two softmax states merge into its output
  * (dk_merge). Requests in no group run whole.
+ * NOTE: a prefix stays in L2 and L3 while the step's requests read it, so what a pass saves
+ * is arithmetic (a GEMM on the tiles instead of a row at a time), not memory traffic.
  */
 #ifndef INFLIGHT_DECODE_BF16_PREFIX_H
 #define INFLIGHT_DECODE_BF16_PREFIX_H
