@@ -114,6 +114,27 @@ def test_cpu_decode_bf16_head_dims_and_long_contexts(level, dim, num_seqs, block
     assert_bf16_close(got, expected_decode(q, kc, vc, md, dim ** -0.5))
 
 
+def shared_prefix_case(heads, kv_heads, dim, dtype, group, block_size=16, shared=12):
+    """40 decoding requests, the first ``group`` of them sharing their first ``shared`` blocks,
+    with one only a token past the prefix and one sharing the last of those blocks in part."""
+    q = make_case(heads, 40, heads, kv_heads, dim, block_size, dtype, max_len=100)[0]
+    lens = torch.randint(1, 100, (40,), generator=torch.Generator().manual_seed(3))
+    lens[:group] = shared * block_size + torch.randint(1, 90, (group,), generator=torch.Generator().manual_seed(1))
+    lens[1] = shared * block_size + 1
+    lens[2] = shared * block_size - 3  # the group shares one block less
+    blocks = 1 + (int(lens.max()) - 1) // block_size
+    num_blocks = 40 * blocks + 3
+    g = torch.Generator().manual_seed(2)
+    kc = torch.randn(num_blocks, block_size, kv_heads, dim, generator=g).to(dtype)
+    vc = torch.randn(num_blocks, block_size, kv_heads, dim, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g)[:40 * blocks].view(40, blocks)
+    tables[1:group, :shared] = tables[0, :shared]
+    md = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64), block_tables=tables, seq_lens=lens,
+                           query_start_loc_list=list(range(41)), seq_lens_list=lens.tolist(),
+                           num_decodes=40, block_size=block_size, max_decode_seq_len=int(lens.max()))
+    return q, kc, vc, md
+
+
 @needs_c
 @pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 8), (16, 1)])
@@ -125,28 +146,23 @@ def test_cpu_decode_with_requests_sharing_prefix_blocks(level, heads, kv_heads, 
     group, one only a token past the prefix, and one sharing part of a block. 36 requests
     take several passes over the prefix (a bf16 pass holds 32 query rows); 6 are a group
     only where a pass runs on AMX tiles (one tile of rows)."""
-    q, kc, vc, md = make_case(heads, 40, heads, kv_heads, 64, 16, dtype, max_len=100)
-    shared = 12  # blocks: 192 keys
-    lens = md.seq_lens.clone()
-    lens[:group] = shared * 16 + torch.randint(1, 90, (group,), generator=torch.Generator().manual_seed(1))
-    lens[1] = shared * 16 + 1
-    lens[2] = shared * 16 - 7  # the last shared block only in part: the group shares 11 blocks
-    blocks = 1 + (int(lens.max()) - 1) // 16
-    num_blocks = 40 * blocks + 3
-    g = torch.Generator().manual_seed(2)
-    kc = torch.randn(num_blocks, 16, kv_heads, 64, generator=g).to(dtype)
-    vc = torch.randn(num_blocks, 16, kv_heads, 64, generator=g).to(dtype)
-    tables = torch.randperm(num_blocks, generator=g)[:40 * blocks].view(40, blocks)
-    tables[1:group, :shared] = tables[0, :shared]
-    md = AttentionMetadata(slot_mapping=md.slot_mapping, block_tables=tables, seq_lens=lens,
-                           query_start_loc_list=md.query_start_loc_list, seq_lens_list=lens.tolist(),
-                           num_decodes=40, block_size=16, max_decode_seq_len=int(lens.max()))
+    q, kc, vc, md = shared_prefix_case(heads, kv_heads, 64, dtype, group)
     got = cpu_backend(level)._decode(q, kc, vc, md, 64 ** -0.5)
     want = expected_decode(q, kc, vc, md, 64 ** -0.5)
     if dtype == torch.bfloat16:
         assert_bf16_close(got, want)
     else:
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@needs_c
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
+def test_cpu_decode_bf16_sharing_a_prefix_with_wide_heads_and_odd_blocks(level):
+    """head_dim 128 (two K tiles a key tile on AMX, eight V tiles) and blocks of 5 tokens: a
+    prefix of 100 keys, not a whole number of 16-key tiles."""
+    q, kc, vc, md = shared_prefix_case(8, 2, 128, torch.bfloat16, 12, block_size=5, shared=20)
+    got = cpu_backend(level)._decode(q, kc, vc, md, 128 ** -0.5)
+    assert_bf16_close(got, expected_decode(q, kc, vc, md, 128 ** -0.5))
 
 
 def test_prefill_with_cached_prefix_is_causal_over_the_prefix():
