@@ -1,6 +1,7 @@
 """Attention backends against a dense reference on random paged layouts; the C kernels
 at every ISA level this CPU runs and at AVX-512-BF16 emulated where it lacks it
 (isa_levels.py), each library built for its level."""
+import ctypes
 import math
 
 import pytest
@@ -153,6 +154,23 @@ def test_cpu_decode_with_requests_sharing_prefix_blocks(level, heads, kv_heads, 
         assert_bf16_close(got, want)
     else:
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@needs_c
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
+@pytest.mark.parametrize("heads,kv_heads,group,on_tiles,elsewhere", [(9, 3, 36, 2, 2), (9, 3, 6, 1, 0),
+                                                                     (8, 8, 36, 1, 1), (8, 8, 6, 0, 0)])
+def test_cpu_decode_bf16_groups_the_requests_sharing_a_prefix(level, heads, kv_heads, group, on_tiles, elsewhere):
+    """The bf16 kernel's plan: a group of 36 requests is cut into chunks of at most 64 query rows (two of
+    3 query heads, one of 1) at both bf16 levels; 6 requests of 3 query heads fill the one A tile a group
+    needs on AMX tiles and form no group at the dot-product level (32 rows), nor with 1 query head."""
+    _, _, _, md = shared_prefix_case(heads, kv_heads, 64, torch.bfloat16, group)
+    lib = load_library("paged_decode", level)
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    n = lib.paged_decode_bf16_groups(p(md.block_tables.data_ptr()), i64(md.block_tables.stride(0)),
+                                     p(md.seq_lens.data_ptr()), 40, heads, kv_heads, 16)
+    want = {"amx_bf16": on_tiles, "avx512_bf16": elsewhere}.get(level.name, 0)
+    assert n == want
 
 
 @needs_c

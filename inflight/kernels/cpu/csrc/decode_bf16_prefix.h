@@ -28,6 +28,16 @@
 #define DP_MIN_ROWS AW_MIN_ROWS  /* a row at a time, a small group saves less than its merge costs */
 #endif
 
+/* the step's groups (shared_prefix.h's plan with this level's thresholds; no chunks where
+ * none qualifies) */
+static struct sp_plan dp_plan(const int64_t* bt, int64_t bt_stride, const int64_t* seq_lens, int num_seqs, int G,
+                              int block_size) {
+    struct sp_plan plan = {0};
+    if (sp_may_group(bt, bt_stride, seq_lens, num_seqs, G, DP_MIN_ROWS))
+        plan = sp_make(bt, bt_stride, seq_lens, num_seqs, G, block_size, DP_MIN_ROWS, AF_MAX_ROWS);
+    return plan;
+}
+
 /* the plan's chunks cut into passes of near-equal size, each at most `most` requests
  * (*n_pass of them; NULL: out of memory) */
 static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int* n_pass) {

@@ -183,9 +183,7 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
     if (head_dim % 32 == 0 && num_heads / num_kv_heads <= MAX_G && head_dim <= MAX_D) {
         const int G = num_heads / num_kv_heads;
         const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
-        struct sp_plan plan = {0};
-        if (sp_may_group(block_tables, bt_stride, seq_lens, num_seqs, G, DP_MIN_ROWS))
-            plan = sp_make(block_tables, bt_stride, seq_lens, num_seqs, G, block_size, DP_MIN_ROWS, DECODE_MAX_ROWS);
+        struct sp_plan plan = dp_plan(block_tables, bt_stride, seq_lens, num_seqs, G, block_size);
         const int done = plan.n_chunks > 0
                          && decode_bf16_grouped(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,
                                                 num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
@@ -241,6 +239,22 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
 #endif
     paged_decode_bf16_generic(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
                               num_kv_heads, head_dim, block_size, scale, max_len);
+}
+
+/* How many groups of requests sharing prefix blocks paged_decode_bf16 would score together
+ * in this step (0 where the level has no cascade): for tests and benchmarks. */
+int paged_decode_bf16_groups(const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, int num_seqs,
+                             int num_heads, int num_kv_heads, int block_size) {
+#if defined(INFLIGHT_ISA_AVX512_BF16)
+    struct sp_plan plan = dp_plan(block_tables, bt_stride, seq_lens, num_seqs, num_heads / num_kv_heads, block_size);
+    const int n = plan.n_chunks;
+    sp_free(&plan);
+    return n;
+#else
+    (void)block_tables, (void)bt_stride, (void)seq_lens, (void)num_seqs, (void)num_heads, (void)num_kv_heads;
+    (void)block_size;
+    return 0;
+#endif
 }
 
 int paged_decode_limits(int* max_g, int* max_d) {
