@@ -73,8 +73,7 @@ static int sp_may_group(const int64_t* bt, int64_t bt_stride, const int64_t* seq
 
 /* The plan for one step (sp_free releases it); no chunks where no group qualifies. */
 static struct sp_plan sp_make(const int64_t* bt, int64_t bt_stride, const int64_t* seq_lens, int num_seqs, int G,
-                              int block_size,
-                              int min_rows, int max_rows) {
+                              int block_size, int min_rows, int max_rows) {
     struct sp_plan p = {0, malloc(sizeof(int) * (size_t)num_seqs), malloc(sizeof(int) * (size_t)num_seqs),
                         calloc((size_t)num_seqs, sizeof(int64_t)), malloc(sizeof(struct sp_chunk) * (size_t)num_seqs)};
     struct sp_key* keys = malloc(sizeof(struct sp_key) * (size_t)num_seqs);
