@@ -46,6 +46,14 @@ def assert_bf16_close(got, want):
     assert rel < 6e-3, f"relative RMS error {rel:.2e} over {want.numel()} outputs (bf16 rounding alone: ~1.7e-3)"
 
 
+def assert_close_for(dtype, got, want):
+    """A kernel's output against the float64 reference: assert_bf16_close in bf16, 1e-5 in float32."""
+    if dtype == torch.bfloat16:
+        assert_bf16_close(got, want)
+    else:
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def make_case(seed, num_seqs, heads, kv_heads, dim, block_size, dtype, max_len=300):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(1, max_len, (num_seqs,), generator=g)
@@ -97,10 +105,7 @@ def test_paged_decode_matches_dense(level, heads, kv_heads, block_size, dtype):
     got = backend._decode(q, kc, vc, md, scale)
     want = expected_decode(q, kc, vc, md, scale)
     assert got.shape == q.shape and got.dtype == dtype
-    if dtype == torch.bfloat16:
-        assert_bf16_close(got, want)
-    else:
-        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert_close_for(dtype, got, want)
 
 
 @needs_c
@@ -150,10 +155,7 @@ def test_cpu_decode_with_requests_sharing_prefix_blocks(level, heads, kv_heads, 
     q, kc, vc, md = shared_prefix_case(heads, kv_heads, 64, dtype, group)
     got = cpu_backend(level)._decode(q, kc, vc, md, 64 ** -0.5)
     want = expected_decode(q, kc, vc, md, 64 ** -0.5)
-    if dtype == torch.bfloat16:
-        assert_bf16_close(got, want)
-    else:
-        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert_close_for(dtype, got, want)
 
 
 @needs_c
