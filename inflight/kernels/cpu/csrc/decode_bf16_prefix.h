@@ -69,7 +69,11 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
     const int64_t srow = (int64_t)num_heads * (head_dim + 2);  /* one request's state: each head's D + 2 */
     const int grouped = plan->chunks[plan->n_chunks - 1].start + plan->chunks[plan->n_chunks - 1].n;
     int n_pass = 0;
+#if defined(INFLIGHT_ISA_AMX_BF16)
+    struct sp_chunk* pass = dp_passes(plan, PA_MAX_ROWS / G, &n_pass);
+#else
     struct sp_chunk* pass = dp_passes(plan, DECODE_MAX_ROWS / G, &n_pass);
+#endif
     uint16_t* qg = malloc(sizeof(uint16_t) * (size_t)(grouped * row));  /* the pass's rows in plan order */
     float* states = malloc(sizeof(float) * (size_t)(grouped * 2 * srow));  /* a request's prefix, then own */
     if (!pass || !qg || !states) {
@@ -100,9 +104,13 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
                                          tiles, rows) == 0)
                 continue;
 #endif
-            ws.part = part;  /* so out is never written */
-            decode_seq_avx512(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache, bt, pass[i].prefix, out,
-                              row, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, &ws);
+            for (int j = 0; j < pass[i].n; j += DECODE_MAX_ROWS / G) {  /* so out is never written: */
+                ws.part = part + j * 2 * srow;
+                decode_seq_avx512(qg + (pass[i].start + j) * row, row,
+                                  pass[i].n - j < DECODE_MAX_ROWS / G ? pass[i].n - j : DECODE_MAX_ROWS / G, k_cache,
+                                  v_cache, bt, pass[i].prefix, out, row, G, 0, num_kv_heads, head_dim, block_size,
+                                  tok_stride, scale, &ws);
+            }
         }  /* NOTE: the implicit barrier here: every prefix state is written before a request merges it */
 #if defined(INFLIGHT_ISA_AMX_BF16)
         free(tiles);

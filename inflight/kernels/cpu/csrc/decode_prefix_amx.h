@@ -1,5 +1,5 @@
 /* A pass over a shared prefix on Intel AMX tiles (decode_bf16_prefix.h, the amx_bf16 level):
- * up to 32 query rows (other requests' tokens x the query heads of one kv head) against every
+ * up to 64 query rows (other requests' tokens x the query heads of one kv head) against every
  * prefix key, which is a small GEMM, where decode_core.h's passes score a row at a time. Per
  * kv head: the prefix's K repacked as K^T in pairs (one 1 KB B tile per 16 keys x 32 head
  * dims: a 16 x 16 transpose of 32-bit pairs) and V as pairs of keys (one B tile per 32 keys x
@@ -18,11 +18,13 @@
 #include "bf16_simd.h"
 #include "decode_core.h"
 
+#define PA_MAX_ROWS 64  /* query rows a pass takes, at most: four A tiles, over one repack of the prefix */
+
 /* floats a thread's buffers take for a pass over len keys of head_dim D: score rows, then K
- * and V tiles, then 32 rows of queries and outputs */
+ * and V tiles, then the rows' queries and a tile's outputs */
 static inline int64_t pa_floats(int64_t len, int D) {
     const int64_t lp = (len + 31) & ~(int64_t)31;
-    return DECODE_MAX_ROWS * (lp + 16) + lp * D + 32 * D / 2 + 32 * D + 64;
+    return PA_MAX_ROWS * (lp + 16) + lp * D + PA_MAX_ROWS * D / 2 + 16 * D + 64;
 }
 
 /* the prefix's keys of kv head kh (rows: their pool offsets, zero-padded to lp) into K tiles
@@ -128,19 +130,19 @@ static int prefix_pass_amx(const uint16_t* q, int64_t q_stride, int nq, const ui
     const int nr = G * nq, ntiles = (nr + 15) / 16;
     const int64_t lp = (len + 31) & ~(int64_t)31, pitch = lp + 16;  /* NOTE: + 16: no row pitch of 4 KiB sets */
     float* sbuf = buf;
-    uint32_t* kt = (uint32_t*)(sbuf + DECODE_MAX_ROWS * pitch);
+    uint32_t* kt = (uint32_t*)(sbuf + PA_MAX_ROWS * pitch);
     uint32_t* vt = kt + lp * D / 2;
     uint16_t* qa = (uint16_t*)(vt + lp * D / 2);
-    float* o = (float*)(qa + 32 * D);
+    float* o = (float*)(qa + PA_MAX_ROWS * D);
     key_rows(rows, bt, len, lp, block_size, tok_stride);
-    memset(qa, 0, sizeof(uint16_t) * 32 * (size_t)D);
+    memset(qa, 0, sizeof(uint16_t) * PA_MAX_ROWS * (size_t)D);
     amx_configure();
     for (int kh = 0; kh < num_kv_heads; kh++) {
         pa_repack(k_cache + (int64_t)kh * D, v_cache + (int64_t)kh * D, rows, len, lp, D, kt, vt);
         for (int r = 0; r < nr; r++)
             memcpy(qa + r * D, q + r / G * q_stride + (int64_t)(kh * G + r % G) * D, sizeof(uint16_t) * (size_t)D);
         for (int rt = 0; rt < ntiles; rt++) pa_scores(qa, rt, kt, lp, D, sbuf, pitch);
-        float mx[DECODE_MAX_ROWS], l[DECODE_MAX_ROWS];
+        float mx[PA_MAX_ROWS], l[PA_MAX_ROWS];
         const __m512 vs = _mm512_set1_ps(scale);
         for (int r = 0; r < nr; r++) {
             float* sc = sbuf + r * pitch;
