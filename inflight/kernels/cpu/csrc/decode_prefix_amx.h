@@ -118,7 +118,8 @@ static void pa_values(int rt, const uint32_t* vt, int64_t lp, int D, const float
 }
 
 /* decode_bf16_prefix.h's pass on the tiles: nq query tokens (rows q + i * q_stride) x the G
- * heads of every kv head over the len keys of block table bt, every row seeing every key; each
+ * heads of every kv head (G * nq <= PA_MAX_ROWS) over the len keys of block table bt, every row
+ * seeing every key; each
  * head's state to part + i * part_row + head * (D + 2). buf: pa_floats(len, D) floats, 64-byte
  * aligned; rows: the padded length's cache offsets. Returns -1 (nothing done) without the
  * kernel's permission for the tiles. */
