@@ -58,6 +58,30 @@ static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int* n_p
     return pass;
 }
 
+/* One pass over a prefix of len keys: nq requests' query rows (q, q_stride apart) into their
+ * states (part, part_row apart): on the tiles where the level has them and the kernel may use
+ * them (tiles: that pass's buffer, or NULL), else as decode_core.h's passes of at most
+ * DECODE_MAX_ROWS rows (with ws.part set they never write out). */
+static void dp_prefix_pass(const uint16_t* q, int64_t q_stride, int nq, const uint16_t* k_cache,
+                           const uint16_t* v_cache, const int64_t* bt, int64_t len, int G, int num_kv_heads,
+                           int head_dim, int block_size, float scale, float* part, int64_t part_row, float* tiles,
+                           uint16_t* out, struct decode_scratch* ws) {
+    const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
+#if defined(INFLIGHT_ISA_AMX_BF16)
+    if (tiles && prefix_pass_amx(q, q_stride, nq, k_cache, v_cache, bt, len, G, num_kv_heads, head_dim, block_size,
+                                 tok_stride, scale, part, part_row, tiles, ws->rows) == 0)
+        return;
+#else
+    (void)tiles;
+#endif
+    const int most = DECODE_MAX_ROWS / G;
+    for (int j = 0; j < nq; j += most) {
+        ws->part = part + j * part_row, ws->part_row = part_row, ws->all_keys = 1;
+        decode_seq_avx512(q + j * q_stride, q_stride, nq - j < most ? nq - j : most, k_cache, v_cache, bt, len,
+                          out, q_stride, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, ws);
+    }
+}
+
 /* paged_decode_bf16's arguments and the step's plan (with at least one chunk). Returns 0,
  * or -1 out of memory (nothing written: the caller runs the plain path). */
 static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -90,31 +114,21 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
     {
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)(DECODE_MAX_ROWS * lp));
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
-        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL, 2 * srow, 1};
+        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
 #if defined(INFLIGHT_ISA_AMX_BF16)
         float* tiles = (float*)aligned_alloc(64, sizeof(float) * (size_t)((pa_floats(widest, head_dim) + 15) & ~15));
 #endif
+#if !defined(INFLIGHT_ISA_AMX_BF16)
+        float* tiles = NULL;
+#endif
         _Pragma("omp for schedule(dynamic, 1)")
-        for (int i = 0; i < n_pass; i++) {
-            float* part = states + (int64_t)pass[i].start * 2 * srow;
-            const int64_t* bt = block_tables + (int64_t)plan->order[pass[i].start] * bt_stride;
-#if defined(INFLIGHT_ISA_AMX_BF16)
-            if (tiles && prefix_pass_amx(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache, bt, pass[i].prefix,
-                                         G, num_kv_heads, head_dim, block_size, tok_stride, scale, part, 2 * srow,
-                                         tiles, rows) == 0)
-                continue;
-#endif
-            for (int j = 0; j < pass[i].n; j += DECODE_MAX_ROWS / G) {  /* so out is never written: */
-                ws.part = part + j * 2 * srow;
-                decode_seq_avx512(qg + (pass[i].start + j) * row, row,
-                                  pass[i].n - j < DECODE_MAX_ROWS / G ? pass[i].n - j : DECODE_MAX_ROWS / G, k_cache,
-                                  v_cache, bt, pass[i].prefix, out, row, G, 0, num_kv_heads, head_dim, block_size,
-                                  tok_stride, scale, &ws);
-            }
-        }  /* NOTE: the implicit barrier here: every prefix state is written before a request merges it */
-#if defined(INFLIGHT_ISA_AMX_BF16)
+        for (int i = 0; i < n_pass; i++)
+            dp_prefix_pass(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache,
+                           block_tables + (int64_t)plan->order[pass[i].start] * bt_stride, pass[i].prefix, G,
+                           num_kv_heads, head_dim, block_size, scale, states + (int64_t)pass[i].start * 2 * srow,
+                           2 * srow, tiles, out, &ws);
+        /* NOTE: the implicit barrier here: every prefix state is written before a request merges it */
         free(tiles);
-#endif
         ws.part_row = 0, ws.all_keys = 0;
         _Pragma("omp for schedule(dynamic, 1)")
         for (int s = 0; s < num_seqs; s++) {
