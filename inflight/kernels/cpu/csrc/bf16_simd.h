@@ -22,6 +22,15 @@ static inline uint16_t f32_to_bf16(float f) {
 #include <immintrin.h>
 #define HAVE_AVX512_BF16 1
 
+/* two rows of 32 bf16 values as 32-bit pairs (a[i], b[i]): *lo the pairs of values 0-15, *hi of
+ * values 16-31 (the key-pair layout a tile product reads V in) */
+static inline void pair_rows_epi16(__m512i a, __m512i b, __m512i* lo, __m512i* hi) {
+    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                           6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    *lo = _mm512_permutex2var_epi16(a, first, b);
+    *hi = _mm512_permutex2var_epi16(a, _mm512_add_epi16(first, _mm512_set1_epi16(16)), b);
+}
+
 /* 16 rows of 16 32-bit values transposed in place: r[j][i] = r[i][j] */
 static inline void transpose16_epi32(__m512i* r) {
     __m512i t[16];

@@ -65,7 +65,7 @@ static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int* n_p
 static void dp_prefix_pass(const uint16_t* q, int64_t q_stride, int nq, const uint16_t* k_cache,
                            const uint16_t* v_cache, const int64_t* bt, int64_t len, int G, int num_kv_heads,
                            int head_dim, int block_size, float scale, float* part, int64_t part_row, float* tiles,
-                           uint16_t* out, struct decode_scratch* ws) {
+                           uint16_t* out, const struct decode_scratch* ws) {
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
 #if defined(INFLIGHT_ISA_AMX_BF16)
     if (tiles && prefix_pass_amx(q, q_stride, nq, k_cache, v_cache, bt, len, G, num_kv_heads, head_dim, block_size,
@@ -75,10 +75,12 @@ static void dp_prefix_pass(const uint16_t* q, int64_t q_stride, int nq, const ui
     (void)tiles;
 #endif
     const int most = DECODE_MAX_ROWS / G;
+    struct decode_scratch w = *ws;  /* the thread's buffers, with this pass's outputs */
+    w.part_row = part_row, w.all_keys = 1;
     for (int j = 0; j < nq; j += most) {
-        ws->part = part + j * part_row, ws->part_row = part_row, ws->all_keys = 1;
+        w.part = part + j * part_row;
         decode_seq_avx512(q + j * q_stride, q_stride, nq - j < most ? nq - j : most, k_cache, v_cache, bt, len,
-                          out, q_stride, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, ws);
+                          out, q_stride, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, &w);
     }
 }
 
@@ -117,8 +119,7 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
         struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
 #if defined(INFLIGHT_ISA_AMX_BF16)
         float* tiles = (float*)aligned_alloc(64, sizeof(float) * (size_t)((pa_floats(widest, head_dim) + 15) & ~15));
-#endif
-#if !defined(INFLIGHT_ISA_AMX_BF16)
+#else
         float* tiles = NULL;
 #endif
         _Pragma("omp for schedule(dynamic, 1)")
@@ -129,7 +130,6 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
                            2 * srow, tiles, out, &ws);
         /* NOTE: the implicit barrier here: every prefix state is written before a request merges it */
         free(tiles);
-        ws.part_row = 0, ws.all_keys = 0;
         _Pragma("omp for schedule(dynamic, 1)")
         for (int s = 0; s < num_seqs; s++) {
             const int slot = plan->slot[s];

@@ -41,16 +41,15 @@ static void pa_repack(const uint16_t* kbase, const uint16_t* vbase, const int64_
             transpose16_epi32(r);
             for (int i = 0; i < 16; i++) _mm512_storeu_si512(kt + ((t0 / 16 * nv + s) * 16 + i) * 16, r[i]);
         }
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int64_t t = 0; t < lp; t += 2)
         for (int s = 0; s < nv; s++) {
             const __m512i a = t < len ? _mm512_loadu_si512(vbase + rows[t] + 32 * s) : _mm512_setzero_si512();
             const __m512i b = t + 1 < len ? _mm512_loadu_si512(vbase + rows[t + 1] + 32 * s) : _mm512_setzero_si512();
             uint32_t* at = vt + ((t / 32 * (D / 16) + 2 * s) * 16 + t % 32 / 2) * 16;
-            _mm512_storeu_si512(at, _mm512_permutex2var_epi16(a, lo, b));
-            _mm512_storeu_si512(at + 256, _mm512_permutex2var_epi16(a, hi, b));
+            __m512i lo, hi;
+            pair_rows_epi16(a, b, &lo, &hi);
+            _mm512_storeu_si512(at, lo);
+            _mm512_storeu_si512(at + 256, hi);  /* the next tile: head dims 16-31 of this 32 */
         }
 }
 

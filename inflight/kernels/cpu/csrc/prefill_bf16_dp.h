@@ -43,15 +43,14 @@ static void repack_tile(const uint16_t* k_cache, const uint16_t* v_cache, const 
             transpose16_epi32(r);
             for (int i = 0; i < 16; i++) _mm512_storeu_si512(kp + (int64_t)(d0 + i) * KT + j0, r[i]);
         }
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int j = 0; j < KT; j += 2)
         for (int d0 = 0; d0 < D; d0 += 32) {
             const __m512i a = off[j] >= 0 ? _mm512_loadu_si512(v_cache + off[j] + d0) : _mm512_setzero_si512();
             const __m512i b = off[j + 1] >= 0 ? _mm512_loadu_si512(v_cache + off[j + 1] + d0) : _mm512_setzero_si512();
-            _mm512_storeu_si512(vp + (int64_t)(j / 2) * D + d0, _mm512_permutex2var_epi16(a, lo, b));
-            _mm512_storeu_si512(vp + (int64_t)(j / 2) * D + d0 + 16, _mm512_permutex2var_epi16(a, hi, b));
+            __m512i lo, hi;
+            pair_rows_epi16(a, b, &lo, &hi);
+            _mm512_storeu_si512(vp + (int64_t)(j / 2) * D + d0, lo);
+            _mm512_storeu_si512(vp + (int64_t)(j / 2) * D + d0 + 16, hi);
         }
 }
 
