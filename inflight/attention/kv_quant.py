@@ -23,6 +23,7 @@ A prefill chunk with no cached prefix attends over its own unquantized K/V
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -47,21 +48,39 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> 
     return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
 
 
+def fp8_row_bytes(head_dim: int) -> int:
+    """Bytes of one (token, KV head) row in an fp8 pool: the values, padded to an even
+    count, then the 2-byte scale."""
+    return head_dim + (head_dim & 1) + 2
+
+
 @dataclass(eq=False)
 class FP8KVCache:
     """One layer's K (or V) pool in fp8: ``data`` [num_blocks, block_size, KVH, D]
-    float8_e4m3fn and ``scale`` [num_blocks, block_size, KVH] bfloat16; reads
-    dequantize to ``out_dtype``."""
+    float8_e4m3fn and ``scale`` [num_blocks, block_size, KVH] bfloat16, both views of
+    one byte buffer ``buf`` [num_blocks, block_size, KVH, fp8_row_bytes(D)] where each
+    (token, head) row holds its values and then its scale, so a kernel reads a row's
+    scale from the same cache lines as its values; reads dequantize to ``out_dtype``."""
 
-    data: torch.Tensor
-    scale: torch.Tensor
+    buf: torch.Tensor
     out_dtype: torch.dtype
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        d = self.head_dim
+        self.data = self.buf[..., :d].view(FP8_DTYPE)
+        vd = d + (d & 1)
+        self.scale = self.buf[..., vd:vd + 2].view(SCALE_DTYPE).squeeze(-1)
 
     @classmethod
-    def zeros(cls, shape: tuple[int, ...], out_dtype: torch.dtype, device: torch.device) -> "FP8KVCache":
-        # NOTE: zero-filled like the plain pools: padded slots dequantize to 0, never NaN.
-        return cls(torch.zeros(shape, dtype=FP8_DTYPE, device=device),
-                   torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device), out_dtype)
+    def zeros(cls, shape: tuple[int, ...], out_dtype: torch.dtype, device: torch.device,
+              zeros: Optional[Callable[[tuple, torch.dtype], torch.Tensor]] = None) -> "FP8KVCache":
+        """A zero-filled pool of ``shape`` [num_blocks, block_size, KVH, D] (``zeros``: the
+        allocator for the byte buffer). NOTE: zero-filled like the plain pools: padded slots
+        dequantize to 0, never NaN."""
+        full = (*shape[:-1], fp8_row_bytes(shape[-1]))
+        buf = zeros(full, torch.uint8) if zeros else torch.zeros(full, dtype=torch.uint8, device=device)
+        return cls(buf, out_dtype, shape[-1])
 
     @property
     def shape(self) -> torch.Size:
@@ -75,9 +94,16 @@ class FP8KVCache:
     def device(self) -> torch.device:
         return self.data.device
 
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every tensor indexed by block id (what a swap copies)."""
-        return self.data, self.scale
+    def tensors(self) -> tuple[torch.Tensor]:
+        """Every tensor indexed by block id (what a swap copies): the one byte buffer."""
+        return (self.buf,)
+
+    def data_ptr(self) -> int:
+        """The byte buffer's address (what the C kernels read)."""
+        return self.buf.data_ptr()
+
+    def is_contiguous(self) -> bool:
+        return self.buf.is_contiguous()
 
     def write(self, x: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Quantize ``x`` [T, KVH, D] into the slots ``slot_mapping`` [T]."""

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 import torch
 
-from inflight.attention.kv_quant import FP8_DTYPE, SCALE_DTYPE, FP8KVCache
+from inflight.attention.kv_quant import FP8KVCache, fp8_row_bytes
 from inflight.core.hybrid_kv import group_layers
 from inflight.models.registry import ModelArchConfig
 
@@ -31,7 +31,7 @@ def bytes_per_block(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, k
     """K and V for ``block_size`` tokens in ``num_layers`` layers (default every layer; a hybrid
     layout's block holds one layer per group) (fp8: values plus a bf16 scale per token and head)."""
     if is_fp8(kv_cache_dtype):
-        per_head = cfg.head_dim * FP8_DTYPE.itemsize + SCALE_DTYPE.itemsize
+        per_head = fp8_row_bytes(cfg.head_dim)
     else:
         per_head = cfg.head_dim * storage_dtype(dtype, kv_cache_dtype).itemsize
     return 2 * (num_layers or cfg.num_hidden_layers) * block_size * cfg.num_key_value_heads * per_head
@@ -85,11 +85,11 @@ def allocate_kv_cache(cfg: ModelArchConfig, num_blocks: int, block_size: int, dt
     platform's allocator for the pools (e.g. huge pages on the CPU)."""
     shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
     layer_pools = layer_pools if layer_pools is not None else list(range(cfg.num_hidden_layers))
+    zeros = zeros or (lambda shp, dt: torch.zeros(shp, dtype=dt, device=device))
     if is_fp8(kv_cache_dtype):
-        pools = [(FP8KVCache.zeros(shape, dtype, device), FP8KVCache.zeros(shape, dtype, device))
+        pools = [(FP8KVCache.zeros(shape, dtype, device, zeros), FP8KVCache.zeros(shape, dtype, device, zeros))
                  for _ in range(max(layer_pools) + 1)]
     else:
-        zeros = zeros or (lambda shp, dt: torch.zeros(shp, dtype=dt, device=device))
         kv_dtype = storage_dtype(dtype, kv_cache_dtype)
         pools = [(zeros(shape, kv_dtype), zeros(shape, kv_dtype)) for _ in range(max(layer_pools) + 1)]
     return [pools[p] for p in layer_pools]

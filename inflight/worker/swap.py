@@ -11,20 +11,20 @@ from typing import Iterable
 
 import torch
 
-from inflight.attention.kv_quant import FP8_DTYPE, FP8KVCache
+from inflight.attention.kv_quant import FP8KVCache
 from inflight.core.outputs import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
 
 def _pool_tensors(kv_caches: Iterable[tuple]) -> list[torch.Tensor]:
-    """Every device tensor whose first dimension is the block id (K, V, and fp8 scales)."""
+    """Every device tensor whose first dimension is the block id (K and V; an fp8 pool's
+    byte buffer, its values and scales together)."""
     out: list[torch.Tensor] = []
     for layer in kv_caches:
         for cache in layer:
             out.extend(cache.tensors() if isinstance(cache, FP8KVCache) else (cache,))
-    # index_copy_ has no fp8 kernel on the CPU: move fp8 blocks as bytes.
-    return [t.view(torch.uint8) if t.dtype == FP8_DTYPE else t for t in out]
+    return out
 
 
 class Swapper:
