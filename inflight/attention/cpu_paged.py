@@ -4,7 +4,9 @@ both reading K/V from the block pool in place; anything else through the torch
 reference path. A sliding window runs on the float32 kernels (their ``_sw`` entry
 points); bf16 declines it to the torch reference, as every kernel declines a logit soft-cap.
 A float32 model over bfloat16 pools (kv_cache_dtype "bfloat16") runs the float32 kernels'
-``_kvbf16`` entry points, which widen the cached values as they read them."""
+``_kvbf16`` entry points, which widen the cached values as they read them; any model over
+fp8 pools (kv_cache_dtype "fp8", attention/kv_quant.py) the ``_kvfp8`` ones, which dequantize
+them (a bf16 model's queries widened to float32 and its outputs rounded back)."""
 from __future__ import annotations
 
 import ctypes
@@ -14,23 +16,34 @@ import torch
 
 from inflight.attention.base import AttentionMetadata
 from inflight.kernels.cpu.build import load_library, ptr
-from inflight.attention.kv_quant import is_quantized
+from inflight.attention.kv_quant import FP8_DTYPE, is_quantized
 from inflight.attention.torch_ref import TorchAttentionBackend
 
-_FNS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_FNS = {dt: f"paged_decode_{name}" for dt, name in _NAMES.items()}
 _i32, _i64, _f32, _ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 # Declared argument types let the per-layer calls pass plain ints (no wrapper objects).
 _DECODE_ARGS = [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i32, _i32, _i32, _i32, _i32, _f32, _i32]
-_WRITE_ARGS = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]
+_WRITE_ARGS = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i32]
 _PREFILL_ARGS = [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32, _i32, _f32, _ptr]
 
 
 def kv_suffix(dtype: torch.dtype, cache_dtype: torch.dtype) -> Optional[str]:
     """The kernels' entry-point suffix for queries of ``dtype`` over pools of ``cache_dtype``:
-    "" for the same dtype, "_kvbf16" for float32 over bfloat16, None where no kernel reads it."""
+    "" for the same dtype, "_kvbf16" for float32 over bfloat16, "_kvfp8" for float32 or
+    bfloat16 over fp8, None where no kernel reads it."""
     if dtype == cache_dtype:
         return ""
+    if cache_dtype == FP8_DTYPE and dtype in (torch.float32, torch.bfloat16):
+        return "_kvfp8"
     return "_kvbf16" if (dtype, cache_dtype) == (torch.float32, torch.bfloat16) else None
+
+
+def _write_fn(dtype: torch.dtype, cache_dtype: torch.dtype) -> str:
+    """The K/V write's entry point for rows of ``dtype`` into pools of ``cache_dtype``."""
+    if dtype == cache_dtype:
+        return "write_kv_rows"
+    return f"write_kv_rows_{_NAMES[dtype]}_{'fp8' if cache_dtype == FP8_DTYPE else _NAMES[cache_dtype]}"
 
 
 class CpuPagedAttentionBackend(TorchAttentionBackend):
@@ -48,14 +61,20 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             self.prefill_lib.paged_prefill_f32_sw.argtypes = _PREFILL_ARGS + [_i32]
             self.prefill_lib.paged_prefill_f32_kvbf16.argtypes = _PREFILL_ARGS
             self.prefill_lib.paged_prefill_f32_sw_kvbf16.argtypes = _PREFILL_ARGS + [_i32]
+            for name in ("paged_prefill_f32_kvfp8", "paged_prefill_bf16_kvfp8"):
+                getattr(self.prefill_lib, name).argtypes = _PREFILL_ARGS
+            self.prefill_lib.paged_prefill_f32_sw_kvfp8.argtypes = _PREFILL_ARGS + [_i32]
         self._workspace = torch.empty(0, dtype=torch.uint8)
         for name in _FNS.values():
             getattr(self.lib, name).argtypes = _DECODE_ARGS
         self.lib.paged_decode_f32_sw.argtypes = _DECODE_ARGS + [_i32]
         self.lib.paged_decode_f32_kvbf16.argtypes = _DECODE_ARGS
         self.lib.paged_decode_f32_sw_kvbf16.argtypes = _DECODE_ARGS + [_i32]
-        self.lib.write_kv_rows.argtypes = _WRITE_ARGS
-        self.lib.write_kv_rows_f32_bf16.argtypes = _WRITE_ARGS
+        self.lib.paged_decode_f32_kvfp8.argtypes = _DECODE_ARGS
+        self.lib.paged_decode_f32_sw_kvfp8.argtypes = _DECODE_ARGS + [_i32]
+        self.lib.paged_decode_bf16_kvfp8.argtypes = _DECODE_ARGS
+        for name in ("write_kv_rows", "write_kv_rows_f32_bf16", "write_kv_rows_f32_fp8", "write_kv_rows_bf16_fp8"):
+            getattr(self.lib, name).argtypes = _WRITE_ARGS
         g, d = ctypes.c_int(), ctypes.c_int()
         self.lib.paged_decode_limits(ctypes.byref(g), ctypes.byref(d))
         self.max_g, self.max_d = g.value, d.value
@@ -70,7 +89,7 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float,
                 sliding_window: Optional[int] = None, logits_soft_cap: Optional[float] = None) -> torch.Tensor:
-        if logits_soft_cap or is_quantized(k_cache) or not self.supports(q, k_cache, sliding_window):
+        if logits_soft_cap or not self.supports(q, k_cache, sliding_window):
             return super().forward(q, k, v, k_cache, v_cache, md, scale, sliding_window, logits_soft_cap)
         self._write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype)
@@ -88,13 +107,13 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
                 and k.stride(1) == v.stride(1) == k_cache.shape[3] and slots.is_contiguous()):
             return super()._write_kv(k, v, k_cache, v_cache, slots)
         size = k.element_size()
-        fn = self.lib.write_kv_rows if k.dtype == k_cache.dtype else self.lib.write_kv_rows_f32_bf16
-        fn(k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size, k_cache.data_ptr(),
-           v_cache.data_ptr(), slots.data_ptr(), slots.numel(), row * size)
+        getattr(self.lib, _write_fn(k.dtype, k_cache.dtype))(
+            k.data_ptr(), k.stride(0) * size, v.data_ptr(), v.stride(0) * size, k_cache.data_ptr(),
+            v_cache.data_ptr(), slots.data_ptr(), slots.numel(), row * size, k_cache.shape[3])
 
     def _decode(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float,
                 sliding_window: Optional[int] = None) -> torch.Tensor:
-        if is_quantized(k_cache) or not self.supports(q, k_cache, sliding_window):
+        if not self.supports(q, k_cache, sliding_window):
             return super()._decode(q, k_cache, v_cache, md, scale, sliding_window=sliding_window)
         out = torch.empty(md.num_decodes, *q.shape[1:], dtype=q.dtype)
         self._decode_into(q, k_cache, v_cache, md, scale, out, sliding_window)
@@ -136,10 +155,11 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
     def _prefills(self, q, k, v, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor,
                   sliding_window: Optional[int] = None) -> None:
         lib = self.prefill_lib
-        if (lib is not None and q.dtype == torch.float32 and self.supports(q, k_cache) and out.is_contiguous()
+        widened = q.dtype == torch.float32 or is_quantized(k_cache)  # the float32 kernel's
+        if (lib is not None and widened and self.supports(q, k_cache, sliding_window) and out.is_contiguous()
                 and lib.paged_prefill_f32_supported(q.shape[2], q.shape[1] // k_cache.shape[2])):
             return self._prefills_f32(q, k_cache, v_cache, md, scale, out, sliding_window)
-        if (lib is None or q.dtype != torch.bfloat16 or not self.supports(q, k_cache, sliding_window)
+        if (lib is None or q.dtype != torch.bfloat16 or widened or not self.supports(q, k_cache, sliding_window)
                 or not out.is_contiguous() or not lib.paged_prefill_supported(ctypes.c_int(q.shape[2]))):
             return super()._prefills(q, k, v, k_cache, v_cache, md, scale, out, sliding_window)
         nd, n = md.num_decodes, md.num_reqs - md.num_decodes
@@ -158,7 +178,8 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
 
     def _prefills_f32(self, q, k_cache, v_cache, md: AttentionMetadata, scale: float, out: torch.Tensor,
                       sliding_window: Optional[int] = None) -> None:
-        """Every prefill chunk of the step in one paged_prefill_f32 call (K/V already in the pool)."""
+        """Every prefill chunk of the step in one call of the float32 kernel (K/V already in the
+        pool; a bf16 model's over fp8 pools through paged_prefill_bf16_kvfp8)."""
         nd, n = md.num_decodes, md.num_reqs - md.num_decodes
         kvh, d = k_cache.shape[2], q.shape[2]
         q_start, q_len, seq_len = self.prefill_args(md, q.shape[1], kvh, d, torch.float32)
@@ -168,10 +189,7 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
                 q_start.data_ptr(), q_len.data_ptr(), seq_len.data_ptr(), out.data_ptr(), n, q.shape[1], kvh, d,
                 k_cache.shape[1], scale, None)
-        sfx = kv_suffix(q.dtype, k_cache.dtype)
-        if sliding_window:
-            rc = getattr(self.prefill_lib, f"paged_prefill_f32_sw{sfx}")(*args, sliding_window)
-        else:
-            rc = getattr(self.prefill_lib, f"paged_prefill_f32{sfx}")(*args)
+        name = f"paged_prefill_{_NAMES[q.dtype]}{'_sw' if sliding_window else ''}{kv_suffix(q.dtype, k_cache.dtype)}"
+        rc = getattr(self.prefill_lib, name)(*args, *((sliding_window,) if sliding_window else ()))
         if rc != 0:
-            raise RuntimeError(f"paged_prefill_f32 failed ({rc})")
+            raise RuntimeError(f"{name} failed ({rc})")

@@ -9,7 +9,7 @@ arguments once and one call runs every layer. The loop reads the model's
 kernels of each dtype take the same arguments.
 Same kernels, same order, same buffers: the hidden states are bit-identical to
 the Python loop's, which stays the path for everything else (the torch reference
-backend, fp8 KV caches, machines without the kernels).
+backend, machines without the kernels).
 """
 from __future__ import annotations
 
@@ -114,15 +114,16 @@ def _sw_kernels(attn: CpuPagedAttentionBackend, kv: str = "") -> tuple[int, int]
     return _addr(attn.lib, f"paged_decode_f32_sw{kv}"), _addr(attn.prefill_lib, f"paged_prefill_f32_sw{kv}")
 
 
-def _kvbf16_kernels(kernels: _Kernels, attn: CpuPagedAttentionBackend) -> _Kernels:
-    """A float32 loop's kernels over bfloat16 pools: the K/V write and the attention swapped
-    for their ``_kvbf16`` forms, everything else the same."""
+def _widening_kernels(kernels: _Kernels, attn: CpuPagedAttentionBackend, sfx: str, pool: str) -> _Kernels:
+    """A loop's kernels (``sfx``: its dtype's) over pools of another element type (``pool``:
+    "bf16" under a float32 model, or "fp8"): the K/V write and the attention swapped for their
+    ``_kv<pool>`` forms, everything else the same. A window is a float32 model's only."""
     out = _Kernels.from_buffer_copy(kernels)
-    out.write_kv = _addr(attn.lib, "write_kv_rows_f32_bf16")
-    out.decode = _addr(attn.lib, "paged_decode_f32_kvbf16")
-    out.prefill = _addr(attn.prefill_lib, "paged_prefill_f32_kvbf16")
+    out.write_kv = _addr(attn.lib, f"write_kv_rows_{sfx}_{pool}")
+    out.decode = _addr(attn.lib, f"paged_decode_{sfx}_kv{pool}")
+    out.prefill = _addr(attn.prefill_lib, f"paged_prefill_{sfx}_kv{pool}")
     if kernels.decode_sw:
-        out.decode_sw, out.prefill_sw = _sw_kernels(attn, "_kvbf16")
+        out.decode_sw, out.prefill_sw = _sw_kernels(attn, f"_kv{pool}")
     return out
 
 
@@ -155,9 +156,9 @@ class CpuLayerLoop:
                           plan.head_dim, 0, dtype.itemsize, _lowbit_max_rows(plan), plan.rms_norm_eps, plan.scale)
         self.inter = plan.intermediate_size
         # by the pools' kernel suffix (cpu_paged.kv_suffix): a float32 loop also reads bf16 pools
-        self._kernels = {"": self.kernels}
+        self._kernels = {"": self.kernels, "_kvfp8": _widening_kernels(self.kernels, attn, sfx, "fp8")}
         if dtype == torch.float32:
-            self._kernels["_kvbf16"] = _kvbf16_kernels(self.kernels, attn)
+            self._kernels["_kvbf16"] = _widening_kernels(self.kernels, attn, sfx, "bf16")
         self._layers = None  # (kv_caches list id, ctypes array): the pools do not move
         if lib.llama_layers_ticks() != len(KERNELS):
             raise RuntimeError("csrc/llama_layers.c and layer_loop.KERNELS disagree")
@@ -220,8 +221,7 @@ class CpuLayerLoop:
 
     def can_run(self, x: torch.Tensor, kv_caches: list) -> bool:
         k = kv_caches[0][0]
-        return (x.dtype == self.dtype and not is_quantized(k) and kv_suffix(self.dtype, k.dtype) in self._kernels
-                and k.is_contiguous())
+        return x.dtype == self.dtype and kv_suffix(self.dtype, k.dtype) in self._kernels and k.is_contiguous()
 
     def _layer_array(self, kv_caches: list):
         if self._layers is None or self._layers[0] is not kv_caches:
@@ -265,7 +265,9 @@ class CpuLayerLoop:
         bt = md.block_tables.contiguous()
         s = _Step(T, nd, npf, bt.stride(0), md.max_decode_seq_len)
         if npf:  # NOTE: the tensors whose pointers the step holds stay alive as locals until the call returns
-            q_start, q_len, pf_seq = self.attn.prefill_args(md, nh, nkv, hd, self.dtype)
+            # fp8 pools: the float32 kernel's arguments (no workspace) for either dtype
+            kind = torch.float32 if is_quantized(kv_caches[0][0]) else self.dtype
+            q_start, q_len, pf_seq = self.attn.prefill_args(md, nh, nkv, hd, kind)
             s.q_start, s.q_len, s.pf_seq_len = q_start.data_ptr(), q_len.data_ptr(), pf_seq.data_ptr()
             s.workspace = self.attn._workspace.data_ptr()  # unused by the fp32 kernel
         s.slots, s.block_tables, s.seq_lens = slots.data_ptr(), bt.data_ptr(), md.seq_lens.data_ptr()

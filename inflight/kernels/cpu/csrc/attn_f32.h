@@ -155,8 +155,8 @@ static inline void af_finish_rows(float* out, int64_t out_stride, int R, int G, 
  * none); scratch: af_scratch_floats() floats. With prior (decode, ntok 1, no window),
  * keys [0, k0) were scored elsewhere (aw_shared_prefix): this item reads keys from k0 on
  * and merges its rows with prior's (head h's unnormalized output, max and sum at
- * prior + h * (D + 2)); else k0 is 0. kv16: the pools hold bfloat16 (af_at), and then
- * the item's heads must fit the tile buffers (nkh * D <= AF_COPY_SPAN). part: see
+ * prior + h * (D + 2)); else k0 is 0. kv: what the pools hold (enum af_kv); other than
+ * float32, the item's heads must fit the tile buffers (nkh * D <= AF_COPY_SPAN). part: see
  * af_finish_rows (decode without prior; ctx + 1 is then the part's end, k0 its start).
  * NOTE: several kv heads per item read each key's rows of those heads together, one
  * contiguous run of the pool row: per-head items read a third of every row and the
@@ -164,10 +164,10 @@ static inline void af_finish_rows(float* out, int64_t out_stride, int R, int G, 
 static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
                            int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
                            const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
-                           int64_t k0, const float* prior, float* part, float* scratch, int kv16) {
+                           int64_t k0, const float* prior, float* part, float* scratch, int kv) {
     if (ntok * G >= AW_MIN_ROWS && !prior && !part && aw_heads_fit(nkh, D)) {
         aw_attend(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
-                  tok_stride, scale, window, scratch, kv16);
+                  tok_stride, scale, window, scratch, kv);
         return;
     }
     const int R = ntok * G, Dp = AF_PAD(D);           /* rows per kv head */
@@ -181,7 +181,7 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
     vq[0] = kq[0] + AF_KT;
     kq[1] = vq[0] + AF_KT;
     vq[1] = kq[1] + AF_KT;
-    const int span = nkh * D, copy = span <= AF_COPY_SPAN;  /* NOTE: always, for a bf16 pool */
+    const int span = nkh * D, copy = span <= AF_COPY_SPAN;  /* NOTE: always, for a bf16 or fp8 pool */
     float* kb[2], * vb[2];  /* the tile buffers when copying, 64-byte aligned */
     kb[0] = (float*)(((uintptr_t)(vq[1] + AF_KT) + 63) & ~(uintptr_t)63);
     vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
@@ -191,11 +191,11 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
     const int64_t nkeys = ctx + ntok;  /* the keys the last token sees */
     int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
     lo = k0 > lo ? k0 : lo;
-    const float* kbase = af_at(k_cache, (int64_t)kh0 * D, kv16);
-    const float* vbase = af_at(v_cache, (int64_t)kh0 * D, kv16);
+    const float* kbase = af_at(k_cache, (int64_t)kh0 * af_row(D, kv), kv);
+    const float* vbase = af_at(v_cache, (int64_t)kh0 * af_row(D, kv), kv);
     if (copy)
-        af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, lo,
-                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, nkeys, kb[0], vb[0], kq[0], vq[0], kv16);
+        af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, D, lo,
+                     nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, nkeys, kb[0], vb[0], kq[0], vq[0], kv);
     else
         af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, lo,
                      nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT, kq[0], vq[0]);
@@ -204,9 +204,9 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
         const float** kp = kq[cur];
         const float** vp = vq[cur];
         if (t0 + AF_KT < nkeys && copy)  /* the next tile's rows, copied before this one is computed */
-            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
+            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, D, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, nkeys, kb[cur ^ 1],
-                         vb[cur ^ 1], kq[cur ^ 1], vq[cur ^ 1], kv16);
+                         vb[cur ^ 1], kq[cur ^ 1], vq[cur ^ 1], kv);
         else if (t0 + AF_KT < nkeys)  /* the next tile's rows, prefetched while this one runs */
             af_tile_rows(kbase, vbase, bt, block_size, tok_stride, nkh * D, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, kq[cur ^ 1], vq[cur ^ 1]);
@@ -226,9 +226,9 @@ static void af_attend_from(const float* q, int64_t q_stride, float* out, int64_t
 static inline void af_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx,
                              int G, int kh0, int nkh, int D, const float* k_cache, const float* v_cache,
                              const int64_t* bt, int block_size, int64_t tok_stride, float scale, int64_t window,
-                             float* scratch, int kv16) {
+                             float* scratch, int kv) {
     af_attend_from(q, q_stride, out, out_stride, ntok, ctx, G, kh0, nkh, D, k_cache, v_cache, bt, block_size,
-                   tok_stride, scale, window, 0, NULL, NULL, scratch, kv16);
+                   tok_stride, scale, window, 0, NULL, NULL, scratch, kv);
 }
 
 #endif

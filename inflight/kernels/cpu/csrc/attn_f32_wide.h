@@ -153,7 +153,7 @@ static inline struct aw_bufs aw_layout(float* scratch, int nkh, int D) {
  * scratch as aw_layout lays it out, started by aw_start. */
 static void aw_keys(float* scratch, int nkh, int R, int G, int D, int ntok, int64_t ctx, int64_t lo, int64_t nkeys,
                     int64_t window, const float* kbase, const float* vbase, const int64_t* bt, int block_size,
-                    int64_t tok_stride, int kv16) {
+                    int64_t tok_stride, int kv) {
     const struct aw_bufs b = aw_layout(scratch, nkh, D);
     float* st = b.st, * pos = b.pos;
     const int span = nkh * D;
@@ -164,14 +164,14 @@ static void aw_keys(float* scratch, int nkh, int R, int G, int D, int ntok, int6
     vb[0] = kb[0] + AF_KT * AF_COPY_SPAN;
     kb[1] = vb[0] + AF_KT * AF_COPY_SPAN;
     vb[1] = kb[1] + AF_KT * AF_COPY_SPAN;
-    af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
-                 nkeys, kb[0], vb[0], kp, vp, kv16);
+    af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, D, lo, nkeys - lo < AF_KT ? (int)(nkeys - lo) : AF_KT,
+                 nkeys, kb[0], vb[0], kp, vp, kv);
     for (int64_t t0 = lo, cur = 0; t0 < nkeys; t0 += AF_KT, cur ^= 1) {
         const int nk = nkeys - t0 < AF_KT ? (int)(nkeys - t0) : AF_KT;
         if (t0 + AF_KT < nkeys)  /* the next tile, copied before this one is computed */
-            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, t0 + AF_KT,
+            af_tile_copy(kbase, vbase, bt, block_size, tok_stride, span, D, t0 + AF_KT,
                          nkeys - t0 - AF_KT < AF_KT ? (int)(nkeys - t0 - AF_KT) : AF_KT, nkeys, kb[cur ^ 1],
-                         vb[cur ^ 1], kp, vp, kv16);
+                         vb[cur ^ 1], kp, vp, kv);
         /* rows before r0 see none of this tile, nor (with a window) rows from r1 on */
         const int r0 = t0 > ctx ? (int)(t0 - ctx) * G : 0;
         const int64_t ntok_seen = window > 0 ? t0 + nk + window - 1 - ctx : ntok;
@@ -216,12 +216,12 @@ static void aw_start(float* scratch, const float* q, int64_t q_stride, int R, in
  * [kh0, kh0 + nkh) (ntok * G >= AW_MIN_ROWS rows a head, at most AF_MAX_ROWS; aw_heads_fit). */
 static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, int ntok, int64_t ctx, int G,
                       int kh0, int nkh, int D, const float* k_cache, const float* v_cache, const int64_t* bt,
-                      int block_size, int64_t tok_stride, float scale, int64_t window, float* scratch, int kv16) {
+                      int block_size, int64_t tok_stride, float scale, int64_t window, float* scratch, int kv) {
     const int R = ntok * G;
     aw_start(scratch, q, q_stride, R, G, kh0, nkh, D, ctx, scale);
     const int64_t lo = window > 0 && ctx - window + 1 > 0 ? ctx - window + 1 : 0;  /* the first token's first key */
-    aw_keys(scratch, nkh, R, G, D, ntok, ctx, lo, ctx + ntok, window, af_at(k_cache, (int64_t)kh0 * D, kv16),
-            af_at(v_cache, (int64_t)kh0 * D, kv16), bt, block_size, tok_stride, kv16);
+    aw_keys(scratch, nkh, R, G, D, ntok, ctx, lo, ctx + ntok, window, af_at(k_cache, (int64_t)kh0 * af_row(D, kv), kv),
+            af_at(v_cache, (int64_t)kh0 * af_row(D, kv), kv), bt, block_size, tok_stride, kv);
     const struct aw_bufs b = aw_layout(scratch, nkh, D);
     for (int h = 0; h < nkh; h++) {
         const float* ot = b.ot + (int64_t)h * D * AW_LD;
@@ -241,12 +241,12 @@ static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_
 static __attribute__((unused)) void aw_shared_prefix(const float* q, int64_t q_stride, int n, int64_t prefix, int G, int kh, int D,
                              const float* k_cache, const float* v_cache, const int64_t* bt, int block_size,
                              int64_t tok_stride, float scale, float* state, int64_t state_stride, float* scratch,
-                             int kv16) {
+                             int kv) {
     const int R = n * G;
     /* ctx prefix - 1: the last key is at or before every row's position, so no tile is masked */
     aw_start(scratch, q, q_stride, R, G, kh, 1, D, prefix - 1, scale);
-    aw_keys(scratch, 1, R, G, D, n, prefix - 1, 0, prefix, 0, af_at(k_cache, (int64_t)kh * D, kv16),
-            af_at(v_cache, (int64_t)kh * D, kv16), bt, block_size, tok_stride, kv16);
+    aw_keys(scratch, 1, R, G, D, n, prefix - 1, 0, prefix, 0, af_at(k_cache, (int64_t)kh * af_row(D, kv), kv),
+            af_at(v_cache, (int64_t)kh * af_row(D, kv), kv), bt, block_size, tok_stride, kv);
     const struct aw_bufs b = aw_layout(scratch, 1, D);
     for (int r = 0; r < R; r++) {
         float* dst = state + (int64_t)(r / G) * state_stride + (int64_t)(kh * G + r % G) * (D + 2);

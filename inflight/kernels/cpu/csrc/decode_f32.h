@@ -112,9 +112,9 @@ static void dk_free(struct dk_parts* p) {
 static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
                              const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
                              int num_seqs, int num_heads, int num_kv_heads, int D, int block_size, float scale,
-                             int64_t window, int kv16) {
+                             int64_t window, int kv) {
     const int G = num_heads / num_kv_heads;
-    const int64_t tok_stride = (int64_t)num_kv_heads * D, row = (int64_t)num_heads * D;
+    const int64_t tok_stride = (int64_t)num_kv_heads * af_row(D, kv), row = (int64_t)num_heads * D;
     const int64_t srow = (int64_t)num_heads * (D + 2);
     struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), window, AF_KT);
     float* states = p.n_states ? malloc(sizeof(float) * (size_t)(p.n_states * srow)) : NULL;
@@ -127,7 +127,7 @@ static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_ca
             af_attend_from(q + (int64_t)it.s * q_stride, q_stride, out + (int64_t)it.s * row, row, 1, it.hi - 1, G,
                            0, num_kv_heads, D, k_cache, v_cache, block_tables + (int64_t)it.s * bt_stride,
                            block_size, tok_stride, scale, 0, it.lo, NULL,
-                           it.slot >= 0 ? states + it.slot * srow : NULL, scratch, kv16);
+                           it.slot >= 0 ? states + it.slot * srow : NULL, scratch, kv);
         }  /* NOTE: the implicit barrier here: every part's state is written before its sequence merges */
         dk_merge_parts(&p, states, num_seqs, num_heads, D, out, NULL);
         free(scratch);
@@ -140,11 +140,11 @@ static void decode_f32_parts(const float* q, int64_t q_stride, const float* k_ca
 static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
                        int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-                       int64_t window, int kv16) {
+                       int64_t window, int kv) {
     const int G = num_heads / num_kv_heads, D = head_dim;
-    const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
-    /* a bf16 pool is always copied (widened), so a whole row must fit the tile buffers */
-    const int rows_fit = num_heads <= AF_MAX_ROWS && (!kv16 || tok_stride <= AF_COPY_SPAN);
+    const int64_t tok_stride = (int64_t)num_kv_heads * af_row(D, kv);
+    /* a bf16 or fp8 pool is always copied (widened), so a whole row must fit the tile buffers */
+    const int rows_fit = num_heads <= AF_MAX_ROWS && (kv == AF_KV_F32 || num_kv_heads * D <= AF_COPY_SPAN);
     const int few = num_seqs < DK_ITEMS_PER_THREAD * omp_get_max_threads();
     struct sp_plan plan = {0};
     if (window == 0 && sp_may_group(block_tables, bt_stride, seq_lens, num_seqs, G, AW_MIN_ROWS))
@@ -152,7 +152,7 @@ static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, c
     if (rows_fit && few && plan.n_chunks == 0) {
         sp_free(&plan);
         decode_f32_parts(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
-                         num_kv_heads, D, block_size, scale, window, kv16);
+                         num_kv_heads, D, block_size, scale, window, kv);
         return;
     }
     const int per = rows_fit && !few ? num_kv_heads : 1;  /* kv heads per item */
@@ -173,7 +173,7 @@ static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, c
                 const struct sp_chunk c = plan.chunks[item / num_kv_heads];
                 aw_shared_prefix(qg + c.start * row, row, c.n, c.prefix, G, item % num_kv_heads, D, k_cache,
                                  v_cache, block_tables + (int64_t)plan.order[c.start] * bt_stride, block_size,
-                                 tok_stride, scale, state + c.start * srow, srow, scratch, kv16);
+                                 tok_stride, scale, state + c.start * srow, srow, scratch, kv);
             }  /* NOTE: the implicit barrier here: every prior is written before an item merges it */
         }
         _Pragma("omp for schedule(dynamic, 1)")
@@ -184,7 +184,7 @@ static void decode_f32(const float* q, int64_t q_stride, const float* k_cache, c
                 af_attend_from(q + (int64_t)s * q_stride, q_stride, out + (int64_t)s * row, row, 1, seq_lens[s] - 1,
                                G, kh0, per, D, k_cache, v_cache, block_tables + (int64_t)s * bt_stride, block_size,
                                tok_stride, scale, window, slot >= 0 ? plan.k0[s] : 0,
-                               slot >= 0 ? state + slot * srow : NULL, NULL, scratch, kv16);
+                               slot >= 0 ? state + slot * srow : NULL, NULL, scratch, kv);
         }
         free(scratch);
     }

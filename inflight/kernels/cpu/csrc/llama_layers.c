@@ -34,7 +34,7 @@ typedef void (*rope_fn)(void*, int64_t, int64_t, int, int, int, const void*, con
 typedef void (*heads_norm_fn)(void*, int64_t, int64_t, int, int, int, const void*, const void*, float);
 typedef void (*silu_fn)(const void*, void*, int64_t, int64_t);
 typedef void (*write_fn)(const char*, int64_t, const char*, int64_t, char*, char*, const int64_t*, int64_t,
-                         int64_t);
+                         int64_t, int);
 typedef void (*decode_fn)(const void*, int64_t, const void*, const void*, const int64_t*, int64_t,
                           const int64_t*, void*, int, int, int, int, int, float, int);
 typedef int (*gemm_silu_fn)(const void*, int64_t, int64_t, int64_t, const void*, int64_t, void*, int64_t);
@@ -206,7 +206,7 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         if (!w->no_rope) k->rope(s->qkv, T, qkv_dim, (int)nh, (int)nkv, (int)hd, s->cos, s->sin);
         tick(tk, T_ROPE, &last);
         k->write_kv((const char*)s->qkv + attn_dim * es, qkv_dim * es, (const char*)s->qkv + (attn_dim + nkv * hd) * es,
-                    qkv_dim * es, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes);
+                    qkv_dim * es, (char*)w->k_cache, (char*)w->v_cache, s->slots, T, row_bytes, (int)hd);
         tick(tk, T_WRITE, &last);
         if (w->window && !(k->decode_sw && k->prefill_sw)) return -2;  /* the caller declines such stacks */
         if (s->num_decodes && w->window)

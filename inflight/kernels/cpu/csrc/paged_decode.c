@@ -93,46 +93,44 @@ void NAME(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, cons
     }                                                                                        \
 }
 
-/* Same arguments as paged_decode_bf16. */
-void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                      const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
-                      int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-                      int max_len) {
-    (void)max_len;
-    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
-               num_kv_heads, head_dim, block_size, scale, 0, 0);
+/* paged_decode_f32 (same arguments as paged_decode_bf16) and its sliding-window form SW
+ * (a trailing window: the token at position p reads only keys (p - window, p]; block table
+ * entries before them are never read), over pools of KV (enum af_kv): the _kvbf16 and
+ * _kvfp8 forms widen the pools' values as they copy them into the tiles */
+#define DEFINE_DECODE_F32(NAME, SW, KV)                                                                          \
+void NAME(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,                         \
+          const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out, int num_seqs,     \
+          int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int max_len) {             \
+    (void)max_len;                                                                                              \
+    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,      \
+               num_kv_heads, head_dim, block_size, scale, 0, KV);                                               \
+}                                                                                                               \
+void SW(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,                           \
+        const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out, int num_seqs,       \
+        int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int max_len, int window) {   \
+    (void)max_len;                                                                                              \
+    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,      \
+               num_kv_heads, head_dim, block_size, scale, window, KV);                                          \
 }
+DEFINE_DECODE_F32(paged_decode_f32, paged_decode_f32_sw, AF_KV_F32)
+DEFINE_DECODE_F32(paged_decode_f32_kvbf16, paged_decode_f32_sw_kvbf16, AF_KV_BF16)
+DEFINE_DECODE_F32(paged_decode_f32_kvfp8, paged_decode_f32_sw_kvfp8, AF_KV_FP8)
 
-/* paged_decode_f32 over bfloat16 pools (kv_cache_dtype "bfloat16" under a float32 model):
- * the same arguments, the caches' elements bf16, widened as the tiles are copied */
-void paged_decode_f32_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
-                             const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
+/* paged_decode_bf16's arguments over fp8 pools: the float32 kernel between a widening of the
+ * queries and a rounding of the outputs (rows of num_heads x head_dim either way) */
+void paged_decode_bf16_kvfp8(const uint16_t* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                             const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
                              int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                              int max_len) {
     (void)max_len;
-    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
-               num_kv_heads, head_dim, block_size, scale, 0, 1);
-}
-
-/* paged_decode_f32 with a sliding window: the token at position p reads only keys
- * (p - window, p]; block table entries before them are never read. */
-void paged_decode_f32_sw(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                         const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
-                         int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-                         int max_len, int window) {
-    (void)max_len;
-    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
-               num_kv_heads, head_dim, block_size, scale, window, 0);
-}
-
-/* paged_decode_f32_sw over bfloat16 pools */
-void paged_decode_f32_sw_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
-                                const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, float* out,
-                                int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                                float scale, int max_len, int window) {
-    (void)max_len;
-    decode_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs, num_heads,
-               num_kv_heads, head_dim, block_size, scale, window, 1);
+    const int64_t row = (int64_t)num_heads * head_dim;
+    float* qf = malloc(sizeof(float) * (size_t)(2 * num_seqs * row));
+    float* of = qf + num_seqs * row;
+    bf16_rows_to_f32(qf, q, q_stride, num_seqs, row);
+    decode_f32(qf, row, k_cache, v_cache, block_tables, bt_stride, seq_lens, of, num_seqs, num_heads, num_kv_heads,
+               head_dim, block_size, scale, 0, AF_KV_FP8);
+    f32_rows_to_bf16(out, of, num_seqs * row);
+    free(qf);
 }
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
@@ -265,9 +263,11 @@ int paged_decode_limits(int* max_g, int* max_d) {
 
 /* The step's new K and V token rows (row_bytes each; rows k_stride / v_stride bytes
  * apart, views into the fused qkv output) into their cache slots: one call instead
- * of two index_copy_ dispatches per layer. */
+ * of two index_copy_ dispatches per layer. head_dim: the rows' heads' (the fp8 forms
+ * scale each head's row; the others ignore it). */
 void write_kv_rows(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
-                   char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes) {
+                   char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
+    (void)head_dim;
     for (int64_t i = 0; i < n; i++) {
         memcpy(k_cache + slots[i] * row_bytes, k + i * k_stride, (size_t)row_bytes);
         memcpy(v_cache + slots[i] * row_bytes, v + i * v_stride, (size_t)row_bytes);
@@ -286,10 +286,23 @@ static void f32_row_to_bf16(const char* src, uint16_t* dst, int64_t n) {
  * row_bytes those of the float32 rows; a pool slot holds half as many bytes): each value
  * rounded to the nearest bf16, ties to even, as torch's .to(torch.bfloat16) */
 void write_kv_rows_f32_bf16(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
-                            char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes) {
+                            char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
+    (void)head_dim;
     const int64_t elems = row_bytes / (int64_t)sizeof(float);
     for (int64_t i = 0; i < n; i++) {
         f32_row_to_bf16(k + i * k_stride, (uint16_t*)(void*)k_cache + slots[i] * elems, elems);
         f32_row_to_bf16(v + i * v_stride, (uint16_t*)(void*)v_cache + slots[i] * elems, elems);
     }
+}
+
+/* write_kv_rows for float32 or bfloat16 rows into fp8 pools (kv_fp8.h), the same arguments:
+ * each kv head's row quantized with its own scale */
+void write_kv_rows_f32_fp8(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
+                           char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
+    fp8_write_rows(k, k_stride, v, v_stride, k_cache, v_cache, slots, n, row_bytes, head_dim, 4);
+}
+
+void write_kv_rows_bf16_fp8(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
+                            char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
+    fp8_write_rows(k, k_stride, v, v_stride, k_cache, v_cache, slots, n, row_bytes, head_dim, 2);
 }

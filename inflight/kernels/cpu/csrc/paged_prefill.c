@@ -148,10 +148,10 @@ int paged_prefill_f32_supported(int head_dim, int group) {
 static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
                        const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
                        const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
-                       int head_dim, int block_size, float scale, int64_t window, int kv16) {
+                       int head_dim, int block_size, float scale, int64_t window, int kv) {
     const int D = head_dim, G = num_heads / num_kv_heads;
     if (!paged_prefill_f32_supported(D, G) || G * num_kv_heads != num_heads || window < 0) return -1;
-    const int64_t tok_stride = (int64_t)num_kv_heads * D;
+    const int64_t tok_stride = (int64_t)num_kv_heads * af_row(D, kv);
     const int tq = AF_MAX_ROWS / G;  /* query tokens per work item */
     int64_t n = 0;
     for (int r = 0; r < num_reqs; r++) n += (q_len[r] + tq - 1) / tq;
@@ -183,7 +183,7 @@ static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, c
             const int64_t row = q_start[r] + i0;
             af_attend(q + row * q_stride, q_stride, out + row * num_heads * D, (int64_t)num_heads * D,
                       (int)(i1 - i0), seq_len[r] - q_len[r] + i0, G, kh0, nkh, D, k_cache, v_cache,
-                      block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch, kv16);
+                      block_tables + (int64_t)r * bt_stride, block_size, tok_stride, scale, window, scratch, kv);
         }
         free(scratch);
     }
@@ -191,43 +191,50 @@ static int prefill_f32(const float* q, int64_t q_stride, const float* k_cache, c
     return 0;
 }
 
-int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                      const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
-                      const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
-                      int head_dim, int block_size, float scale, void* workspace) {
-    (void)workspace;
-    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
-                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, 0);
+/* paged_prefill_f32 and its sliding-window form SW (the token at position p reads only keys
+ * (p - window, p]; block table entries before them are never read), over pools of KV (enum
+ * af_kv): the _kvbf16 and _kvfp8 forms widen the pools' values as they copy them */
+#define DEFINE_PREFILL_F32(NAME, SW, KV)                                                                         \
+int NAME(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,                          \
+         const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,           \
+         const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads, int head_dim,        \
+         int block_size, float scale, void* workspace) {                                                        \
+    (void)workspace;                                                                                            \
+    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,    \
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, KV);                  \
+}                                                                                                               \
+int SW(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,                            \
+       const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,             \
+       const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads, int head_dim,          \
+       int block_size, float scale, void* workspace, int window) {                                              \
+    (void)workspace;                                                                                            \
+    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,    \
+                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, window, KV);             \
 }
+DEFINE_PREFILL_F32(paged_prefill_f32, paged_prefill_f32_sw, AF_KV_F32)
+DEFINE_PREFILL_F32(paged_prefill_f32_kvbf16, paged_prefill_f32_sw_kvbf16, AF_KV_BF16)
+DEFINE_PREFILL_F32(paged_prefill_f32_kvfp8, paged_prefill_f32_sw_kvfp8, AF_KV_FP8)
 
-/* paged_prefill_f32 over bfloat16 pools (kv_cache_dtype "bfloat16" under a float32 model) */
-int paged_prefill_f32_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+/* paged_prefill_bf16's arguments over fp8 pools: the float32 kernel between a widening of the
+ * requests' query rows and a rounding of their output rows (no other row of out is written;
+ * the workspace is not used) */
+int paged_prefill_bf16_kvfp8(const uint16_t* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                              const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
-                             const int64_t* q_len, const int64_t* seq_len, float* out, int num_reqs, int num_heads,
-                             int num_kv_heads, int head_dim, int block_size, float scale, void* workspace) {
+                             const int64_t* q_len, const int64_t* seq_len, uint16_t* out, int num_reqs,
+                             int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                             void* workspace) {
     (void)workspace;
-    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
-                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, 1);
-}
-
-/* paged_prefill_f32 with a sliding window: the token at position p reads only keys
- * (p - window, p]; block table entries before them are never read. */
-int paged_prefill_f32_sw(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
-                         const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start, const int64_t* q_len,
-                         const int64_t* seq_len, float* out, int num_reqs, int num_heads, int num_kv_heads,
-                         int head_dim, int block_size, float scale, void* workspace, int window) {
-    (void)workspace;
-    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
-                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, window, 0);
-}
-
-/* paged_prefill_f32_sw over bfloat16 pools */
-int paged_prefill_f32_sw_kvbf16(const float* q, int64_t q_stride, const void* k_cache, const void* v_cache,
-                                const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
-                                const int64_t* q_len, const int64_t* seq_len, float* out, int num_reqs,
-                                int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-                                void* workspace, int window) {
-    (void)workspace;
-    return prefill_f32(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
-                       num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, window, 1);
+    const int64_t row = (int64_t)num_heads * head_dim;
+    int64_t rows = 0;  /* q_start counts from the step's first row */
+    for (int r = 0; r < num_reqs; r++) rows = q_start[r] + q_len[r] > rows ? q_start[r] + q_len[r] : rows;
+    float* qf = malloc(sizeof(float) * (size_t)(2 * rows * row + 1));
+    float* of = qf + rows * row;
+    for (int r = 0; r < num_reqs; r++)
+        bf16_rows_to_f32(qf + q_start[r] * row, q + q_start[r] * q_stride, q_stride, q_len[r], row);
+    const int rc = prefill_f32(qf, row, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, of,
+                               num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, AF_KV_FP8);
+    for (int r = 0; r < num_reqs; r++)
+        f32_rows_to_bf16(out + q_start[r] * row, of + q_start[r] * row, q_len[r] * row);
+    free(qf);
+    return rc;
 }

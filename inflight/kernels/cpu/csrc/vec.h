@@ -203,4 +203,56 @@ static inline vi vi_load_s8(const int8_t* p) {
 #endif
 }
 
+
+/* float8 e4m3 (the KV cache's fp8: 1 sign, 4 exponent bits of bias 7, 3 mantissa bits, no
+ * infinities). Its 7 magnitude bits shifted into a float16's exponent and mantissa give the
+ * same value times 2^-8 exactly (denormals included: a float16 has 3 more exponent bits), and
+ * the ISA's float16 conversion widens that exactly; scalar code computes it. */
+static inline float fp8_to_f32_scaled(uint8_t b) {  /* b's value times 2^-8 */
+    const int e = b >> 3 & 15, m = b & 7;
+    const float v = (float)(e ? (8 + m) << (e - 1) : m) * 0x1p-17f;
+    return b & 0x80 ? -v : v;
+}
+
+#if defined(INFLIGHT_ISA_AVX512) || defined(INFLIGHT_ISA_AVX512_BF16) || defined(INFLIGHT_ISA_AVX2)
+static inline __m128i fp8_as_f16(__m128i b16) {  /* 8 codes in 16-bit lanes -> float16 bits */
+    return _mm_or_si128(_mm_and_si128(_mm_slli_epi16(b16, 7), _mm_set1_epi16(0x3F80)),
+                        _mm_and_si128(_mm_slli_epi16(b16, 8), _mm_set1_epi16((short)0x8000)));
+}
+#endif
+
+/* VL fp8 codes widened to float32, each value times 2^-8 (exact) */
+static inline vf vf_load_fp8_scaled(const uint8_t* p) {
+#if VL == 16
+    const __m256 lo = _mm256_cvtph_ps(fp8_as_f16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p))));
+    const __m256 hi = _mm256_cvtph_ps(fp8_as_f16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(p + 8)))));
+    return (vf)_mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+#elif defined(INFLIGHT_ISA_AVX2)
+    return (vf)_mm256_cvtph_ps(fp8_as_f16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p))));
+#elif defined(INFLIGHT_ISA_NEON)
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    const uint16x4_t b = vget_low_u16(vmovl_u8(vcreate_u8(w)));
+    const uint16x4_t h = vorr_u16(vand_u16(vshl_n_u16(b, 7), vdup_n_u16(0x3F80)),
+                                  vand_u16(vshl_n_u16(b, 8), vdup_n_u16(0x8000)));
+    return (vf)vcvt_f32_f16(vreinterpret_f16_u16(h));
+#else
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = fp8_to_f32_scaled(p[i]);
+    return r;
+#endif
+}
+
+/* VL floats within [-448, 448] as e4m3 codes (the low byte of each lane), rounded to the
+ * nearest, ties to even, as torch's .to(torch.float8_e4m3fn) rounds them */
+static inline vi vi_fp8_codes(vf x) {
+    const vi bits = (vi)x, a = bits & 0x7FFFFFFF;
+    /* from 2^-6 up: the mantissa rounded to 3 bits, the exponent rebased from 127 to 7 */
+    const vi normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3);
+    /* below: denormal codes, the value in units of 2^-9 rounded to an integer (8: 2^-6) */
+    const vi tiny = __builtin_convertvector(vf_round((vf)a * 512.f), vi);
+    const vi small = a < (121 << 23);
+    return (tiny & small) | (normal & ~small) | ((bits >> 24) & 0x80);
+}
+
 #endif
