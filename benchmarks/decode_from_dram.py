@@ -6,6 +6,7 @@ K/V bytes read per second.
     python benchmarks/decode_from_dram.py [--seqs 64] [--context 512] [--layers 30] [--repeats 3]
     python benchmarks/decode_from_dram.py --baseline ../before --repeats 9
     python benchmarks/decode_from_dram.py --dtype bfloat16   # the bf16 kernel (AVX-512-BF16 only)
+    python benchmarks/decode_from_dram.py --kv-cache-dtype fp8  # over fp8 pools (codes and scales)
 
 SmolLM2's shape (9 query heads over 3 kv heads of 64). With --baseline, that checkout's
 paged_decode.c is built too (this checkout's flags) and the two kernels' passes alternate
@@ -20,6 +21,7 @@ import statistics
 import torch
 
 from checkout_kernels import load_from_checkout, time_interleaved
+from inflight.attention.kv_quant import fp8_row_bytes
 from inflight.kernels.cpu.build import load_library, ptr
 from inflight.worker.huge_pages import zeros_huge
 
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline", help="another checkout of inflight: its kernel against this one's")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     args = ap.parse_args()
     lib = load_library("paged_decode")
     if lib is None:
@@ -44,10 +47,17 @@ def main() -> None:
     per = -(-ctx // bs)
     nb = s * per + 1
     dtype = getattr(torch, args.dtype)
-    fn = "paged_decode_f32" if dtype == torch.float32 else "paged_decode_bf16"
+    fp8 = args.kv_cache_dtype == "fp8"
+    fn = ("paged_decode_f32" if dtype == torch.float32 else "paged_decode_bf16") + ("_kvfp8" if fp8 else "")
 
     def pool() -> torch.Tensor:  # on huge pages where the kernel allows, as the engine's (platforms/cpu.py)
-        return zeros_huge((nb, bs, KVH, D), dtype).normal_()
+        if not fp8:
+            return zeros_huge((nb, bs, KVH, D), dtype).normal_()
+        rows = zeros_huge((nb, bs, KVH, fp8_row_bytes(D)), torch.uint8)
+        rows[..., :D] = torch.randint(0x08, 0x78, (nb, bs, KVH, D), dtype=torch.uint8)  # normal codes
+        rows[..., :D] |= torch.randint(0, 2, (nb, bs, KVH, D), dtype=torch.uint8) << 7
+        rows[..., D:].view(torch.bfloat16).fill_(0.01)
+        return rows
 
     pools = [(pool(), pool()) for _ in range(args.layers)]
     tables = torch.randperm(nb)[:s * per].view(s, per).contiguous()
@@ -64,7 +74,7 @@ def main() -> None:
 
     time_interleaved(libs, one_pass, 1)  # warm-up
     times = time_interleaved(libs, one_pass, args.repeats)
-    nbytes = args.layers * s * ctx * KVH * D * dtype.itemsize * 2
+    nbytes = args.layers * s * ctx * KVH * (fp8_row_bytes(D) if fp8 else D * dtype.itemsize) * 2
     for k, ts in times.items():
         print(f"{k}: {args.layers} layers x {s} seqs x {ctx} tokens, blocks of {bs}: min {min(ts) * 1e3:.1f} ms, "
               f"median {statistics.median(ts) * 1e3:.1f} ms, {nbytes / statistics.median(ts) / 1e9:.2f} GB/s of K/V")

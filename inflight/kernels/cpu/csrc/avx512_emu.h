@@ -93,6 +93,27 @@ static inline simde__m256bh emu_mm512_cvtneps_pbh(simde__m512 a) {
 }
 
 /* the reductions in the order GCC's immintrin.h sums them: halves, then quarters, ... */
+/* the low byte of each of 16 32-bit lanes (vpmovdb) */
+static inline simde__m128i emu_mm512_cvtepi32_epi8(simde__m512i a) {
+    int32_t v[16];
+    uint8_t b[16];
+    memcpy(v, &a, 64);
+    for (int i = 0; i < 16; i++) b[i] = (uint8_t)v[i];
+    simde__m128i r;
+    memcpy(&r, b, 16);
+    return r;
+}
+
+/* 16 float16 values widened exactly (F16C on each half) */
+static inline simde__m512 emu_mm512_cvtph_ps(simde__m256i a) {
+    __m256i h;
+    memcpy(&h, &a, 32);
+    __m256 f[2] = {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+    simde__m512 r;
+    memcpy(&r, f, 64);
+    return r;
+}
+
 static inline float emu_mm512_reduce_add_ps(simde__m512 a) {
     float v[16];
     memcpy(v, &a, 64);
@@ -126,5 +147,7 @@ static inline float emu_mm512_reduce_max_ps(simde__m512 a) {
 #define _mm512_cvtepi8_epi32 emu_mm512_cvtepi8_epi32
 #define _mm512_cvtneps_pbh emu_mm512_cvtneps_pbh
 #define _mm512_reduce_add_ps emu_mm512_reduce_add_ps
+#define _mm512_cvtph_ps emu_mm512_cvtph_ps
+#define _mm512_cvtepi32_epi8 emu_mm512_cvtepi32_epi8
 #define _mm512_reduce_max_ps emu_mm512_reduce_max_ps
 #endif

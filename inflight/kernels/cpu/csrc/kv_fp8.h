@@ -50,7 +50,11 @@ static inline void fp8_quantize_row(const float* x, uint8_t* row, int D) {
     for (int d = 0; d < D; d += VL) {
         const vf q = vf_min(vf_max(vf_load_n(x + d, D - d) / div, vf_set1(-FP8_MAX)), vf_set1(FP8_MAX));
         const vi c = vi_fp8_codes(q);
-        for (int i = 0; i < VL && d + i < D; i++) row[d + i] = (uint8_t)c[i];
+        if (d + VL <= D) {
+            vi_store_u8(row + d, c);
+        } else {
+            for (int i = 0; d + i < D; i++) row[d + i] = (uint8_t)c[i];
+        }
     }
     if (D & 1) row[D] = 0;
     memcpy(row + FP8_VALUES(D), &s16, sizeof s16);

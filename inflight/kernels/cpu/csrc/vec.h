@@ -205,41 +205,48 @@ static inline vi vi_load_s8(const int8_t* p) {
 
 
 /* float8 e4m3 (the KV cache's fp8: 1 sign, 4 exponent bits of bias 7, 3 mantissa bits, no
- * infinities). Its 7 magnitude bits shifted into a float16's exponent and mantissa give the
- * same value times 2^-8 exactly (denormals included: a float16 has 3 more exponent bits), and
- * the ISA's float16 conversion widens that exactly; scalar code computes it. */
+ * infinities). A code sign-extended to 16 bits and shifted left by 7 has the sign in bit 15 and
+ * the exponent and mantissa in a float16's places (bit 14, the top exponent bit, must be
+ * cleared): the same value times 2^-8 exactly, denormals included (a float16 has 1 more exponent
+ * bit), which the ISA's float16 conversion widens exactly; scalar code computes it. */
 static inline float fp8_to_f32_scaled(uint8_t b) {  /* b's value times 2^-8 */
     const int e = b >> 3 & 15, m = b & 7;
     const float v = (float)(e ? (8 + m) << (e - 1) : m) * 0x1p-17f;
     return b & 0x80 ? -v : v;
 }
 
-#if defined(INFLIGHT_ISA_AVX512) || defined(INFLIGHT_ISA_AVX512_BF16) || defined(INFLIGHT_ISA_AVX2)
-static inline __m128i fp8_as_f16(__m128i b16) {  /* 8 codes in 16-bit lanes -> float16 bits */
-    return _mm_or_si128(_mm_and_si128(_mm_slli_epi16(b16, 7), _mm_set1_epi16(0x3F80)),
-                        _mm_and_si128(_mm_slli_epi16(b16, 8), _mm_set1_epi16((short)0x8000)));
-}
-#endif
-
 /* VL fp8 codes widened to float32, each value times 2^-8 (exact) */
 static inline vf vf_load_fp8_scaled(const uint8_t* p) {
 #if VL == 16
-    const __m256 lo = _mm256_cvtph_ps(fp8_as_f16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p))));
-    const __m256 hi = _mm256_cvtph_ps(fp8_as_f16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(p + 8)))));
-    return (vf)_mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+    return (vf)_mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16((short)0xBFFF)));
 #elif defined(INFLIGHT_ISA_AVX2)
-    return (vf)_mm256_cvtph_ps(fp8_as_f16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p))));
+    const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)p));
+    return (vf)_mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16((short)0xBFFF)));
 #elif defined(INFLIGHT_ISA_NEON)
-    uint32_t w;
-    memcpy(&w, p, sizeof w);
-    const uint16x4_t b = vget_low_u16(vmovl_u8(vcreate_u8(w)));
-    const uint16x4_t h = vorr_u16(vand_u16(vshl_n_u16(b, 7), vdup_n_u16(0x3F80)),
-                                  vand_u16(vshl_n_u16(b, 8), vdup_n_u16(0x8000)));
+    uint32_t u;
+    memcpy(&u, p, sizeof u);
+    const int16x4_t w = vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vcreate_u32(u))));
+    const uint16x4_t h = vand_u16(vreinterpret_u16_s16(vshl_n_s16(w, 7)), vdup_n_u16(0xBFFF));
     return (vf)vcvt_f32_f16(vreinterpret_f16_u16(h));
 #else
     vf r;
     for (int i = 0; i < VL; i++) r[i] = fp8_to_f32_scaled(p[i]);
     return r;
+#endif
+}
+
+/* the low byte of each of c's VL lanes stored at p */
+static inline void vi_store_u8(uint8_t* p, vi c) {
+#if VL == 16
+    _mm_storeu_si128((__m128i*)p, _mm512_cvtepi32_epi8((__m512i)c));
+#elif defined(INFLIGHT_ISA_AVX2)
+    const __m256i lo = _mm256_shuffle_epi8((__m256i)c, _mm256_set1_epi32(0x0C080400));  /* per 128-bit half */
+    const int32_t a = _mm256_extract_epi32(lo, 0), b = _mm256_extract_epi32(lo, 4);
+    memcpy(p, &a, 4);
+    memcpy(p + 4, &b, 4);
+#else
+    for (int i = 0; i < VL; i++) p[i] = (uint8_t)c[i];
 #endif
 }
 
