@@ -78,7 +78,7 @@ static void fp8_write_rows(const char* k, int64_t k_stride, const char* v, int64
                            char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int D, int es) {
     const int nkv = (int)(row_bytes / es / D);
     const int64_t slot_bytes = (int64_t)nkv * FP8_ROW(D);
-    #pragma omp parallel for schedule(static) if (n * nkv * D >= 65536)
+    #pragma omp parallel for schedule(static) if (n * nkv * D >= 8192)
     for (int64_t i = 0; i < n; i++) {
         float buf[FP8_MAX_D];
         for (int h = 0; h < nkv; h++)

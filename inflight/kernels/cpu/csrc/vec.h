@@ -111,12 +111,21 @@ static inline float vf_reduce_add(vf a) {
 #endif
 }
 
+/* the largest lane (exact in any order) */
 static inline float vf_reduce_max(vf a) {
+#if VL == 16
+    return _mm512_reduce_max_ps((__m512)a);
+#elif defined(INFLIGHT_ISA_AVX2)
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128((__m256)a), _mm256_extractf128_ps((__m256)a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+#else
     float t[VL];
     vf_store(t, a);
     float m = t[0];
     for (int i = 1; i < VL; i++) m = t[i] > m ? t[i] : m;
     return m;
+#endif
 }
 
 static inline vf vf_min(vf a, vf b) { return -vf_max(-a, -b); }
