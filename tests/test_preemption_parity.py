@@ -3,8 +3,9 @@ forced preemption: by recompute, by swap (with a host pool small enough that
 one victim falls back to recompute), and with an fp8 KV cache under pure swap
 (swap copies fp8 values and their scales byte for byte).
 
-NOTE: under fp8, recompute is not exact: a prefill with no cached prefix
-attends over its unquantized K/V, decodes over the quantized cache."""
+NOTE: under fp8 on the torch reference backend, recompute is not exact: a prefill with
+no cached prefix attends over its unquantized K/V, decodes over the quantized cache (the
+CPU's C kernels read every key from the quantized pool)."""
 import pytest
 import torch
 

@@ -408,6 +408,110 @@ static void check_paged_decode_shared_prefix(void) {
     }
 }
 
+/* e4m3 (the fp8 KV pools' codes, kv_fp8.h) decoded by its definition, in double */
+static double fp8_value(uint8_t b) {
+    const int e = b >> 3 & 15, m = b & 7;
+    const double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return b & 0x80 ? -v : v;
+}
+
+#define FP8_ROW(D) ((D) + ((D) & 1) + 2)  /* a (token, kv head) row: codes, then a bf16 scale */
+
+/* The rows of a float32 pool quantized by write_kv_rows_f32_fp8 into *kq / *vq, and the
+ * values they hold decoded into q (a pool of the same tables): every value within 2^-4 of
+ * its row's largest magnitude (3 mantissa bits) */
+static int quantize_pool(const struct pool* p, struct pool* q, uint8_t** kq, uint8_t** vq) {
+    const int64_t slots = (int64_t)p->num_blocks * p->block_size, row = (int64_t)p->nkv * p->hd;
+    const int64_t qrow = (int64_t)p->nkv * FP8_ROW(p->hd);
+    int64_t* ids = malloc(sizeof(int64_t) * (size_t)slots);
+    for (int64_t i = 0; i < slots; i++) ids[i] = i;
+    *kq = malloc((size_t)(slots * qrow));
+    *vq = malloc((size_t)(slots * qrow));
+    write_kv_rows_f32_fp8((const char*)p->k, row * 4, (const char*)p->v, row * 4, (char*)*kq, (char*)*vq, ids, slots,
+                          row * 4, p->hd);
+    *q = *p;
+    q->k = malloc(sizeof(float) * (size_t)(slots * row));
+    q->v = malloc(sizeof(float) * (size_t)(slots * row));
+    int ok = 1;
+    for (int w = 0; w < 2; w++) {
+        const float* src = w ? p->v : p->k;
+        const uint8_t* codes = w ? *vq : *kq;
+        float* dst = w ? q->v : q->k;
+        for (int64_t r = 0; r < slots * p->nkv; r++) {
+            const uint8_t* c = codes + r * FP8_ROW(p->hd);
+            uint16_t s16;
+            memcpy(&s16, c + FP8_ROW(p->hd) - 2, 2);
+            const uint32_t bits = (uint32_t)s16 << 16;
+            float scale, amax = 0;
+            memcpy(&scale, &bits, 4);
+            for (int d = 0; d < p->hd; d++) amax = fmaxf(amax, fabsf(src[r * p->hd + d]));
+            for (int d = 0; d < p->hd; d++) {
+                dst[r * p->hd + d] = (float)(fp8_value(c[d]) * scale);
+                ok &= fabs(dst[r * p->hd + d] - src[r * p->hd + d]) <= amax / 16;
+            }
+        }
+    }
+    free(ids);
+    return ok;
+}
+
+/* paged_decode_f32_kvfp8 over pools that write_kv_rows_f32_fp8 quantized, against the
+ * reference over the values those pools hold */
+static void check_paged_decode_fp8(void) {
+    if (!present((const void*)paged_decode_f32_kvfp8, "paged_decode_f32_kvfp8")
+        || !present((const void*)write_kv_rows_f32_fp8, "write_kv_rows_f32_fp8")) return;
+    const struct attn_case cases[] = {
+        {5, 9, 3, 64, 16, 300, 2.f},    /* SmolLM2's heads: whole rows an item */
+        {3, 8, 8, 64, 16, 90, 1.f},     /* rows past the tile buffers: a kv head an item */
+        {2, 4, 1, 36, 5, 70, 1.f},      /* head_dim 36: codes past whole vectors */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const struct attn_case k = cases[c];
+        int64_t* lens = malloc(sizeof(int64_t) * (size_t)k.num_seqs);
+        for (int s = 0; s < k.num_seqs; s++) lens[s] = rnd_int(1, k.max_len);
+        lens[0] = k.max_len;
+        struct pool p = make_pool(k.num_seqs, lens, k.block_size, k.nkv, k.hd), deq;
+        uint8_t* kq, * vq;
+        char name[128];
+        snprintf(name, sizeof name, "write_kv_rows_f32_fp8 heads=%d d=%d within 2^-4 of each row's largest", k.nkv,
+                 k.hd);
+        result(quantize_pool(&p, &deq, &kq, &vq), name, "quantized");
+        /* the reference reads deq's values; the kernel the codes behind them */
+        float* fk = deq.k, * fv = deq.v;
+        deq.k = (float*)(void*)kq;
+        deq.v = (float*)(void*)vq;
+        const int nkv = k.nkv, hd = k.hd;
+        const int64_t row = (int64_t)k.nh * hd;
+        float* q = frand(k.num_seqs * row, k.q_amp);
+        float* out = malloc(sizeof(float) * (size_t)(k.num_seqs * row));
+        double* want = malloc(sizeof(double) * (size_t)(k.num_seqs * row));
+        const float scale = 1.f / sqrtf((float)hd);
+        struct pool ref = deq;
+        ref.k = fk;
+        ref.v = fv;
+        for (int s = 0; s < k.num_seqs; s++)
+            for (int h = 0; h < k.nh; h++)
+                ref_attend(&ref, s, h / (k.nh / nkv), q + s * row + (int64_t)h * hd, lens[s], scale,
+                           want + s * row + (int64_t)h * hd);
+        paged_decode_f32_kvfp8(q, row, deq.k, deq.v, p.bt, p.bt_stride, lens, out, k.num_seqs, k.nh, nkv, hd,
+                               k.block_size, scale, k.max_len);
+        double wa;
+        const double r = err_ratio(out, want, k.num_seqs * row, 2e-6, 2e-5, &wa);
+        snprintf(name, sizeof name, "paged_decode_f32_kvfp8 seqs=%d heads=%d/%d d=%d bs=%d", k.num_seqs, k.nh, nkv,
+                 hd, k.block_size);
+        result(r <= 1, name, "max abs err %.3g (atol 2e-6 + rtol 2e-5)", wa);
+        free(q);
+        free(out);
+        free(want);
+        free(fk);
+        free(fv);
+        free(kq);
+        free(vq);
+        free(lens);
+        free_pool(&p);
+    }
+}
+
 static void check_paged_prefill(void) {
     if (!present((const void*)paged_prefill_f32, "paged_prefill_f32")) return;
     struct pcase {
@@ -957,6 +1061,7 @@ int main(int argc, char** argv) {
     check_vec_lanes();
     check_paged_decode();
     check_paged_decode_shared_prefix();
+    check_paged_decode_fp8();
     check_paged_prefill();
     check_sliding_window();
     check_fused();

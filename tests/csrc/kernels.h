@@ -43,6 +43,13 @@ KWEAK void paged_decode_f32(const float* q, int64_t q_stride, const float* k_cac
                             int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                             int max_len);
 
+KWEAK void paged_decode_f32_kvfp8(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
+                                  const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens,
+                                  float* out, int num_seqs, int num_heads, int num_kv_heads, int head_dim,
+                                  int block_size, float scale, int max_len);
+KWEAK void write_kv_rows_f32_fp8(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
+                                 char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim);
+
 /* paged_prefill.c */
 KWEAK int paged_prefill_f32_supported(int head_dim, int group);
 KWEAK int paged_prefill_f32(const float* q, int64_t q_stride, const float* k_cache, const float* v_cache,
