@@ -1,0 +1,83 @@
+/* bf16 decode over fp8 pools (kv_fp8.h) at the AVX-512-BF16 levels: each sequence's K and V
+ * rows, every kv head, dequantized into per-thread bf16 buffers laid out as a one-block pool
+ * (code * scale rounded to bf16, as kv_quant.dequantize_fp8 gives a bf16 model), then
+ * decode_core.h's kernel over those buffers, which stay in L2. The pool's bytes come from
+ * DRAM once, about half a bf16 pool's; the buffers' second reading costs the caches only.
+ */
+#ifndef INFLIGHT_DECODE_BF16_FP8_H
+#define INFLIGHT_DECODE_BF16_FP8_H
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "decode_core.h"
+#include "kv_fp8.h"
+
+#if defined(INFLIGHT_ISA_AVX512_BF16)
+/* one fp8 row of D values (D a multiple of 32) as bf16, each code * scale rounded */
+static inline void fp8_row_to_bf16(uint16_t* dst, const uint8_t* src, int D) {
+    const __m512 s = _mm512_set1_ps(fp8_row_scale(src, D) * 256.f);  /* the loads give codes times 2^-8 */
+    for (int d = 0; d < D; d += 16)
+        store_bf16x16(dst + d, _mm512_mul_ps((__m512)vf_load_fp8_scaled(src + d), s), 0xFFFF);
+}
+
+/* A sequence's len rows of every kv head (the pool's block table bt) into dst [len][nkv][D],
+ * each row's line of the block AHEAD blocks on prefetched as it goes: the blocks lie at random
+ * places, where the hardware prefetcher loses the stream */
+#define FP8_AHEAD 2
+static void fp8_seq_to_bf16(uint16_t* dst, const uint8_t* pool, const int64_t* bt, int64_t len, int block_size,
+                            int nkv, int D) {
+    const int64_t row = FP8_ROW(D), blk = (int64_t)block_size * nkv * row;
+    const int64_t nblk = (len + block_size - 1) / block_size;
+    for (int64_t b = 0; b < FP8_AHEAD - 1 && b < nblk; b++)  /* the first blocks' lines, asked for at once */
+        for (int64_t off = 0; off < blk; off += 64) _mm_prefetch((const char*)(pool + bt[b] * blk + off), _MM_HINT_T0);
+    for (int64_t b = 0, t = 0; b < nblk; b++) {
+        const uint8_t* src = pool + bt[b] * blk;
+        const uint8_t* ahead = b + FP8_AHEAD - 1 < nblk ? pool + bt[b + FP8_AHEAD - 1] * blk : NULL;
+        const int64_t rows = (len - t < block_size ? len - t : block_size) * nkv;
+        for (int64_t r = 0; r < rows; r++, dst += D) {
+            if (ahead) _mm_prefetch((const char*)(ahead + r * row), _MM_HINT_T0);
+            fp8_row_to_bf16(dst, src + r * row, D);
+        }
+        t += block_size;
+    }
+}
+
+/* paged_decode_bf16's arguments over fp8 pools, a whole sequence a work item; returns -1 for
+ * what it does not take (head_dim not a multiple of 32 up to DECODE_MAX_D, more than
+ * DECODE_MAX_ROWS query heads a kv head) */
+static int decode_bf16_fp8(const uint16_t* q, int64_t q_stride, const uint8_t* k_cache, const uint8_t* v_cache,
+                           const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
+                           int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+    const int G = num_heads / num_kv_heads, D = head_dim;
+    if (D % 32 || D > DECODE_MAX_D || G > DECODE_MAX_ROWS) return -1;
+    int64_t longest = 0;
+    for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
+    const int64_t lp = (longest + 31) & ~(int64_t)31, tok = (int64_t)num_kv_heads * D;
+    _Pragma("omp parallel")
+    {
+        float* sbuf = malloc(sizeof(float) * (size_t)(G * lp));
+        int64_t* rows = malloc(sizeof(int64_t) * (size_t)lp);
+        uint16_t* kb = malloc(sizeof(uint16_t) * (size_t)(2 * lp * tok));
+        uint16_t* vb = kb + lp * tok;
+        const int64_t one_block = 0;  /* the buffers' block table: block 0 of lp tokens */
+        /* prefetched: the buffers are in the caches already, nothing to warm */
+        struct decode_scratch ws = {sbuf, rows, {0}, 0, 1, NULL, 0, 0};
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int s = 0; s < num_seqs; s++) {
+            const int64_t* bt = block_tables + (int64_t)s * bt_stride;
+            if (seq_lens[s] <= 0) continue;
+            fp8_seq_to_bf16(kb, k_cache, bt, seq_lens[s], block_size, num_kv_heads, D);
+            fp8_seq_to_bf16(vb, v_cache, bt, seq_lens[s], block_size, num_kv_heads, D);
+            decode_seq_avx512(q + (int64_t)s * q_stride, q_stride, 1, kb, vb, &one_block, seq_lens[s],
+                              out + (int64_t)s * num_heads * D, (int64_t)num_heads * D, G, 0, num_kv_heads, D,
+                              (int)lp, tok, scale, &ws);
+        }
+        free(sbuf);
+        free(rows);
+        free(kb);
+    }
+    return 0;
+}
+#endif
+#endif
