@@ -182,13 +182,13 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         pool; a bf16 model's over fp8 pools through paged_prefill_bf16_kvfp8)."""
         nd, n = md.num_decodes, md.num_reqs - md.num_decodes
         kvh, d = k_cache.shape[2], q.shape[2]
-        q_start, q_len, seq_len = self.prefill_args(md, q.shape[1], kvh, d, torch.float32)
+        q_start, q_len, seq_len = self.prefill_args(md, q.shape[1], kvh, d, q.dtype)
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()
         bt = md.block_tables[nd:]
         args = (q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), bt.stride(0),
                 q_start.data_ptr(), q_len.data_ptr(), seq_len.data_ptr(), out.data_ptr(), n, q.shape[1], kvh, d,
-                k_cache.shape[1], scale, None)
+                k_cache.shape[1], scale, self._workspace.data_ptr())
         name = f"paged_prefill_{_NAMES[q.dtype]}{'_sw' if sliding_window else ''}{kv_suffix(q.dtype, k_cache.dtype)}"
         rc = getattr(self.prefill_lib, name)(*args, *((sliding_window,) if sliding_window else ()))
         if rc != 0:

@@ -20,7 +20,6 @@ import torch
 
 from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend, kv_suffix
-from inflight.attention.kv_quant import is_quantized
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS
 from inflight.models.layer_plan import LayerPlan
@@ -265,9 +264,7 @@ class CpuLayerLoop:
         bt = md.block_tables.contiguous()
         s = _Step(T, nd, npf, bt.stride(0), md.max_decode_seq_len)
         if npf:  # NOTE: the tensors whose pointers the step holds stay alive as locals until the call returns
-            # fp8 pools: the float32 kernel's arguments (no workspace) for either dtype
-            kind = torch.float32 if is_quantized(kv_caches[0][0]) else self.dtype
-            q_start, q_len, pf_seq = self.attn.prefill_args(md, nh, nkv, hd, kind)
+            q_start, q_len, pf_seq = self.attn.prefill_args(md, nh, nkv, hd, self.dtype)
             s.q_start, s.q_len, s.pf_seq_len = q_start.data_ptr(), q_len.data_ptr(), pf_seq.data_ptr()
             s.workspace = self.attn._workspace.data_ptr()  # unused by the fp32 kernel
         s.slots, s.block_tables, s.seq_lens = slots.data_ptr(), bt.data_ptr(), md.seq_lens.data_ptr()

@@ -27,6 +27,7 @@
 #include "bf16_simd.h"
 #include "decode_core.h"
 #include "attn_f32.h"
+#include "decode_bf16_fp8.h"
 
 /* keys per tile: with RB = 4 rows, 16 Q.K accumulators in flight (5-10% faster than 32) */
 #define KT 64
@@ -215,14 +216,61 @@ DEFINE_PREFILL_F32(paged_prefill_f32, paged_prefill_f32_sw, AF_KV_F32)
 DEFINE_PREFILL_F32(paged_prefill_f32_kvbf16, paged_prefill_f32_sw_kvbf16, AF_KV_BF16)
 DEFINE_PREFILL_F32(paged_prefill_f32_kvfp8, paged_prefill_f32_sw_kvfp8, AF_KV_FP8)
 
-/* paged_prefill_bf16's arguments over fp8 pools: the float32 kernel between a widening of the
- * requests' query rows and a rounding of their output rows (no other row of out is written;
- * the workspace is not used) */
+#if defined(INFLIGHT_ISA_AVX512_BF16)
+/* prefill_bf16 over fp8 pools: the requests' blocks dequantized into bf16 ones, a block each in
+ * request order (code * scale rounded to bf16, decode_bf16_fp8.h), their tables renumbered */
+static int prefill_bf16_fp8(const uint16_t* q, int64_t q_stride, const uint8_t* k_cache, const uint8_t* v_cache,
+                            const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
+                            const int64_t* q_len, const int64_t* seq_len, uint16_t* out, int num_reqs,
+                            int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                            void* workspace) {
+    const int64_t tok = (int64_t)num_kv_heads * head_dim, rows = (int64_t)block_size * num_kv_heads;
+    int64_t total = 0, widest = 1;
+    for (int r = 0; r < num_reqs; r++) {
+        const int64_t nb = (seq_len[r] + block_size - 1) / block_size;
+        total += nb;
+        widest = nb > widest ? nb : widest;
+    }
+    uint16_t* kb = malloc(sizeof(uint16_t) * (size_t)(2 * total * block_size * tok + 1));
+    uint16_t* vb = kb + total * block_size * tok;
+    int64_t* tables = malloc(sizeof(int64_t) * (size_t)(num_reqs * widest + 2 * total));
+    int64_t* owner = tables + num_reqs * widest, * nth = owner + total;  /* block i: request, place */
+    for (int r = 0, i = 0; r < num_reqs; r++)
+        for (int64_t b = 0; b * block_size < seq_len[r]; b++, i++) {
+            tables[r * widest + b] = i;
+            owner[i] = r;
+            nth[i] = b;
+        }
+    #pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t i = 0; i < total; i++) {
+        const int64_t src = block_tables[owner[i] * bt_stride + nth[i]] * rows * FP8_ROW(head_dim);
+        for (int64_t x = 0; x < rows; x++) {
+            fp8_row_to_bf16(kb + (i * rows + x) * head_dim, k_cache + src + x * FP8_ROW(head_dim), head_dim);
+            fp8_row_to_bf16(vb + (i * rows + x) * head_dim, v_cache + src + x * FP8_ROW(head_dim), head_dim);
+        }
+    }
+    const int rc = prefill_bf16(q, q_stride, kb, vb, tables, widest, q_start, q_len, seq_len, out, num_reqs, num_heads,
+                                num_kv_heads, head_dim, block_size, tok, scale, 1, workspace);
+    free(kb);
+    free(tables);
+    return rc;
+}
+#endif
+
+/* paged_prefill_bf16's arguments over fp8 pools: at the AVX-512-BF16 levels the bf16 kernel over
+ * dequantized copies of the requests' blocks (workspace: paged_prefill_workspace's); else the
+ * float32 kernel between a widening of the requests' query rows and a rounding of their output
+ * rows (no other row of out is written; the workspace is not used) */
 int paged_prefill_bf16_kvfp8(const uint16_t* q, int64_t q_stride, const void* k_cache, const void* v_cache,
                              const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
                              const int64_t* q_len, const int64_t* seq_len, uint16_t* out, int num_reqs,
                              int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                              void* workspace) {
+#if defined(INFLIGHT_ISA_AVX512_BF16)
+    if (paged_prefill_supported(head_dim))
+        return prefill_bf16_fp8(q, q_stride, k_cache, v_cache, block_tables, bt_stride, q_start, q_len, seq_len, out,
+                                num_reqs, num_heads, num_kv_heads, head_dim, block_size, scale, workspace);
+#endif
     (void)workspace;
     const int64_t row = (int64_t)num_heads * head_dim;
     int64_t rows = 0;  /* q_start counts from the step's first row */
