@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from inflight.attention import AttentionBackend, get_attention_backend
+from inflight.attention.kv_quant import is_quantized
 from inflight.distributed.parallel_state import get_tensor_model_parallel_world_size
 from inflight.kernels.cpu.isa import current_level
 from inflight.layers.custom_op import dispatch_custom_ops
@@ -101,7 +102,8 @@ class CpuPlatform(Platform):
     def prefault(self, pools: list) -> None:
         """The huge-page pools would fault in as they fill, inside the first steps' KV
         writes; a thread at idle priority brings them in first where a core is free."""
-        prefault_when_idle([t for pair in pools for t in pair if isinstance(t, torch.Tensor)])
+        prefault_when_idle([t for pair in pools for cache in pair
+                            for t in (cache.tensors() if is_quantized(cache) else (cache,))])
 
     def describe(self) -> str:
         return f"cpu ({self.isa.name if self.isa else 'no kernels'}, {torch.get_num_threads()} threads)"

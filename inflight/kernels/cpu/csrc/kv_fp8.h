@@ -85,6 +85,7 @@ static void fp8_write_rows(const char* k, int64_t k_stride, const char* v, int64
             for (int which = 0; which < 2; which++) {
                 const char* src = (which ? v + i * v_stride : k + i * k_stride) + (int64_t)h * D * es;
                 uint8_t* dst = (uint8_t*)(which ? v_cache : k_cache) + slots[i] * slot_bytes + (int64_t)h * FP8_ROW(D);
+                uint8_t row[FP8_ROW(FP8_MAX_D)];
                 if (es == 2) {
                     const uint16_t* s16 = (const uint16_t*)(const void*)src;
                     int d = 0;
@@ -92,7 +93,10 @@ static void fp8_write_rows(const char* k, int64_t k_stride, const char* v, int64
                     for (; d < D; d++) buf[d] = bf16_to_f32(s16[d]);
                 } else
                     memcpy(buf, src, sizeof(float) * (size_t)D);
-                fp8_quantize_row(buf, dst, D);
+                /* NOTE: the row is built in L1 and copied whole: the pool's lines are rarely in
+                 * the caches, and byte-wide stores to them fill the store buffer while they load */
+                fp8_quantize_row(buf, row, D);
+                memcpy(dst, row, (size_t)FP8_ROW(D));
             }
     }
 }
