@@ -81,18 +81,20 @@ def test_mixed_step_over_fp8_pools_matches_torch_reference(backend, monkeypatch,
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_decode_of_many_sequences_over_fp8_pools(backend, monkeypatch, dtype):
-    """Forty decodes up to 1,200 tokens: whole-sequence work items, and requests whose tables
-    start with the same blocks (prefix caching) scored over the shared keys together first."""
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_prefix", "own_blocks"])
+def test_decode_of_many_sequences_over_fp8_pools(backend, monkeypatch, dtype, shared):
+    """Forty decodes up to 1,200 tokens: whole-sequence work items, and (shared_prefix) requests
+    whose tables start with the same blocks (prefix caching), scored over the shared keys
+    together first."""
     heads, kv_heads = 9, 3
     g = torch.Generator().manual_seed(7)
-    shared = 12  # blocks: 192 keys
     lens = torch.randint(1, 1200, (40,), generator=g)
-    lens[:30] = shared * 16 + torch.randint(1, 900, (30,), generator=g)
-    lens[1] = shared * 16 + 1  # one key of its own
+    lens[:30] = 12 * 16 + torch.randint(1, 900, (30,), generator=g)  # past 12 blocks (192 keys) to share
+    lens[1] = 12 * 16 + 1  # one key of its own
     q, _, _, kc, vc, md = make_step(11, heads, kv_heads, 64, 16, [(n - 1, 1) for n in lens.tolist()])
     tables = md.block_tables.clone()
-    tables[1:30, :shared] = tables[0, :shared]
+    if shared:
+        tables[1:30, :12] = tables[0, :12]
     md = AttentionMetadata(slot_mapping=md.slot_mapping, block_tables=tables, seq_lens=lens,
                            query_start_loc_list=md.query_start_loc_list, seq_lens_list=lens.tolist(),
                            num_decodes=40, block_size=16, max_decode_seq_len=int(lens.max()))
@@ -102,12 +104,9 @@ def test_decode_of_many_sequences_over_fp8_pools(backend, monkeypatch, dtype):
     got = backend._decode(q, fp8_pool(kc, dtype), fp8_pool(vc, dtype), md, 0.125)
     if dtype == F32:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    elif backend.level.has_bf16_dot:
-        # the bf16 kernel over the rows dequantized to bf16 (which scores the shared prefix
-        # as a group, this path does not): one rounding of the output apart at most
+    elif backend.level.has_bf16_dot:  # the bf16 kernel (its cascade too) over the rows dequantized to bf16
         bf16_pools = [p[torch.arange(p.shape[0])].contiguous() for p in (fp8_pool(kc, BF16), fp8_pool(vc, BF16))]
-        ulp = 2 ** -7
-        torch.testing.assert_close(got.float(), backend._decode(q, *bf16_pools, md, 0.125).float(), atol=ulp, rtol=ulp)
+        assert torch.equal(got, backend._decode(q, *bf16_pools, md, 0.125))
     else:
         assert_bf16_close(got, want.double())
 

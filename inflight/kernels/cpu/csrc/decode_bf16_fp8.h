@@ -43,6 +43,55 @@ static void fp8_seq_to_bf16(uint16_t* dst, const uint8_t* pool, const int64_t* b
     }
 }
 
+static int cmp_i64(const void* a, const void* b) {
+    const int64_t x = *(const int64_t*)a, y = *(const int64_t*)b;
+    return (x > y) - (x < y);
+}
+
+/* The distinct blocks that the n table rows (bt_stride apart) hold for their lens[r] keys,
+ * dequantized once each into bf16 pools (*kb, *vb: [blocks][block_size][nkv][D], one
+ * allocation at *kb to free) with tables (n rows, *widest apart, malloc'd) renumbered into
+ * them: requests that share prefix blocks still share them, so a kernel's shared-prefix
+ * groups form as over the fp8 pools. Returns the tables. */
+static int64_t* fp8_blocks_to_bf16(const uint8_t* k_cache, const uint8_t* v_cache, const int64_t* bt,
+                                   int64_t bt_stride, const int64_t* lens, int n, int block_size, int nkv, int D,
+                                   uint16_t** kb, uint16_t** vb, int64_t* widest) {
+    int64_t total = 0, w = 1;
+    for (int r = 0; r < n; r++) {
+        const int64_t nb = lens[r] > 0 ? (lens[r] + block_size - 1) / block_size : 0;
+        total += nb;
+        w = nb > w ? nb : w;
+    }
+    int64_t* ids = malloc(sizeof(int64_t) * (size_t)(total + 1));
+    for (int r = 0, i = 0; r < n; r++)
+        for (int64_t b = 0; b * block_size < lens[r]; b++) ids[i++] = bt[r * bt_stride + b];
+    qsort(ids, (size_t)total, sizeof(int64_t), cmp_i64);
+    int64_t u = 0;
+    for (int64_t i = 0; i < total; i++)
+        if (i == 0 || ids[i] != ids[u - 1]) ids[u++] = ids[i];
+    int64_t* tables = malloc(sizeof(int64_t) * (size_t)(n * w));
+    for (int r = 0; r < n; r++)
+        for (int64_t b = 0; b * block_size < lens[r]; b++) {
+            const int64_t* at = bsearch(&bt[r * bt_stride + b], ids, (size_t)u, sizeof(int64_t), cmp_i64);
+            tables[r * w + b] = at - ids;
+        }
+    const int64_t rows = (int64_t)block_size * nkv, blk = rows * D;
+    *kb = malloc(sizeof(uint16_t) * (size_t)(2 * u * blk + 1));
+    *vb = *kb + u * blk;
+    uint16_t* k = *kb, * v = *vb;
+    #pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t i = 0; i < u; i++) {
+        const int64_t src = ids[i] * rows * FP8_ROW(D);
+        for (int64_t x = 0; x < rows; x++) {
+            fp8_row_to_bf16(k + i * blk + x * D, k_cache + src + x * FP8_ROW(D), D);
+            fp8_row_to_bf16(v + i * blk + x * D, v_cache + src + x * FP8_ROW(D), D);
+        }
+    }
+    free(ids);
+    *widest = w;
+    return tables;
+}
+
 /* paged_decode_bf16's arguments over fp8 pools, a whole sequence a work item; returns -1 for
  * what it does not take (head_dim not a multiple of 32 up to DECODE_MAX_D, more than
  * DECODE_MAX_ROWS query heads a kv head) */

@@ -117,6 +117,11 @@ DEFINE_DECODE_F32(paged_decode_f32, paged_decode_f32_sw, AF_KV_F32)
 DEFINE_DECODE_F32(paged_decode_f32_kvbf16, paged_decode_f32_sw_kvbf16, AF_KV_BF16)
 DEFINE_DECODE_F32(paged_decode_f32_kvfp8, paged_decode_f32_sw_kvfp8, AF_KV_FP8)
 
+void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
+                       const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
+                       int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                       int max_len);
+
 /* paged_decode_bf16's arguments over fp8 pools: at the AVX-512-BF16 levels the bf16 kernel over
  * dequantized copies; else the float32 kernel between a widening of the queries and a rounding
  * of the outputs (rows of num_heads x head_dim either way) */
@@ -126,11 +131,28 @@ void paged_decode_bf16_kvfp8(const uint16_t* q, int64_t q_stride, const void* k_
                              int max_len) {
     (void)max_len;
 #if defined(INFLIGHT_ISA_AVX512_BF16)
-    /* many sequences: whole ones on the bf16 kernel (decode_bf16_fp8.h); few go below, in parts */
-    if (num_seqs >= DK_ITEMS_PER_THREAD * omp_get_max_threads()
-        && decode_bf16_fp8(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs,
-                           num_heads, num_kv_heads, head_dim, block_size, scale) == 0)
-        return;
+    const int G = num_heads / num_kv_heads;
+    if (head_dim % 32 == 0 && G <= MAX_G && head_dim <= MAX_D) {
+        struct sp_plan plan = dp_plan(block_tables, bt_stride, seq_lens, num_seqs, G, block_size);
+        const int groups = plan.n_chunks > 0;
+        sp_free(&plan);
+        if (groups) {  /* shared prefixes: the step's distinct blocks as a bf16 pool, for the cascade */
+            uint16_t* kb, * vb;
+            int64_t widest;
+            int64_t* tables = fp8_blocks_to_bf16(k_cache, v_cache, block_tables, bt_stride, seq_lens, num_seqs,
+                                                 block_size, num_kv_heads, head_dim, &kb, &vb, &widest);
+            paged_decode_bf16(q, q_stride, kb, vb, tables, widest, seq_lens, out, num_seqs, num_heads, num_kv_heads,
+                              head_dim, block_size, scale, max_len);
+            free(kb);
+            free(tables);
+            return;
+        }
+        /* many sequences: whole ones on the bf16 kernel (decode_bf16_fp8.h); few go below, in parts */
+        if (num_seqs >= DK_ITEMS_PER_THREAD * omp_get_max_threads()
+            && decode_bf16_fp8(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs,
+                               num_heads, num_kv_heads, head_dim, block_size, scale) == 0)
+            return;
+    }
 #endif
     const int64_t row = (int64_t)num_heads * head_dim;
     float* qf = malloc(sizeof(float) * (size_t)(2 * num_seqs * row));

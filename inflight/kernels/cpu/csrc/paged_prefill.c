@@ -217,40 +217,19 @@ DEFINE_PREFILL_F32(paged_prefill_f32_kvbf16, paged_prefill_f32_sw_kvbf16, AF_KV_
 DEFINE_PREFILL_F32(paged_prefill_f32_kvfp8, paged_prefill_f32_sw_kvfp8, AF_KV_FP8)
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
-/* prefill_bf16 over fp8 pools: the requests' blocks dequantized into bf16 ones, a block each in
- * request order (code * scale rounded to bf16, decode_bf16_fp8.h), their tables renumbered */
+/* prefill_bf16 over fp8 pools: the requests' blocks dequantized into bf16 ones (decode_bf16_fp8.h) */
 static int prefill_bf16_fp8(const uint16_t* q, int64_t q_stride, const uint8_t* k_cache, const uint8_t* v_cache,
                             const int64_t* block_tables, int64_t bt_stride, const int64_t* q_start,
                             const int64_t* q_len, const int64_t* seq_len, uint16_t* out, int num_reqs,
                             int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
                             void* workspace) {
-    const int64_t tok = (int64_t)num_kv_heads * head_dim, rows = (int64_t)block_size * num_kv_heads;
-    int64_t total = 0, widest = 1;
-    for (int r = 0; r < num_reqs; r++) {
-        const int64_t nb = (seq_len[r] + block_size - 1) / block_size;
-        total += nb;
-        widest = nb > widest ? nb : widest;
-    }
-    uint16_t* kb = malloc(sizeof(uint16_t) * (size_t)(2 * total * block_size * tok + 1));
-    uint16_t* vb = kb + total * block_size * tok;
-    int64_t* tables = malloc(sizeof(int64_t) * (size_t)(num_reqs * widest + 2 * total));
-    int64_t* owner = tables + num_reqs * widest, * nth = owner + total;  /* block i: request, place */
-    for (int r = 0, i = 0; r < num_reqs; r++)
-        for (int64_t b = 0; b * block_size < seq_len[r]; b++, i++) {
-            tables[r * widest + b] = i;
-            owner[i] = r;
-            nth[i] = b;
-        }
-    #pragma omp parallel for schedule(dynamic, 4)
-    for (int64_t i = 0; i < total; i++) {
-        const int64_t src = block_tables[owner[i] * bt_stride + nth[i]] * rows * FP8_ROW(head_dim);
-        for (int64_t x = 0; x < rows; x++) {
-            fp8_row_to_bf16(kb + (i * rows + x) * head_dim, k_cache + src + x * FP8_ROW(head_dim), head_dim);
-            fp8_row_to_bf16(vb + (i * rows + x) * head_dim, v_cache + src + x * FP8_ROW(head_dim), head_dim);
-        }
-    }
+    uint16_t* kb, * vb;
+    int64_t widest;
+    int64_t* tables = fp8_blocks_to_bf16(k_cache, v_cache, block_tables, bt_stride, seq_len, num_reqs, block_size,
+                                         num_kv_heads, head_dim, &kb, &vb, &widest);
     const int rc = prefill_bf16(q, q_stride, kb, vb, tables, widest, q_start, q_len, seq_len, out, num_reqs, num_heads,
-                                num_kv_heads, head_dim, block_size, tok, scale, 1, workspace);
+                                num_kv_heads, head_dim, block_size, (int64_t)num_kv_heads * head_dim, scale, 1,
+                                workspace);
     free(kb);
     free(tables);
     return rc;
