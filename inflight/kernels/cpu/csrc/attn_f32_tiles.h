@@ -99,9 +99,9 @@ static inline void af_copy_fp8(float* dk, const float* sk, float* dv, const floa
     fp8_rows_to_f32(dv, (const uint8_t*)(const void*)sv, rows, D);
 }
 
-/* rows of keys x0 .. x0 + n of one block run copied, the pools' runs contiguous (kv heads
- * rows together: one copy) or not (a copy per key); off: the run's first row in the pool,
- * next: the next block's (-1: none) */
+/* The rows of n keys of one block copied (off: the first one's in the pool; next: the same
+ * key's in the next block, -1 for none): where the item reads every kv head, the n keys'
+ * rows are one run of the pool, one copy; else a copy per key. */
 static inline void af_copy_run(float* kb, float* vb, const float* kbase, const float* vbase, int64_t off,
                                int64_t next, int n, int64_t tok_stride, int span, int D, int kv) {
     const int nkh = span / D;
@@ -119,9 +119,9 @@ static inline void af_copy_run(float* kb, float* vb, const float* kbase, const f
 }
 
 /* The K and V rows of keys [t0, t0 + nk) copied into kb / vb (span floats a key: the item's
- * span / D kv heads; keys span apart), kp / vp pointing at the copies: a block's rows are one contiguous run of
- * the pool, read at the memory's pace with the next block's lines prefetched (keys up to
- * nkeys have blocks in bt). */
+ * span / D kv heads; keys span apart), kp / vp pointing at the copies: a block's rows are one
+ * contiguous run of the pool, read at the memory's pace with the next block's lines
+ * prefetched (keys up to nkeys have blocks in bt). */
 static inline void af_tile_copy(const float* kbase, const float* vbase, const int64_t* bt, int block_size,
                                 int64_t tok_stride, int span, int D, int64_t t0, int nk, int64_t nkeys, float* kb,
                                 float* vb, const float** kp, const float** vp, int kv) {

@@ -24,6 +24,7 @@
 #include "decode_f32.h"
 #include "decode_bf16_prefix.h"
 #include "decode_bf16_fp8.h"
+#include "kv_write.h"  /* write_kv_rows and its forms: the library's K/V write entry points */
 
 #define MAX_G 16
 #define MAX_D 256
@@ -290,50 +291,4 @@ int paged_decode_limits(int* max_g, int* max_d) {
     *max_g = MAX_G;
     *max_d = MAX_D;
     return 0;
-}
-
-/* The step's new K and V token rows (row_bytes each; rows k_stride / v_stride bytes
- * apart, views into the fused qkv output) into their cache slots: one call instead
- * of two index_copy_ dispatches per layer. head_dim: the rows' heads' (the fp8 forms
- * scale each head's row; the others ignore it). */
-void write_kv_rows(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
-                   char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
-    (void)head_dim;
-    for (int64_t i = 0; i < n; i++) {
-        memcpy(k_cache + slots[i] * row_bytes, k + i * k_stride, (size_t)row_bytes);
-        memcpy(v_cache + slots[i] * row_bytes, v + i * v_stride, (size_t)row_bytes);
-    }
-}
-
-static void f32_row_to_bf16(const char* src, uint16_t* dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float x;
-        memcpy(&x, src + i * sizeof x, sizeof x);
-        dst[i] = f32_to_bf16(x);
-    }
-}
-
-/* write_kv_rows for float32 rows into bfloat16 pools, with the same arguments (strides and
- * row_bytes those of the float32 rows; a pool slot holds half as many bytes): each value
- * rounded to the nearest bf16, ties to even, as torch's .to(torch.bfloat16) */
-void write_kv_rows_f32_bf16(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
-                            char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
-    (void)head_dim;
-    const int64_t elems = row_bytes / (int64_t)sizeof(float);
-    for (int64_t i = 0; i < n; i++) {
-        f32_row_to_bf16(k + i * k_stride, (uint16_t*)(void*)k_cache + slots[i] * elems, elems);
-        f32_row_to_bf16(v + i * v_stride, (uint16_t*)(void*)v_cache + slots[i] * elems, elems);
-    }
-}
-
-/* write_kv_rows for float32 or bfloat16 rows into fp8 pools (kv_fp8.h), the same arguments:
- * each kv head's row quantized with its own scale */
-void write_kv_rows_f32_fp8(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
-                           char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
-    fp8_write_rows(k, k_stride, v, v_stride, k_cache, v_cache, slots, n, row_bytes, head_dim, 4);
-}
-
-void write_kv_rows_bf16_fp8(const char* k, int64_t k_stride, const char* v, int64_t v_stride, char* k_cache,
-                            char* v_cache, const int64_t* slots, int64_t n, int64_t row_bytes, int head_dim) {
-    fp8_write_rows(k, k_stride, v, v_stride, k_cache, v_cache, slots, n, row_bytes, head_dim, 2);
 }
