@@ -13,7 +13,7 @@ with greedy text close to the torch reference backend's over fp8 pools."""
 import pytest
 import torch
 
-from inflight import LLM, SamplingParams
+from inflight import LLM
 from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend, kv_suffix
 from inflight.attention.kv_quant import FP8_DTYPE, FP8KVCache, dequantize_fp8, quantize_fp8
@@ -23,6 +23,7 @@ from inflight.kernels.cpu.isa import supported_levels
 from inflight.kernels.cpu.layer_loop import CpuLayerLoop
 from test_attention import assert_bf16_close
 from test_cpu_fp32_kernels import MIXED, make_step, no_fallback
+from test_kv_cache_bf16 import _greedy
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -138,16 +139,6 @@ def test_write_quantizes_as_torch_does(backend, dtype):
             ref & 0x7F == 0, 0x7F, 0xFF).to(torch.uint8))
     first = got_k.data.view(torch.uint8).flatten(0, 1)[13, 0, :8].tolist()
     assert first == [0x7E, 0x38, 0x3A, 0xB8, 0x02, 0x82, 0x00, 0x08]  # ties to even, by hand
-
-
-def _greedy(llm, prompts, max_tokens):
-    eng = llm.llm_engine
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=1)
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    eng.scheduler.check_integrity()
-    assert eng.scheduler.kv.num_free_blocks == eng.num_blocks
-    return [(c.token_ids, [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)])
-            for c in (o.outputs[0] for o in outs)]
 
 
 def _agreement(got, ref):
