@@ -1,6 +1,6 @@
 """A request's KV blocks to and from one contiguous host buffer, the unit a transfer moves.
 
-Layout: for each pool tensor (per layer K then V, and fp8 scales; the order of
+Layout: for each pool tensor (per layer K then V; an fp8 pool's one byte buffer; the order of
 ``worker/swap.py``), the request's blocks back to back. A consumer can then copy
 any run of the blocks into its own pool with one ``index_copy_`` per tensor.
 """

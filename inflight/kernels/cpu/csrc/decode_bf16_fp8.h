@@ -1,8 +1,11 @@
-/* bf16 decode over fp8 pools (kv_fp8.h) at the AVX-512-BF16 levels: each sequence's K and V
- * rows, every kv head, dequantized into per-thread bf16 buffers laid out as a one-block pool
- * (code * scale rounded to bf16, as kv_quant.dequantize_fp8 gives a bf16 model), then
- * decode_core.h's kernel over those buffers, which stay in L2. The pool's bytes come from
- * DRAM once, about half a bf16 pool's; the buffers' second reading costs the caches only.
+/* bf16 attention over fp8 pools (kv_fp8.h) at the AVX-512-BF16 levels, through the bf16
+ * kernels over dequantized copies (code * scale rounded to bf16, as kv_quant.dequantize_fp8
+ * gives a bf16 model). A decode step of many sequences: each sequence's K and V rows, every kv
+ * head, into per-thread bf16 buffers laid out as a one-block pool, then decode_core.h's kernel
+ * over them while they stay in L2 (the pool's bytes come from DRAM once, about half a bf16
+ * pool's). A decode step whose requests share prefix blocks, and a prefill step: the step's
+ * distinct blocks into a bf16 pool with the tables renumbered (fp8_blocks_to_bf16), so the
+ * cascade groups and the prefill kernel see the same sharing as over the fp8 pools.
  */
 #ifndef INFLIGHT_DECODE_BF16_FP8_H
 #define INFLIGHT_DECODE_BF16_FP8_H
