@@ -13,12 +13,17 @@ The value is divided by the *rounded* scale, so rounding the scale costs no
 accuracy, only the fp8 rounding of the values (relative error <= 2^-4).
 
 Reading. :class:`FP8KVCache` stands where a cache tensor stands: it has
-``shape`` and ``dtype`` (float8_e4m3fn, so a backend that checks the cache
-dtype falls back to the torch reference), and indexing it by block ids
+``shape`` and ``dtype`` (float8_e4m3fn, so a backend without fp8 kernels, Triton's,
+falls back to the torch reference), and indexing it by block ids
 returns the *dequantized* blocks in the model's dtype, which is all the torch
 reference backend's gathers need. Writing goes through :meth:`FP8KVCache.write`.
-A prefill chunk with no cached prefix attends over its own unquantized K/V
-(as vLLM does); everything read back from the cache is dequantized.
+On the torch reference backend a prefill chunk with no cached prefix attends over its own
+unquantized K/V (as vLLM does); everything read back from the cache is dequantized.
+
+Storage. A pool is one byte buffer, each (token, KV head) row its codes then its scale
+(``fp8_row_bytes``), which the CPU's C kernels read (kernels/cpu/csrc/kv_fp8.h): their K/V
+write quantizes as :func:`quantize_fp8` does, bit for bit, and they read every key, a
+chunk's own included, from the pool.
 """
 from __future__ import annotations
 
