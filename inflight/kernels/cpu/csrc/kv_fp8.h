@@ -67,7 +67,8 @@ static inline void bf16_rows_to_f32(float* dst, const uint16_t* src, int64_t src
         for (int64_t d = 0; d < row; d++) dst[i * row + d] = bf16_to_f32(src[i * src_stride + d]);
 }
 
-/* n float32 values rounded to bfloat16 (nearest, ties to even): those kernels' outputs */
+/* n float32 values rounded to bfloat16 (nearest, ties to even; a NaN stays a NaN): those
+ * kernels' outputs, and a float32 model's K/V rows into bf16 pools */
 static inline void f32_rows_to_bf16(uint16_t* dst, const float* src, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
 }
@@ -86,16 +87,17 @@ static void fp8_write_rows(const char* k, int64_t k_stride, const char* v, int64
                 const char* src = (which ? v + i * v_stride : k + i * k_stride) + (int64_t)h * D * es;
                 uint8_t* dst = (uint8_t*)(which ? v_cache : k_cache) + slots[i] * slot_bytes + (int64_t)h * FP8_ROW(D);
                 uint8_t row[FP8_ROW(FP8_MAX_D)];
-                if (es == 2) {
+                const float* x = (const float*)(const void*)src;  /* float32 rows as they are */
+                if (es == 2) {  /* bf16 rows widened first */
                     const uint16_t* s16 = (const uint16_t*)(const void*)src;
                     int d = 0;
                     for (; d + VL <= D; d += VL) vf_store(buf + d, vf_load_bf16(s16 + d));
                     for (; d < D; d++) buf[d] = bf16_to_f32(s16[d]);
-                } else
-                    memcpy(buf, src, sizeof(float) * (size_t)D);
+                    x = buf;
+                }
                 /* NOTE: the row is built in L1 and copied whole: the pool's lines are rarely in
                  * the caches, and byte-wide stores to them fill the store buffer while they load */
-                fp8_quantize_row(buf, row, D);
+                fp8_quantize_row(x, row, D);
                 memcpy(dst, row, (size_t)FP8_ROW(D));
             }
     }

@@ -22,14 +22,6 @@ void write_kv_rows(const char* k, int64_t k_stride, const char* v, int64_t v_str
     }
 }
 
-static void f32_row_to_bf16(const char* src, uint16_t* dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float x;
-        memcpy(&x, src + i * sizeof x, sizeof x);
-        dst[i] = f32_to_bf16(x);
-    }
-}
-
 /* write_kv_rows for float32 rows into bfloat16 pools, with the same arguments (strides and
  * row_bytes those of the float32 rows; a pool slot holds half as many bytes): each value
  * rounded to the nearest bf16, ties to even, as torch's .to(torch.bfloat16) */
@@ -38,8 +30,10 @@ void write_kv_rows_f32_bf16(const char* k, int64_t k_stride, const char* v, int6
     (void)head_dim;
     const int64_t elems = row_bytes / (int64_t)sizeof(float);
     for (int64_t i = 0; i < n; i++) {
-        f32_row_to_bf16(k + i * k_stride, (uint16_t*)(void*)k_cache + slots[i] * elems, elems);
-        f32_row_to_bf16(v + i * v_stride, (uint16_t*)(void*)v_cache + slots[i] * elems, elems);
+        f32_rows_to_bf16((uint16_t*)(void*)k_cache + slots[i] * elems, (const float*)(const void*)(k + i * k_stride),
+                         elems);
+        f32_rows_to_bf16((uint16_t*)(void*)v_cache + slots[i] * elems, (const float*)(const void*)(v + i * v_stride),
+                         elems);
     }
 }
 
