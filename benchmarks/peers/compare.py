@@ -21,8 +21,9 @@ Server logs go to OUT-logs/ beside --out (else a temporary folder, removed).
 `--cap-isa avx2` runs the whole sitting as on an AVX2+FMA CPU, on a CPU with more
 (AVX-512): inflight's kernels at that level, torch's own kernels, oneDNN and MKL capped
 there too (ISA_CAPS), for both servers and for the matmul peak, and vLLM loads its AVX2
-kernel build (cap_avx2/sitecustomize.py). A check of the AVX2 figures where no AVX2
-host is at hand; the caches and memory stay the host's.
+kernel build (cap_avx2/sitecustomize.py). `--cap-isa avx512` does the same as on an
+AVX-512F CPU without bf16, VNNI or AMX (Skylake-SP's set; vLLM's `_C_AVX512` build). A
+check of those figures where no such host is at hand; the caches and memory stay the host's.
 """
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ WORKLOADS = ["chat", "decode", "longprompt", "prefix"]
 # The variables that cap each library's vector ISA: inflight's kernels (kernels/cpu/isa.py),
 # torch's vectorized ops, oneDNN (torch's mkldnn linears, vLLM's GEMM) and MKL (torch's sgemm).
 ISA_CAPS = {"avx2": {"INFLIGHT_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                     "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+                     "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+            "avx512": {"INFLIGHT_CPU_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512",
+                       "ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "MKL_ENABLE_INSTRUCTIONS": "AVX512"}}
 
 
 def load_workloads(args: argparse.Namespace, tmp: str) -> dict:
