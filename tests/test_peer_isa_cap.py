@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from inflight.kernels.cpu.isa import current_level
+from inflight.kernels.cpu.isa import current_level, supported_levels
 from tests.test_peer_compare import load_compare
 
 PEERS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
@@ -45,3 +45,34 @@ def test_vllms_sitecustomize_answers_torchs_avx512_probes_as_an_avx2_cpu():
                      f"print(json.dumps({{p: getattr(torch.cpu, p)() for p in {probes!r}}}))",
                      {"PYTHONPATH": str(PEERS / "cap_avx2")})
     assert got == {p: False for p in probes}
+
+
+def test_avx512_cap_runs_inflight_and_torch_at_avx512_in_float32_where_the_cpu_has_it():
+    code = ("import json, torch\n"
+            "from inflight.kernels.cpu.isa import current_level\n"
+            "from inflight.platforms import current_platform\n"
+            "try:\n"
+            "    level = current_level().name\n"
+            "except ValueError as e:\n"
+            "    level = 'refused: ' + str(e)\n"
+            "print(json.dumps({'level': level, 'aten': torch.backends.cpu.get_cpu_capability(),\n"
+            "                  'auto': str(current_platform('cpu').resolve_dtype('auto')) if 'refused' not in level\n"
+            "                          else None}))")
+    got = run_python(code, load_compare().ISA_CAPS["avx512"])
+    if "avx512" not in {lv.name for lv in supported_levels()}:  # the cap is refused by name, not run lower
+        assert got["level"].startswith("refused: INFLIGHT_CPU_ISA='avx512'"), got
+    else:
+        assert got == {"level": "avx512", "aten": "AVX512", "auto": "torch.float32"}
+
+
+def test_vllms_avx512_sitecustomize_keeps_avx512_and_denies_bf16_vnni_and_amx():
+    # vLLM picks vllm._C_AVX512 when torch finds AVX-512 but not its bf16 extension
+    probes = ["_is_avx512_bf16_supported", "_is_vnni_supported", "_is_amx_tile_supported"]
+    got = run_python("import json, torch.cpu\n"
+                     f"print(json.dumps({{p: getattr(torch.cpu, p)() for p in {probes!r}}}))",
+                     {"PYTHONPATH": str(PEERS / "cap_avx512")})
+    assert got == {p: False for p in probes}
+    real = run_python("import json, torch.cpu\nprint(json.dumps(torch.cpu._is_avx512_supported()))",
+                      {"PYTHONPATH": str(PEERS / "cap_avx512")})
+    import torch.cpu
+    assert real == torch.cpu._is_avx512_supported()  # the hardware's answer, left alone
