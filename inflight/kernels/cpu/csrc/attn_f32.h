@@ -84,7 +84,8 @@ static inline void af_tile(const float* qb, float* ob, float* sb, float* m, floa
         vf sum = vf_zero();
         int j0 = js;
         for (; j0 < nr; j0 += VL) {
-            const vf pr = af_keep_range(vf_exp(AF_LD(s + j0) - vm), jlo - j0, nr - j0, 0.f);
+            const vf x = AF_LD(s + j0) - vm;  /* -inf outside [jlo, nr) */
+            const vf pr = jlo <= j0 && nr >= j0 + VL ? vf_exp(x) : vf_exp_where(af_range_mask(jlo - j0, nr - j0), x);
             AF_ST(s + j0, pr);
             sum += pr;
         }

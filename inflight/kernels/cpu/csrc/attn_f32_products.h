@@ -70,13 +70,17 @@ static inline vf af_select(vi mask, vf a, vf b) {
     return a;
 }
 
+/* all ones in lanes [lo, hi), zero in the rest (lo may be negative, hi past VL) */
+static inline vi af_range_mask(int64_t lo, int64_t hi) {
+    vi lane;
+    for (int i = 0; i < VL; i++) lane[i] = i;
+    return (lane >= (vi){0} + (int32_t)(lo > 0 ? lo : 0)) & (lane < (vi){0} + (int32_t)(hi < VL ? hi : VL));
+}
+
 /* lanes [lo, hi) of a, the rest `fill` (lo may be negative, hi past VL) */
 static inline vf af_keep_range(vf a, int64_t lo, int64_t hi, float fill) {
     if (lo <= 0 && hi >= VL) return a;
-    vi lane;
-    for (int i = 0; i < VL; i++) lane[i] = i;
-    const vi keep = (lane >= (vi){0} + (int32_t)(lo > 0 ? lo : 0)) & (lane < (vi){0} + (int32_t)(hi < VL ? hi : VL));
-    return af_select(keep, a, vf_set1(fill));
+    return af_select(af_range_mask(lo, hi), a, vf_set1(fill));
 }
 
 /* lanes [0, n) of a, the rest `fill` */

@@ -109,12 +109,11 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
         }
         const vf mold = AF_LD(m + c), mnew = vf_max(mold, vmax);
         const vf msafe = af_select(mnew > ninf, mnew, zero);  /* a lane that has seen no key yet */
-        const vf alpha = af_select(mold > ninf, vf_exp(mold - msafe), zero);
+        const vf alpha = vf_exp_where(mold > ninf, mold - msafe);
         vf sum = zero;
         for (int j = 0; j < nk; j++) {
             const vf s = AF_LD(st + (int64_t)j * AW_LD + c);
-            vf p = vf_exp(s - msafe);
-            if (mask) p = af_select(s > ninf, p, zero);
+            const vf p = mask ? vf_exp_where(s > ninf, s - msafe) : vf_exp(s - msafe);
             AF_ST(st + (int64_t)j * AW_LD + c, p);
             sum += p;
         }

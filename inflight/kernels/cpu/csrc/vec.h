@@ -128,7 +128,16 @@ static inline float vf_reduce_max(vf a) {
 #endif
 }
 
-static inline vf vf_min(vf a, vf b) { return -vf_max(-a, -b); }
+/* the smaller lane (the second operand where one is NaN, as x86's min and -max(-a, -b) give it) */
+static inline vf vf_min(vf a, vf b) {
+#if VL == 16
+    return (vf)_mm512_min_ps((__m512)a, (__m512)b);
+#elif defined(INFLIGHT_ISA_AVX2)
+    return (vf)_mm256_min_ps((__m256)a, (__m256)b);
+#else
+    return -vf_max(-a, -b);
+#endif
+}
 
 /* round to the nearest integer (ties to even) per lane */
 static inline vf vf_round(vf a) {
@@ -145,9 +154,9 @@ static inline vf vf_round(vf a) {
 #endif
 }
 
-/* e^x per lane: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 Taylor
- * (relative error ~2e-7). Inputs below -104 give 0 (-inf included), above 88 saturate. */
-static inline vf vf_exp(vf x) {
+/* e^x = 2^n * p: n per lane and p(r), r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 Taylor
+ * polynomial (relative error ~2e-7); x clamped to [-104, 88] first (-inf included) */
+static inline vf vf_exp_poly(vf x, vf* n_out) {
     x = vf_min(vf_max(x, vf_set1(-104.f)), vf_set1(88.f));
     const vf n = vf_round(x * 1.44269504089f);
     /* fused: the build's -fassociative-math would fold a mul-sub pair into x - n ln2 */
@@ -159,13 +168,46 @@ static inline vf vf_exp(vf x) {
     p = vf_fma(p, r, vf_set1(1.f / 6));
     p = vf_fma(p, r, vf_set1(0.5f));
     p = vf_fma(p, r, vf_set1(1.f));
-    p = vf_fma(p, r, vf_set1(1.f));
-    /* 2^n from the exponent field, in two factors so n down to -150 (subnormal results) works */
+    *n_out = n;
+    return vf_fma(p, r, vf_set1(1.f));
+}
+
+#if VL != 16
+/* p * 2^n from the exponent field, in two exact factors so n down to -150 (subnormal results)
+ * works: rounded once, in the last multiplication */
+static inline vf vf_exp_scale(vf p, vf n) {
     const vi ni = __builtin_convertvector(n, vi);
     const vi h = ni / 2;
     const vi e1 = (h + 127) << 23, e2 = (ni - h + 127) << 23;
     const vf s1 = (vf)e1, s2 = (vf)e2;  /* same-size vector casts reinterpret the bits */
     return p * s1 * s2;
+}
+#endif
+
+/* e^x per lane (relative error ~2e-7). Inputs below -104 give 0 (-inf included), above 88
+ * saturate. */
+static inline vf vf_exp(vf x) {
+    vf n;
+    const vf p = vf_exp_poly(x, &n);
+#if VL == 16
+    /* one instruction for p * 2^n, rounded once as vf_exp_scale rounds it */
+    return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
+#else
+    return vf_exp_scale(p, n);
+#endif
+}
+
+/* vf_exp(x) in the lanes of keep (all ones), 0 in the others. NOTE: a softmax's masked lanes
+ * (-inf scores) would each make a subnormal, for which AVX-512's scalef takes a microcode
+ * assist: there those lanes are left out of it. */
+static inline vf vf_exp_where(vi keep, vf x) {
+    vf n;
+    const vf p = vf_exp_poly(x, &n);
+#if VL == 16
+    return (vf)_mm512_maskz_scalef_ps(_mm512_test_epi32_mask((__m512i)keep, (__m512i)keep), (__m512)p, (__m512)n);
+#else
+    return (vf)((vi)vf_exp_scale(p, n) & keep);
+#endif
 }
 
 /* silu(x) = x / (1 + e^-x) */
