@@ -126,6 +126,29 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
 /* Whether a wide item can take nkh kv heads of D together */
 static inline int aw_heads_fit(int nkh, int D) { return nkh >= 1 && nkh <= AW_MAX_HEADS && nkh * D <= AF_COPY_SPAN; }
 
+/* a[i][k] <-> a[k][i] for the VL x VL block in the VL vectors a: at each scale w the
+ * off-diagonal w x w blocks of each pair of rows i, i + w swap, two shuffles a pair */
+#define AW_TLO(w, k) (((k) & (w)) ? VL + (k) - (w) : (k))
+#define AW_THI(w, k) (((k) & (w)) ? VL + (k) : (k) + (w))
+#define AW_TSTAGE(w)                                                        \
+    AW_UNROLL for (int i = 0; i < VL; i++)                                  \
+        if (!(i & (w))) {                                                   \
+            const vf x = a[i], y = a[i + (w)];                              \
+            a[i] = __builtin_shuffle(x, y, AF_MASK(AW_TLO, w));             \
+            a[i + (w)] = __builtin_shuffle(x, y, AF_MASK(AW_THI, w));       \
+        }
+static inline __attribute__((always_inline)) void aw_transpose(vf* a) {
+#if VL >= 16
+    AW_TSTAGE(8)
+#endif
+#if VL >= 8
+    AW_TSTAGE(4)
+#endif
+    AW_TSTAGE(2)
+    AW_TSTAGE(1)
+}
+#undef AW_TSTAGE
+
 /* A wide item's scratch: Q^T and O^T [nkh][D][AW_LD], S^T [AF_KT][AW_LD], the running max
  * and sum [nkh][AW_LD], the position per lane, then the tile pointers and buffers (from
  * `tiles` on). Head h's Q^T is qt + h * D * AW_LD, its max m + h * AW_LD (O^T, l alike). */
@@ -204,9 +227,20 @@ static void aw_start(float* scratch, const float* q, int64_t q_stride, int R, in
             memset(ot + (int64_t)d * AW_LD, 0, sizeof(float) * (size_t)lanes);
             for (int r = R; r < lanes; r++) qt[(int64_t)d * AW_LD + r] = 0.f;
         }
-        for (int r = 0; r < R; r++) {
-            const float* qr = q + (int64_t)(r / G) * q_stride + (int64_t)((kh0 + h) * G + r % G) * D;
-            for (int d = 0; d < D; d++) qt[(int64_t)d * AW_LD + r] = qr[d] * scale;
+        for (int r0 = 0; r0 < R; r0 += VL) {  /* VL rows at a time, VL x VL blocks transposed in registers */
+            const float* qr[VL];
+            const int nr = R - r0 < VL ? R - r0 : VL;
+            for (int i = 0; i < nr; i++)
+                qr[i] = q + (int64_t)((r0 + i) / G) * q_stride + (int64_t)((kh0 + h) * G + (r0 + i) % G) * D;
+            int d0 = 0;
+            for (; d0 + VL <= D; d0 += VL) {
+                vf a[VL];
+                for (int i = 0; i < VL; i++) a[i] = i < nr ? AF_LD(qr[i] + d0) * vf_set1(scale) : vf_zero();
+                aw_transpose(a);
+                for (int i = 0; i < VL; i++) AF_ST(qt + (int64_t)(d0 + i) * AW_LD + r0, a[i]);
+            }
+            for (int d = d0; d < D; d++)
+                for (int i = 0; i < nr; i++) qt[(int64_t)d * AW_LD + r0 + i] = qr[i][d] * scale;
         }
     }
 }
@@ -224,10 +258,21 @@ static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_
     const struct aw_bufs b = aw_layout(scratch, nkh, D);
     for (int h = 0; h < nkh; h++) {
         const float* ot = b.ot + (int64_t)h * D * AW_LD;
-        for (int r = 0; r < R; r++) {
-            float* dst = out + (int64_t)(r / G) * out_stride + (int64_t)((kh0 + h) * G + r % G) * D;
-            const float inv = 1.f / b.l[h * AW_LD + r];
-            for (int d = 0; d < D; d++) dst[d] = ot[(int64_t)d * AW_LD + r] * inv;
+        for (int r0 = 0; r0 < R; r0 += VL) {  /* O^T's VL x VL blocks back to rows, in registers */
+            float* dst[VL];
+            const int nr = R - r0 < VL ? R - r0 : VL;
+            for (int i = 0; i < nr; i++)
+                dst[i] = out + (int64_t)((r0 + i) / G) * out_stride + (int64_t)((kh0 + h) * G + (r0 + i) % G) * D;
+            const vf inv = vf_set1(1.f) / AF_LD(b.l + h * AW_LD + r0);  /* lanes past R: unused */
+            int d0 = 0;
+            for (; d0 + VL <= D; d0 += VL) {
+                vf a[VL];
+                for (int i = 0; i < VL; i++) a[i] = AF_LD(ot + (int64_t)(d0 + i) * AW_LD + r0) * inv;
+                aw_transpose(a);
+                for (int i = 0; i < nr; i++) AF_ST(dst[i] + d0, a[i]);
+            }
+            for (int d = d0; d < D; d++)
+                for (int i = 0; i < nr; i++) dst[i][d] = ot[(int64_t)d * AW_LD + r0 + i] * inv[i];
         }
     }
 }
