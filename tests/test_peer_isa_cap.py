@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch.cpu
 
 from inflight.kernels.cpu.isa import current_level, supported_levels
 from tests.test_peer_compare import load_compare
@@ -74,5 +75,4 @@ def test_vllms_avx512_sitecustomize_keeps_avx512_and_denies_bf16_vnni_and_amx():
     assert got == {p: False for p in probes}
     real = run_python("import json, torch.cpu\nprint(json.dumps(torch.cpu._is_avx512_supported()))",
                       {"PYTHONPATH": str(PEERS / "cap_avx512")})
-    import torch.cpu
     assert real == torch.cpu._is_avx512_supported()  # the hardware's answer, left alone
