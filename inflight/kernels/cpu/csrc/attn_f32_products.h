@@ -1,6 +1,7 @@
 /*
  * The vector products of float32 paged attention (attn_f32.h), on vec.h: unaligned
  * loads and stores, the transpose-and-add reduction of VL dot products (af_reduce_each),
+ * the VL x VL transpose of VL vectors (af_transpose),
  * masked selects, the Q.K product of a row against VL keys (af_qk) and the P.V register
  * blocks (af_pv, af_pv_rows). Included by attn_f32.h only, after AF_KT, AF_DV and AF_PAD.
  */
@@ -59,6 +60,31 @@ static inline __attribute__((always_inline)) vf af_reduce_each(const vf* a) {
     return b[0];
 }
 #endif
+
+/* a[i][k] <-> a[k][i] for the VL x VL block in the VL vectors a: at each scale w the
+ * off-diagonal w x w blocks of each pair of rows i, i + w swap, two shuffles a pair */
+#define AF_TLO(w, k) (((k) & (w)) ? VL + (k) - (w) : (k))
+#define AF_THI(w, k) (((k) & (w)) ? VL + (k) : (k) + (w))
+#define AF_TSTAGE(w)                                                        \
+    _Pragma("GCC unroll 16") for (int i = 0; i < VL; i++)                   \
+        if (!(i & (w))) {                                                   \
+            const vf x = a[i], y = a[i + (w)];                              \
+            a[i] = __builtin_shuffle(x, y, AF_MASK(AF_TLO, w));             \
+            a[i + (w)] = __builtin_shuffle(x, y, AF_MASK(AF_THI, w));       \
+        }
+static inline __attribute__((always_inline)) void af_transpose(vf* a) {
+#if VL >= 16
+    AF_TSTAGE(8)
+#endif
+#if VL >= 8
+    AF_TSTAGE(4)
+#endif
+    AF_TSTAGE(2)
+    AF_TSTAGE(1)
+}
+#undef AF_TSTAGE
+#undef AF_TLO
+#undef AF_THI
 
 /* lanes of a where mask is set (all ones), else b */
 static inline vf af_select(vi mask, vf a, vf b) {

@@ -126,29 +126,6 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
 /* Whether a wide item can take nkh kv heads of D together */
 static inline int aw_heads_fit(int nkh, int D) { return nkh >= 1 && nkh <= AW_MAX_HEADS && nkh * D <= AF_COPY_SPAN; }
 
-/* a[i][k] <-> a[k][i] for the VL x VL block in the VL vectors a: at each scale w the
- * off-diagonal w x w blocks of each pair of rows i, i + w swap, two shuffles a pair */
-#define AW_TLO(w, k) (((k) & (w)) ? VL + (k) - (w) : (k))
-#define AW_THI(w, k) (((k) & (w)) ? VL + (k) : (k) + (w))
-#define AW_TSTAGE(w)                                                        \
-    AW_UNROLL for (int i = 0; i < VL; i++)                                  \
-        if (!(i & (w))) {                                                   \
-            const vf x = a[i], y = a[i + (w)];                              \
-            a[i] = __builtin_shuffle(x, y, AF_MASK(AW_TLO, w));             \
-            a[i + (w)] = __builtin_shuffle(x, y, AF_MASK(AW_THI, w));       \
-        }
-static inline __attribute__((always_inline)) void aw_transpose(vf* a) {
-#if VL >= 16
-    AW_TSTAGE(8)
-#endif
-#if VL >= 8
-    AW_TSTAGE(4)
-#endif
-    AW_TSTAGE(2)
-    AW_TSTAGE(1)
-}
-#undef AW_TSTAGE
-
 /* A wide item's scratch: Q^T and O^T [nkh][D][AW_LD], S^T [AF_KT][AW_LD], the running max
  * and sum [nkh][AW_LD], the position per lane, then the tile pointers and buffers (from
  * `tiles` on). Head h's Q^T is qt + h * D * AW_LD, its max m + h * AW_LD (O^T, l alike). */
@@ -236,7 +213,7 @@ static void aw_start(float* scratch, const float* q, int64_t q_stride, int R, in
             for (; d0 + VL <= D; d0 += VL) {
                 vf a[VL];
                 for (int i = 0; i < VL; i++) a[i] = i < nr ? AF_LD(qr[i] + d0) * vf_set1(scale) : vf_zero();
-                aw_transpose(a);
+                af_transpose(a);
                 for (int i = 0; i < VL; i++) AF_ST(qt + (int64_t)(d0 + i) * AW_LD + r0, a[i]);
             }
             for (int d = d0; d < D; d++)
@@ -268,7 +245,7 @@ static void aw_attend(const float* q, int64_t q_stride, float* out, int64_t out_
             for (; d0 + VL <= D; d0 += VL) {
                 vf a[VL];
                 for (int i = 0; i < VL; i++) a[i] = AF_LD(ot + (int64_t)(d0 + i) * AW_LD + r0) * inv;
-                aw_transpose(a);
+                af_transpose(a);
                 for (int i = 0; i < nr; i++) AF_ST(dst[i] + d0, a[i]);
             }
             for (int d = d0; d < D; d++)
