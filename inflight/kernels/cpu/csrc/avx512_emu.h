@@ -92,7 +92,6 @@ static inline simde__m256bh emu_mm512_cvtneps_pbh(simde__m512 a) {
     return r;
 }
 
-/* the reductions in the order GCC's immintrin.h sums them: halves, then quarters, ... */
 /* the low byte of each of 16 32-bit lanes (vpmovdb) */
 static inline simde__m128i emu_mm512_cvtepi32_epi8(simde__m512i a) {
     int32_t v[16];
@@ -114,6 +113,7 @@ static inline simde__m512 emu_mm512_cvtph_ps(simde__m256i a) {
     return r;
 }
 
+/* the reductions in the order GCC's immintrin.h sums them: halves, then quarters, ... */
 static inline float emu_mm512_reduce_add_ps(simde__m512 a) {
     float v[16];
     memcpy(v, &a, 64);

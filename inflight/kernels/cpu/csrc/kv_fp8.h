@@ -60,11 +60,15 @@ static inline void fp8_quantize_row(const float* x, uint8_t* row, int D) {
     memcpy(row + FP8_VALUES(D), &s16, sizeof s16);
 }
 
-/* n bfloat16 rows of `row` values (src_stride apart) widened into contiguous float32 rows:
- * a bf16 model's queries for the float32 kernels over fp8 pools */
+/* n bfloat16 rows of `row` values (src_stride apart) widened into contiguous float32 rows
+ * (exactly): a bf16 model's queries for the float32 kernels over fp8 pools, and its K/V rows
+ * before the fp8 write quantizes them */
 static inline void bf16_rows_to_f32(float* dst, const uint16_t* src, int64_t src_stride, int64_t n, int64_t row) {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t d = 0; d < row; d++) dst[i * row + d] = bf16_to_f32(src[i * src_stride + d]);
+    for (int64_t i = 0; i < n; i++, dst += row, src += src_stride) {
+        int64_t d = 0;
+        for (; d + VL <= row; d += VL) vf_store(dst + d, vf_load_bf16(src + d));
+        for (; d < row; d++) dst[d] = bf16_to_f32(src[d]);
+    }
 }
 
 /* n float32 values rounded to bfloat16 (nearest, ties to even; a NaN stays a NaN): those
@@ -89,10 +93,7 @@ static void fp8_write_rows(const char* k, int64_t k_stride, const char* v, int64
                 uint8_t row[FP8_ROW(FP8_MAX_D)];
                 const float* x = (const float*)(const void*)src;  /* float32 rows as they are */
                 if (es == 2) {  /* bf16 rows widened first */
-                    const uint16_t* s16 = (const uint16_t*)(const void*)src;
-                    int d = 0;
-                    for (; d + VL <= D; d += VL) vf_store(buf + d, vf_load_bf16(s16 + d));
-                    for (; d < D; d++) buf[d] = bf16_to_f32(s16[d]);
+                    bf16_rows_to_f32(buf, (const uint16_t*)(const void*)src, D, 1, D);
                     x = buf;
                 }
                 /* NOTE: the row is built in L1 and copied whole: the pool's lines are rarely in

@@ -172,29 +172,26 @@ static inline vf vf_exp_poly(vf x, vf* n_out) {
     return vf_fma(p, r, vf_set1(1.f));
 }
 
-#if VL != 16
-/* p * 2^n from the exponent field, in two exact factors so n down to -150 (subnormal results)
- * works: rounded once, in the last multiplication */
+/* p * 2^n (n integral, down to -150: subnormal results), rounded once */
 static inline vf vf_exp_scale(vf p, vf n) {
+#if VL == 16
+    return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
+#else
+    /* from the exponent field, in two exact factors: the last multiplication rounds */
     const vi ni = __builtin_convertvector(n, vi);
     const vi h = ni / 2;
     const vi e1 = (h + 127) << 23, e2 = (ni - h + 127) << 23;
     const vf s1 = (vf)e1, s2 = (vf)e2;  /* same-size vector casts reinterpret the bits */
     return p * s1 * s2;
-}
 #endif
+}
 
 /* e^x per lane (relative error ~2e-7). Inputs below -104 give 0 (-inf included), above 88
  * saturate. */
 static inline vf vf_exp(vf x) {
     vf n;
     const vf p = vf_exp_poly(x, &n);
-#if VL == 16
-    /* one instruction for p * 2^n, rounded once as vf_exp_scale rounds it */
-    return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);
-#else
     return vf_exp_scale(p, n);
-#endif
 }
 
 /* vf_exp(x) in the lanes of keep (all ones), 0 in the others. NOTE: a softmax's masked lanes
