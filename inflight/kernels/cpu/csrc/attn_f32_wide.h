@@ -97,7 +97,7 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
     for (int c = l0; c < l1; c += VL) {
         const vf last = AF_LD(pos + c) - (float)t0;  /* the last key index of the tile each lane sees */
         const vf first = window > 0 ? last - (float)(window - 1) : vf_set1(-1.f);
-        vf vmax = ninf;
+        vf vmax[4] = {ninf, ninf, ninf, ninf};  /* four chains: a max's latency, not its rate, bound one */
         for (int j = 0; j < nk; j++) {
             vf s = AF_LD(st + (int64_t)j * AW_LD + c);
             if (mask) {
@@ -105,9 +105,9 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
                 s = af_select((jf <= last) & (jf >= first), s, ninf);
                 AF_ST(st + (int64_t)j * AW_LD + c, s);
             }
-            vmax = vf_max(vmax, s);
+            vmax[j % 4] = vf_max(vmax[j % 4], s);
         }
-        const vf mold = AF_LD(m + c), mnew = vf_max(mold, vmax);
+        const vf mold = AF_LD(m + c), mnew = vf_max(mold, vf_max(vf_max(vmax[0], vmax[1]), vf_max(vmax[2], vmax[3])));
         const vf msafe = af_select(mnew > ninf, mnew, zero);  /* a lane that has seen no key yet */
         const vf alpha = vf_exp_where(mold > ninf, mold - msafe);
         vf sum = zero;
@@ -119,7 +119,10 @@ static void aw_softmax(float* st, int nk, float* m, float* l, const float* pos, 
         }
         AF_ST(l + c, AF_LD(l + c) * alpha + sum);
         AF_ST(m + c, mnew);
-        for (int d = 0; d < D; d++) AF_ST(ot + (int64_t)d * AW_LD + c, AF_LD(ot + (int64_t)d * AW_LD + c) * alpha);
+        /* NOTE: where no lane's max moved, alpha is e^0 = 1 exactly (or 0 on a lane that has seen
+         * no key, whose O^T is still 0): the rescale would change nothing */
+        if (!vf_all_eq(mnew, mold))
+            for (int d = 0; d < D; d++) AF_ST(ot + (int64_t)d * AW_LD + c, AF_LD(ot + (int64_t)d * AW_LD + c) * alpha);
     }
 }
 
