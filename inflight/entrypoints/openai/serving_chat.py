@@ -18,10 +18,10 @@ from inflight.entrypoints.openai.responses import (ChatChoice, ChatCompletionChu
                                                    DeltaMessage, TokenLogprob, TopLogprob, UsageInfo, dump,
                                                    random_id)
 from inflight.entrypoints.openai.serving_beam import beam_search
-from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, SSE_DONE, ServerState, add_requests,
-                                                        final_outputs, merge_streams, safe_logprob, sse_model,
-                                                        stream_response, unless_disconnected, usage_of)
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
+                                                        merge_streams, safe_logprob, unless_disconnected, usage_of)
 from inflight.entrypoints.openai.serving_completion import prompt_logprobs_field
+from inflight.entrypoints.openai.sse import SSE_DONE, sse_model, stream_response
 from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_grammar, constrain, delta_messages,
                                                       finish_reason, message_fields, plan_tools,
                                                       render_chat_with_tools)

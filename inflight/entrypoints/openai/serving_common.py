@@ -1,16 +1,13 @@
 """What the completion and chat handlers share: server state, admission checks,
-adding requests to the engine, disconnect handling and Server-Sent Events."""
+adding requests to the engine and disconnect handling (their Server-Sent Events: sse.py)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel
 
 from inflight.engine.async_engine import AsyncLLMEngine, RequestStream
 from inflight.errors import InvalidRequestError
@@ -263,58 +260,6 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> Optional[
         logger.info("client disconnected; request aborted")
         return None
     return task.result()
-
-
-def sse(data: Any) -> str:
-    """One Server-Sent Event carrying ``data`` as JSON."""
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-def sse_model(model: BaseModel) -> str:
-    """One Server-Sent Event carrying a response model (pydantic's serializer writes the
-    JSON directly; None fields kept, as ``dump`` keeps them)."""
-    return f"data: {model.model_dump_json()}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-class SSEResponse(StreamingResponse):
-    """A text/event-stream response that runs ``on_close`` however it ends.
-
-    Starlette never starts the body iterator if the client left before the
-    response began, so closing the engine streams cannot live in the iterator's
-    ``finally`` alone.
-    """
-
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._on_close = on_close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-def stream_response(streams: list[RequestStream], events: AsyncIterator[str]) -> Response:
-    """Wrap an SSE generator over ``streams`` so they are closed (aborted) however it ends."""
-
-    async def guarded() -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                yield event
-        except Exception as exc:  # headers are gone: report in-band, then end the stream
-            yield sse(engine_error(exc).body())
-            yield SSE_DONE
-        finally:
-            for s in streams:
-                s.close()
-            await events.aclose()  # type: ignore[attr-defined]
-
-    return SSEResponse(guarded(), lambda: [s.close() for s in streams])
 
 
 def usage_of(outputs: list[RequestOutput]) -> UsageInfo:

@@ -16,9 +16,9 @@ from inflight.entrypoints.openai.responses import (CompletionChoice, CompletionL
                                                    CompletionResponseChoice, CompletionStreamResponse,
                                                    PromptTokenLogprob, UsageInfo, dump, random_id)
 from inflight.entrypoints.openai.serving_beam import beam_search
-from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, SSE_DONE, ServerState, add_requests,
-                                                        final_outputs, merge_streams, safe_logprob, sse_model,
-                                                        stream_response, unless_disconnected, usage_of)
+from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
+                                                        merge_streams, safe_logprob, unless_disconnected, usage_of)
+from inflight.entrypoints.openai.sse import SSE_DONE, sse_model, stream_response
 from inflight.entrypoints.openai.validation import check_token_prompt, truncated
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput

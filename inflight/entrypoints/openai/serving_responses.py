@@ -21,7 +21,8 @@ from inflight.entrypoints.openai.chat_reasoning import gate_grammar, split_think
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request, param_of
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
-                                                        merge_streams, stream_response, unless_disconnected)
+                                                        merge_streams, unless_disconnected)
+from inflight.entrypoints.openai.sse import stream_response
 from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_grammar, constrain, plan_tools,
                                                       render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ParsedDelta, ToolCallStream

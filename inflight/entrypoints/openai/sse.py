@@ -1,0 +1,64 @@
+"""Server-Sent Events for the streaming handlers: one event per JSON chunk, and a
+text/event-stream response that closes (aborts) its engine streams however it ends."""
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Callable
+
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
+
+from inflight.engine.async_engine import RequestStream
+from inflight.entrypoints.openai.errors import engine_error
+
+
+def sse(data: Any) -> str:
+    """One Server-Sent Event carrying ``data`` as JSON."""
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def sse_model(model: BaseModel) -> str:
+    """One Server-Sent Event carrying a response model (pydantic's serializer writes the
+    JSON directly; None fields kept, as ``dump`` keeps them)."""
+    return f"data: {model.model_dump_json()}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that runs ``on_close`` however it ends.
+
+    Starlette never starts the body iterator if the client left before the
+    response began, so closing the engine streams cannot live in the iterator's
+    ``finally`` alone.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def stream_response(streams: list[RequestStream], events: AsyncIterator[str]) -> Response:
+    """Wrap an SSE generator over ``streams`` so they are closed (aborted) however it ends."""
+
+    async def guarded() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        except Exception as exc:  # headers are gone: report in-band, then end the stream
+            yield sse(engine_error(exc).body())
+            yield SSE_DONE
+        finally:
+            for s in streams:
+                s.close()
+            await events.aclose()  # type: ignore[attr-defined]
+
+    return SSEResponse(guarded(), lambda: [s.close() for s in streams])
