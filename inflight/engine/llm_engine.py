@@ -2,19 +2,18 @@
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from dataclasses import replace
 from typing import Any, Optional, Union
 
 from inflight.config import EngineConfig
-from inflight.core.outputs import SchedulerOutput
 from inflight.core.request import Request, RequestStatus
 from inflight.core.scheduler import Scheduler
 from inflight.distributed.kv_transfer.factory import start_step
 from inflight.engine.generation_config import default_sampling_params
 from inflight.engine.output_processor import OutputProcessor
+from inflight.engine.step_trace import StepTrace
 from inflight.errors import InvalidRequestError
 from inflight.lora.request import LoRARequest
 from inflight.outputs import PoolingRequestOutput, RequestOutput
@@ -93,7 +92,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.step_count = 0
         self.last_num_scheduled_tokens = 0
-        self._trace = open(config.trace_file, "a") if config.trace_file else None
+        self._trace = StepTrace(config.trace_file) if config.trace_file else None
         logger.info("engine ready in %.1f s: %s, %s on %s; KV cache: %d blocks = %d tokens",
                     time.time() - t0, self.model_source, self.dtype, self.device,
                     self.num_blocks, self.num_blocks * config.cache_config.block_size)
@@ -254,7 +253,7 @@ class LLMEngine:
         if self.kv_connector is not None:  # KV loads and saves, before the forward pass
             self.kv_connector.apply(self.kv_connector.build_connector_meta())
         self.last_num_scheduled_tokens = sched.total_num_scheduled_tokens
-        batch = self._trace_batch() if self._trace is not None else None
+        batch = StepTrace.batch(self.scheduler) if self._trace is not None else None
         # raises when the forward pass fails or a worker died: no request is to blame
         result = self.executor.execute_model(sched)
         core_outputs = self.scheduler.update_from_output(sched, result)
@@ -264,7 +263,7 @@ class LLMEngine:
         if result.failed or failed:
             outputs += self._fail_requests({**result.failed, **failed})
         if batch:
-            self._write_trace(sched, batch, core_outputs, t0)
+            self._trace.write(self.step_count, self.scheduler, sched, batch, core_outputs, t0)
         self.step_count += 1
         return outputs
 
@@ -289,27 +288,12 @@ class LLMEngine:
                 outs.append(out)
         return outs
 
-    def _trace_batch(self) -> list[dict]:
-        return [{"id": s.request.request_id, "num_tokens": s.num_new_tokens,
-                 "kind": "prefill" if s.is_prefill else "decode"} for s in self.scheduler.last_scheduled]
-
-    def _write_trace(self, sched: SchedulerOutput, batch: list[dict], core_outputs, t0: float) -> None:
-        kv = self.scheduler.kv
-        rec = {
-            "step": self.step_count, "time": t0, "duration_s": round(time.time() - t0, 6),
-            "requests": batch,
-            "num_tokens": sched.total_num_scheduled_tokens,
-            "kv_blocks_used": kv.num_blocks - kv.num_free_blocks, "kv_blocks_free": kv.num_free_blocks,
-            "num_waiting": len(self.scheduler.waiting), "num_running": len(self.scheduler.running),
-            "finished": [o.request_id for o in core_outputs if o.finish_reason is not None],
-            "preempted": sched.preempted_req_ids,
-        }
-        self._trace.write(json.dumps(rec) + "\n")
-        self._trace.flush()
-
     def shutdown(self) -> None:
-        """Stop the executor's workers (idempotent; the in-process runner needs nothing)."""
+        """Stop the executor's workers and close the trace (idempotent; the in-process runner
+        needs nothing)."""
         self.executor.shutdown()
+        if self._trace is not None:
+            self._trace.close()
 
     def stats(self) -> dict[str, float]:
         kv = self.scheduler.kv
