@@ -15,7 +15,7 @@ def test_engine_trace_records_steps_and_renders(tmp_path):
               trace_file=str(trace))
     outs = llm.generate(["The capital of France is", "One, two, three,"],
                         SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
-    llm.llm_engine._trace.close()
+    llm.llm_engine.shutdown()  # closes the trace file
     steps = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(len(steps)))
     for s in steps:
