@@ -18,11 +18,13 @@ class StepTrace:
 
     @staticmethod
     def batch(scheduler: Scheduler) -> list[dict]:
+        """The requests the scheduler just scheduled: id, tokens this step, prefill or decode."""
         return [{"id": s.request.request_id, "num_tokens": s.num_new_tokens,
                  "kind": "prefill" if s.is_prefill else "decode"} for s in scheduler.last_scheduled]
 
     def write(self, step: int, scheduler: Scheduler, sched: SchedulerOutput, batch: list[dict], core_outputs,
               t0: float) -> None:
+        """One line for step ``step`` (started at ``t0``), flushed: a crash keeps the steps before it."""
         kv = scheduler.kv
         rec = {
             "step": step, "time": t0, "duration_s": round(time.time() - t0, 6),
@@ -37,4 +39,5 @@ class StepTrace:
         self._file.flush()
 
     def close(self) -> None:
+        """Close the file (idempotent)."""
         self._file.close()
