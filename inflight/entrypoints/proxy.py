@@ -24,10 +24,11 @@ from typing import Any, AsyncIterator, Optional
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from inflight.entrypoints.openai.errors import OpenAIError
 from inflight.entrypoints.openai.serving_common import unless_disconnected
+from inflight.entrypoints.openai.sse import SSEResponse
 
 logger = logging.getLogger(__name__)
 
@@ -82,24 +83,15 @@ async def _prefill(state: ProxyState, path: str, body: dict, headers: dict) -> h
     raise ConnectionError("no prefill instance is reachable")
 
 
-class _RelayResponse(StreamingResponse):
+def _relay(upstream: httpx.Response) -> Response:
     """Relays an upstream SSE stream and closes it however the client's side ends, even
     if the client left before the body started (the instance then aborts the request)."""
 
-    def __init__(self, upstream: httpx.Response) -> None:
-        async def body() -> AsyncIterator[bytes]:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
+    async def body() -> AsyncIterator[bytes]:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
 
-        super().__init__(body(), status_code=upstream.status_code, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.upstream = upstream
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.upstream.aclose()
+    return SSEResponse(body(), upstream.aclose, status_code=upstream.status_code)
 
 
 async def _decode(state: ProxyState, raw: Request, path: str, body: dict, headers: dict) -> Response:
@@ -111,7 +103,7 @@ async def _decode(state: ProxyState, raw: Request, path: str, body: dict, header
             content = await upstream.aread()
             await upstream.aclose()
             return Response(content, upstream.status_code, media_type="application/json")
-        return _RelayResponse(upstream)
+        return _relay(upstream)
     resp = await unless_disconnected(raw, state.client.post(url, json=body, headers=headers))
     if resp is None:
         return Response(status_code=CLIENT_CLOSED)

@@ -2,8 +2,9 @@
 text/event-stream response that closes (aborts) its engine streams however it ends."""
 from __future__ import annotations
 
+import inspect
 import json
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
@@ -27,15 +28,17 @@ SSE_DONE = "data: [DONE]\n\n"
 
 
 class SSEResponse(StreamingResponse):
-    """A text/event-stream response that runs ``on_close`` however it ends.
+    """A text/event-stream response that runs ``on_close`` (a function, or a coroutine
+    function it awaits) however it ends.
 
     Starlette never starts the body iterator if the client left before the
-    response began, so closing the engine streams cannot live in the iterator's
-    ``finally`` alone.
+    response began, so closing the engine streams (or a proxy's upstream) cannot live
+    in the iterator's ``finally`` alone.
     """
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
+    def __init__(self, content: AsyncIterator[Union[str, bytes]], on_close: Callable[[], Optional[Awaitable[None]]],
+                 status_code: int = 200) -> None:
+        super().__init__(content, status_code=status_code, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
 
@@ -43,7 +46,9 @@ class SSEResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._on_close()
+            closing = self._on_close()
+            if inspect.isawaitable(closing):
+                await closing
 
 
 def stream_response(streams: list[RequestStream], events: AsyncIterator[str]) -> Response:
