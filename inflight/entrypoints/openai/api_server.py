@@ -291,10 +291,6 @@ def make_uvicorn_server(app: FastAPI, host: str, port: int, *, log_level: str = 
     kwargs.setdefault("limit_concurrency", backstop)
     kwargs.setdefault("timeout_keep_alive", limits.timeout_keep_alive)
     kwargs.setdefault("http", timed_h11_protocol(limits.header_timeout_s))
-    # uvloop where it is installed (a dependency but on Windows), else asyncio's loop. NOTE: the
-    # step thread competes with this loop for the same cores, and every streamed chunk is a few
-    # loop callbacks: uvloop's cheaper ones leave more of the cores to the forward passes
-    kwargs.setdefault("loop", "auto")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=int(shutdown_grace_s) + 5, **kwargs)
     return GracefulServer(config)
