@@ -1,4 +1,5 @@
-"""The fp32 CPU kernels on every ISA level, through one C driver (tests/csrc/kernel_check.c).
+"""The fp32 CPU kernels on every ISA level, through one C driver (tests/csrc/kernel_check.c
+and its parts, tests/csrc/check_*.c).
 
 The driver is linked with the kernel sources built with a level's flags (build.py's
 compile_flags without -shared/-fPIC) and checks each kernel against a plain C
@@ -28,6 +29,7 @@ from inflight.kernels.cpu.isa import LEVELS, IsaLevel, emulated, get_level, mach
 CSRC = Path(build.__file__).parent / "csrc"
 DRIVER_DIR = Path(__file__).parent / "csrc"
 DRIVER = DRIVER_DIR / "kernel_check.c"
+DRIVER_SOURCES = (DRIVER, *sorted(DRIVER_DIR.glob("check_*.c")))
 # the sources of the kernels the driver checks (kernels.h); one not there yet is left out
 KERNEL_SOURCES = ("gemm_f32.c", "fused_ops.c", "paged_decode.c", "paged_prefill.c")
 CROSS_CC = "aarch64-linux-gnu-gcc"
@@ -52,7 +54,7 @@ def build_driver(level: IsaLevel, cc: str, out: Path, static: bool = False, opt:
     first failing compiler run, or the link."""
     srcs = [CSRC / n for n in KERNEL_SOURCES if (CSRC / n).exists()]
     sources = [(src, [f"-I{CSRC}", "-include", str(DRIVER_DIR / "kernels.h")]) for src in srcs]
-    sources.append((DRIVER, [f"-I{CSRC}", "-Wall", f"-I{DRIVER_DIR}"]))
+    sources += [(src, [f"-I{CSRC}", "-Wall", f"-I{DRIVER_DIR}"]) for src in DRIVER_SOURCES]
     return build_executable(cc, _flags(level, opt), sources, out, static)
 
 
