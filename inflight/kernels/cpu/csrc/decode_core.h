@@ -122,6 +122,9 @@ static inline void store_head(const __m512* acc, int nv, float mx, float l, uint
 /* K and V bytes of a sequence warm_blocks reads ahead at most (their sum): more than L2, as
  * the lines L2 evicts stay in L3; past about twice L2 reading ahead no longer paid */
 #define WARM_MAX_BYTES (2048 * 1024)
+/* K and V bytes of a part of a long sequence in decode at most: a thread holds its part and
+ * the next one it prefetches in L2 at once */
+#define LONG_PART_BYTES (512 * 1024)
 
 /* The K and V of a sequence's nblk blocks (blk elements each) read once, in order, a line at
  * a time with the next block's lines prefetched, before the passes: the whole rows of every

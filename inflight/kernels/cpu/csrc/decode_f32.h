@@ -66,6 +66,25 @@ static struct dk_parts dk_make(const int64_t* seq_lens, int num_seqs, int n_thre
     return p;
 }
 
+/* Each sequence in parts of about equal keys, at most max_keys (a multiple of align) each */
+static struct dk_parts dk_split(const int64_t* seq_lens, int num_seqs, int64_t max_keys, int align) {
+    int64_t total = 0;
+    for (int s = 0; s < num_seqs; s++) total += seq_lens[s] > 0 ? (seq_lens[s] + max_keys - 1) / max_keys : 0;
+    struct dk_parts p = {0, 0, malloc(sizeof(struct dk_part) * (size_t)(total > 0 ? total : 1)),
+                         malloc(sizeof(int) * (size_t)(num_seqs + 1))};
+    for (int s = 0; s < num_seqs; s++) {
+        const int64_t len = seq_lens[s] > 0 ? seq_lens[s] : 0, want = (len + max_keys - 1) / max_keys;
+        const int64_t chunk = want ? ((len + want - 1) / want + align - 1) / align * align : 1;
+        const int64_t n = (len + chunk - 1) / chunk;  /* <= want: chunk <= max_keys, as max_keys % align == 0 */
+        p.first[s] = p.n;
+        for (int64_t i = 0; i < n; i++)
+            p.item[p.n++] = (struct dk_part){s, i * chunk, (i + 1) * chunk < len ? (i + 1) * chunk : len,
+                                             n > 1 ? p.n_states++ : -1};
+    }
+    p.first[num_seqs] = p.n;
+    return p;
+}
+
 /* n parts' states of one sequence (num_heads rows of D + 2 floats each) merged into its output
  * row, out or (a bf16 model) out16: each head's outputs rescaled to the parts' common max, over
  * their rescaled sums */

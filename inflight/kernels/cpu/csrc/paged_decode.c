@@ -166,40 +166,59 @@ void paged_decode_bf16_kvfp8(const uint16_t* q, int64_t q_stride, const void* k_
 }
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
-/* Few sequences: parts of whole rows (decode_f32.h), each a run of the sequence's blocks from
- * a block boundary, their states merged after */
+/* Sequences in parts (decode_f32.h), each a run of the sequence's blocks from a block
+ * boundary, their states merged after. round_robin: parts go to the threads in turn, and
+ * each thread prefetches its next part while it computes this one (the parts are then
+ * small enough that two fit L2); else to whichever thread is free. */
 static void decode_bf16_parts(const uint16_t* q, int64_t q_stride, const uint16_t* k_cache, const uint16_t* v_cache,
-                              const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
-                              int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                              float scale) {
+                              const int64_t* block_tables, int64_t bt_stride, uint16_t* out, int num_seqs,
+                              int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
+                              struct dk_parts* p, int round_robin) {
     const int G = num_heads / num_kv_heads;
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim, row = (int64_t)num_heads * head_dim;
     const int64_t srow = (int64_t)num_heads * (head_dim + 2);
-    struct dk_parts p = dk_make(seq_lens, num_seqs, omp_get_max_threads(), 0, block_size);
     int64_t longest = 0;  /* sizes the per-thread buffers */
-    for (int i = 0; i < p.n; i++) longest = p.item[i].hi - p.item[i].lo > longest ? p.item[i].hi - p.item[i].lo : longest;
+    for (int i = 0; i < p->n; i++)
+        longest = p->item[i].hi - p->item[i].lo > longest ? p->item[i].hi - p->item[i].lo : longest;
     const int64_t lp = (longest + 31) & ~(int64_t)31;
-    float* states = p.n_states ? malloc(sizeof(float) * (size_t)(p.n_states * srow)) : NULL;
+    float* states = p->n_states ? malloc(sizeof(float) * (size_t)(p->n_states * srow)) : NULL;
     _Pragma("omp parallel")
     {
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)G * (size_t)lp);
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
         struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
-        _Pragma("omp for schedule(dynamic, 1)")
-        for (int i = 0; i < p.n; i++) {
-            const struct dk_part it = p.item[i];
-            ws.part = it.slot >= 0 ? states + it.slot * srow : NULL;
-            decode_seq_avx512(q + (int64_t)it.s * q_stride, q_stride, 1, k_cache, v_cache,
-                              block_tables + (int64_t)it.s * bt_stride + it.lo / block_size, it.hi - it.lo,
-                              out + (int64_t)it.s * row, row, G, 0, num_kv_heads, head_dim, block_size, tok_stride,
-                              scale, &ws);
-        }  /* NOTE: the implicit barrier here: every part's state is written before its sequence merges */
-        dk_merge_parts(&p, states, num_seqs, num_heads, head_dim, NULL, out);
+        const int nt = omp_get_num_threads();
+#define PART_BT(it) (block_tables + (int64_t)(it).s * bt_stride + (it).lo / block_size)
+#define DECODE_PART(i)                                                                                    \
+    do {                                                                                                  \
+        const struct dk_part it = p->item[i];                                                             \
+        ws.part = it.slot >= 0 ? states + it.slot * srow : NULL;                                          \
+        decode_seq_avx512(q + (int64_t)it.s * q_stride, q_stride, 1, k_cache, v_cache, PART_BT(it),      \
+                          it.hi - it.lo, out + (int64_t)it.s * row, row, G, 0, num_kv_heads, head_dim,     \
+                          block_size, tok_stride, scale, &ws);                                            \
+    } while (0)
+        if (round_robin) {
+            _Pragma("omp for schedule(static, 1)")
+            for (int i = 0; i < p->n; i++) {
+                ws.prefetched = ws.has_next;  /* the previous part was this thread's, one round back */
+                ws.has_next = i + nt < p->n;
+                if (ws.has_next)
+                    ws.next = pf_cursor_of(k_cache, v_cache, PART_BT(p->item[i + nt]),
+                                           p->item[i + nt].hi - p->item[i + nt].lo, block_size, tok_stride);
+                DECODE_PART(i);
+            }
+        } else {
+            _Pragma("omp for schedule(dynamic, 1)")
+            for (int i = 0; i < p->n; i++) DECODE_PART(i);
+        }
+#undef DECODE_PART
+#undef PART_BT
+        /* NOTE: the omp for's implicit barrier: every part's state is written before its sequence merges */
+        dk_merge_parts(p, states, num_seqs, num_heads, head_dim, NULL, out);
         free(sbuf);
         free(rows);
     }
     free(states);
-    dk_free(&p);
 }
 #endif
 
@@ -220,50 +239,19 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
                                                 &plan) == 0;
         sp_free(&plan);
         if (done) return;
-        /* Whole sequences per work item when there are enough of them (contiguous block
-         * reads); else parts of them, so a lone long sequence still spreads over the cores */
-        if (num_seqs < DK_ITEMS_PER_THREAD * omp_get_max_threads()) {
-            decode_bf16_parts(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs,
-                              num_heads, num_kv_heads, head_dim, block_size, scale);
-            return;
-        }
-        int64_t longest = 0;  /* sizes the per-thread buffers (max_len is only a hint) */
-        for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
-        const int64_t lp = (longest + 31) & ~(int64_t)31;
-        /* Whole sequences short enough that two fit the caches go round-robin: each thread
-         * knows its next one and prefetches it while it computes this one (longer ones would
-         * evict this one's lines before its later passes read them again). Other items go to
-         * whichever thread is free. */
-        const int round_robin = 2 * longest * tok_stride * 4 <= WARM_MAX_BYTES;
-        _Pragma("omp parallel")
-        {
-        /* per thread: G score rows and the sequence's cache row offsets */
-        float* sbuf = (float*)malloc(sizeof(float) * (size_t)G * (size_t)lp);
-        int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
-        struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
-#define DECODE_ITEM(s)                                                                                          \
-    decode_seq_avx512(q + (int64_t)(s) * q_stride, q_stride, 1, k_cache, v_cache,                                \
-                      block_tables + (int64_t)(s) * bt_stride, seq_lens[s], out + (int64_t)(s) * num_heads * head_dim, \
-                      (int64_t)num_heads * head_dim, G, 0, num_kv_heads, head_dim, block_size, tok_stride, scale, &ws)
-        if (round_robin) {
-            const int nt = omp_get_num_threads();
-            _Pragma("omp for schedule(static, 1)")
-            for (int s = 0; s < num_seqs; s++) {
-                ws.prefetched = ws.has_next;  /* the previous item was this thread's, one round back */
-                ws.has_next = s + nt < num_seqs;
-                if (ws.has_next)
-                    ws.next = pf_cursor_of(k_cache, v_cache, block_tables + (int64_t)(s + nt) * bt_stride,
-                                           seq_lens[s + nt], block_size, tok_stride);
-                DECODE_ITEM(s);
-            }
-        } else {
-            _Pragma("omp for schedule(dynamic, 1)")
-            for (int s = 0; s < num_seqs; s++) DECODE_ITEM(s);
-        }
-#undef DECODE_ITEM
-        free(sbuf);
-        free(rows);
-        }  /* omp parallel */
+        /* Few sequences: parts so that a lone long sequence still spreads over the cores, to
+         * whichever thread is free. Else whole sequences (contiguous block reads), or parts of
+         * the long ones, so small that two fit L2: they go to the threads in turn, each
+         * prefetching its next while it computes this one (a larger pair would evict this
+         * one's lines before its later passes read them again) */
+        const int few = num_seqs < DK_ITEMS_PER_THREAD * omp_get_max_threads();
+        const int64_t part_keys = LONG_PART_BYTES / (tok_stride * 4) / block_size * block_size;
+        struct dk_parts p = few || part_keys < block_size
+                            ? dk_make(seq_lens, num_seqs, omp_get_max_threads(), 0, block_size)
+                            : dk_split(seq_lens, num_seqs, part_keys, block_size);
+        decode_bf16_parts(q, q_stride, k_cache, v_cache, block_tables, bt_stride, out, num_seqs, num_heads,
+                          num_kv_heads, head_dim, block_size, scale, &p, !(few || part_keys < block_size));
+        dk_free(&p);
         return;
     }
 #endif
