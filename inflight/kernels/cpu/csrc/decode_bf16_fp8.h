@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "decode_core.h"
+#include "decode_f32.h"
 #include "kv_fp8.h"
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
@@ -95,17 +96,22 @@ static int64_t* fp8_blocks_to_bf16(const uint8_t* k_cache, const uint8_t* v_cach
     return tables;
 }
 
-/* paged_decode_bf16's arguments over fp8 pools, a whole sequence a work item; returns -1 for
- * what it does not take (head_dim not a multiple of 32 up to DECODE_MAX_D, more than
- * DECODE_MAX_ROWS query heads a kv head) */
+/* paged_decode_bf16's arguments over fp8 pools, a whole sequence a work item, or a part of a
+ * long one (the parts paged_decode_bf16 cuts, so both give the same bits); returns -1 for what
+ * it does not take (head_dim not a multiple of 32 up to DECODE_MAX_D, more than DECODE_MAX_ROWS
+ * query heads a kv head) */
 static int decode_bf16_fp8(const uint16_t* q, int64_t q_stride, const uint8_t* k_cache, const uint8_t* v_cache,
                            const int64_t* block_tables, int64_t bt_stride, const int64_t* seq_lens, uint16_t* out,
                            int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
     const int G = num_heads / num_kv_heads, D = head_dim;
     if (D % 32 || D > DECODE_MAX_D || G > DECODE_MAX_ROWS) return -1;
+    const int64_t tok = (int64_t)num_kv_heads * D, row = (int64_t)num_heads * D, srow = (int64_t)num_heads * (D + 2);
+    struct dk_parts p = dk_split(seq_lens, num_seqs, long_part_keys(tok, block_size), block_size);
     int64_t longest = 0;
-    for (int s = 0; s < num_seqs; s++) longest = seq_lens[s] > longest ? seq_lens[s] : longest;
-    const int64_t lp = (longest + 31) & ~(int64_t)31, tok = (int64_t)num_kv_heads * D;
+    for (int i = 0; i < p.n; i++)
+        longest = p.item[i].hi - p.item[i].lo > longest ? p.item[i].hi - p.item[i].lo : longest;
+    const int64_t lp = (longest + 31) & ~(int64_t)31;
+    float* states = p.n_states ? malloc(sizeof(float) * (size_t)(p.n_states * srow)) : NULL;
     _Pragma("omp parallel")
     {
         float* sbuf = malloc(sizeof(float) * (size_t)(G * lp));
@@ -116,19 +122,22 @@ static int decode_bf16_fp8(const uint16_t* q, int64_t q_stride, const uint8_t* k
         /* prefetched: the buffers are in the caches already, nothing to warm */
         struct decode_scratch ws = {sbuf, rows, {0}, 0, 1, NULL, 0, 0};
         _Pragma("omp for schedule(dynamic, 1)")
-        for (int s = 0; s < num_seqs; s++) {
-            const int64_t* bt = block_tables + (int64_t)s * bt_stride;
-            if (seq_lens[s] <= 0) continue;
-            fp8_seq_to_bf16(kb, k_cache, bt, seq_lens[s], block_size, num_kv_heads, D);
-            fp8_seq_to_bf16(vb, v_cache, bt, seq_lens[s], block_size, num_kv_heads, D);
-            decode_seq_avx512(q + (int64_t)s * q_stride, q_stride, 1, kb, vb, &one_block, seq_lens[s],
-                              out + (int64_t)s * num_heads * D, (int64_t)num_heads * D, G, 0, num_kv_heads, D,
-                              (int)lp, tok, scale, &ws);
-        }
+        for (int i = 0; i < p.n; i++) {
+            const struct dk_part it = p.item[i];
+            const int64_t* bt = block_tables + (int64_t)it.s * bt_stride + it.lo / block_size;
+            fp8_seq_to_bf16(kb, k_cache, bt, it.hi - it.lo, block_size, num_kv_heads, D);
+            fp8_seq_to_bf16(vb, v_cache, bt, it.hi - it.lo, block_size, num_kv_heads, D);
+            ws.part = it.slot >= 0 ? states + it.slot * srow : NULL;
+            decode_seq_avx512(q + (int64_t)it.s * q_stride, q_stride, 1, kb, vb, &one_block, it.hi - it.lo,
+                              out + (int64_t)it.s * row, row, G, 0, num_kv_heads, D, (int)lp, tok, scale, &ws);
+        }  /* NOTE: the implicit barrier here: every part's state is written before its sequence merges */
+        dk_merge_parts(&p, states, num_seqs, num_heads, D, NULL, out);
         free(sbuf);
         free(rows);
         free(kb);
     }
+    free(states);
+    dk_free(&p);
     return 0;
 }
 #endif

@@ -126,6 +126,12 @@ static inline void store_head(const __m512* acc, int nv, float mx, float l, uint
  * the next one it prefetches in L2 at once */
 #define LONG_PART_BYTES (512 * 1024)
 
+/* The keys of such a part (bf16 K and V rows of tok_stride values): whole blocks, one at least */
+static inline int64_t long_part_keys(int64_t tok_stride, int block_size) {
+    const int64_t keys = LONG_PART_BYTES / (tok_stride * 4) / block_size * block_size;
+    return keys > block_size ? keys : block_size;
+}
+
 /* The K and V of a sequence's nblk blocks (blk elements each) read once, in order, a line at
  * a time with the next block's lines prefetched, before the passes: the whole rows of every
  * kv head then come from the caches. The passes alone read one head's part of each scattered

@@ -148,7 +148,8 @@ void paged_decode_bf16_kvfp8(const uint16_t* q, int64_t q_stride, const void* k_
             free(tables);
             return;
         }
-        /* many sequences: whole ones on the bf16 kernel (decode_bf16_fp8.h); few go below, in parts */
+        /* many sequences: whole ones (the long ones in parts) on the bf16 kernel (decode_bf16_fp8.h);
+         * few go below, in parts */
         if (num_seqs >= DK_ITEMS_PER_THREAD * omp_get_max_threads()
             && decode_bf16_fp8(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, num_seqs,
                                num_heads, num_kv_heads, head_dim, block_size, scale) == 0)
@@ -244,13 +245,12 @@ void paged_decode_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k_ca
          * the long ones, so small that two fit L2: they go to the threads in turn, each
          * prefetching its next while it computes this one (a larger pair would evict this
          * one's lines before its later passes read them again) */
-        const int few = num_seqs < DK_ITEMS_PER_THREAD * omp_get_max_threads();
-        const int64_t part_keys = LONG_PART_BYTES / (tok_stride * 4) / block_size * block_size;
-        struct dk_parts p = few || part_keys < block_size
-                            ? dk_make(seq_lens, num_seqs, omp_get_max_threads(), 0, block_size)
-                            : dk_split(seq_lens, num_seqs, part_keys, block_size);
+        const int many = num_seqs >= DK_ITEMS_PER_THREAD * omp_get_max_threads();
+        const int64_t part_keys = long_part_keys(tok_stride, block_size);
+        struct dk_parts p = many ? dk_split(seq_lens, num_seqs, part_keys, block_size)
+                                 : dk_make(seq_lens, num_seqs, omp_get_max_threads(), 0, block_size);
         decode_bf16_parts(q, q_stride, k_cache, v_cache, block_tables, bt_stride, out, num_seqs, num_heads,
-                          num_kv_heads, head_dim, block_size, scale, &p, !(few || part_keys < block_size));
+                          num_kv_heads, head_dim, block_size, scale, &p, many);
         dk_free(&p);
         return;
     }
