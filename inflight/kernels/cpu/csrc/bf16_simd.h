@@ -20,6 +20,8 @@ static inline uint16_t f32_to_bf16(float f) {
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
 #include <immintrin.h>
+
+#include "vec.h"  /* 16 lanes here: exp512 is vec_exp.h's e^x on __m512 */
 #define HAVE_AVX512_BF16 1
 
 /* two rows of 32 bf16 values as 32-bit pairs (a[i], b[i]): *lo the pairs of values 0-15, *hi of
@@ -56,22 +58,12 @@ static inline void transpose16_epi32(__m512i* r) {
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
-/* e^x for 16 floats: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 Taylor
- * (relative error ~1e-7). Inputs below -100 give 0 (scalef underflows), -inf included. */
+/* e^x for 16 floats: vec_exp.h's polynomial (relative error ~2e-7), clamped below only:
+ * inputs below -100 give 0 (scalef underflows), -inf included; above ~88.7, inf. */
 static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
+    vf n;
+    const vf p = vf_exp_core((vf)_mm512_max_ps(x, _mm512_set1_ps(-100.f)), &n);
+    return (__m512)vf_exp_scale(p, n);
 }
 
 #define LOG2E_F 1.44269504088896341f  /* e^x = 2^(x log2 e) */

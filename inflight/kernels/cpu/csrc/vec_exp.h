@@ -4,9 +4,8 @@
 #define INFLIGHT_VEC_EXP_H
 
 /* e^x = 2^n * p: n per lane and p(r), r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 Taylor
- * polynomial (relative error ~2e-7); x clamped to [-104, 88] first (-inf included) */
-static inline vf vf_exp_poly(vf x, vf* n_out) {
-    x = vf_min(vf_max(x, vf_set1(-104.f)), vf_set1(88.f));
+ * polynomial (relative error ~2e-7), for x the caller has clamped (no NaN from -inf) */
+static inline vf vf_exp_core(vf x, vf* n_out) {
     const vf n = vf_round(x * 1.44269504089f);
     /* fused: the build's -fassociative-math would fold a mul-sub pair into x - n ln2 */
     vf r = vf_fma(n, vf_set1(-0.693145751953125f), x);
@@ -19,6 +18,11 @@ static inline vf vf_exp_poly(vf x, vf* n_out) {
     p = vf_fma(p, r, vf_set1(1.f));
     *n_out = n;
     return vf_fma(p, r, vf_set1(1.f));
+}
+
+/* vf_exp_core with x clamped to [-104, 88] first (-inf included) */
+static inline vf vf_exp_poly(vf x, vf* n_out) {
+    return vf_exp_core(vf_min(vf_max(x, vf_set1(-104.f)), vf_set1(88.f)), n_out);
 }
 
 /* p * 2^n (n integral, down to -150: subnormal results), rounded once */
