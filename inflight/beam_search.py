@@ -13,6 +13,8 @@ the answer is the same.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Collection, Optional, Sequence, Union
 
@@ -40,12 +42,23 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
 
 
+def over_length(value: float, length: int, penalty: float) -> float:
+    """``value / length ** penalty``, at its limit where a large ``|penalty|`` makes the power
+    overflow (0) or round to 0 (an infinity of value's sign), instead of raising."""
+    try:
+        return value / (max(length, 1) ** penalty)
+    except OverflowError:
+        return value * 0.0
+    except ZeroDivisionError:
+        return math.copysign(math.inf, value) if value else 0.0
+
+
 def beam_score(tokens: Sequence[int], cum_logprob: float, eos_token_ids: Collection[int],
                length_penalty: float) -> float:
     """vLLM's (and transformers') score: cumulative logprob over length ** length_penalty,
     the length counting the prompt but not a final EOS."""
     length = len(tokens) - (1 if tokens and tokens[-1] in eos_token_ids else 0)
-    return cum_logprob / (max(length, 1) ** length_penalty)
+    return over_length(cum_logprob, length, length_penalty)
 
 
 class BeamSearch:
@@ -83,7 +96,7 @@ class BeamSearch:
             return False
         worst_kept = sorted((self.score(s) for s in self.completed), reverse=True)[width - 1]
         longest = self.prompt_len + self.params.max_tokens
-        best_live = max(b.cum_logprob / ((longest if penalty > 0 else len(b.tokens)) ** penalty)
+        best_live = max(over_length(b.cum_logprob, longest if penalty > 0 else len(b.tokens), penalty)
                         for b in self.beams)
         return worst_kept >= best_live
 

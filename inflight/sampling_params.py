@@ -1,6 +1,8 @@
 """Per-request sampling settings, named as in vLLM."""
 from __future__ import annotations
 
+import ctypes
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -9,6 +11,13 @@ from inflight.errors import InvalidRequestError
 from inflight.structured_output.params import StructuredOutputsParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The sampler works in float32: a temperature, top_p or repetition penalty that rounds
+# to 0 or overflows there would turn every logit of the row into inf or NaN.
+FLOAT32_MAX = 3.4028234663852886e38
+# As vLLM: below this a temperature is greedy; up to MIN_TEMPERATURE it is raised to that
+# (dividing logits by less overflows float32).
+GREEDY_TEMPERATURE = 1e-5
+MIN_TEMPERATURE = 1e-2
 # Stop strings are scanned on every generated token and stop ids checked per token,
 # all on the step thread: their number bounds every request's per-token cost.
 MAX_STOP_STRINGS = 16
@@ -19,6 +28,7 @@ MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
 # allowed_token_ids become a row of the sampler's mask every step, on the step thread
 MAX_ALLOWED_TOKEN_IDS = 4096
+logger = logging.getLogger(__name__)
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
@@ -66,6 +76,10 @@ class SamplingParams:
         if self.top_k is None or self.top_k < 0:
             self.top_k = 0
         self._validate()
+        if GREEDY_TEMPERATURE <= self.temperature < MIN_TEMPERATURE:
+            logger.warning("temperature %s is below %s, which overflows float32 logits: raised to %s",
+                           self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            self.temperature = MIN_TEMPERATURE
 
     def _validate(self) -> None:
         self._validate_types()
@@ -127,10 +141,10 @@ class SamplingParams:
     def _validate_ranges(self) -> None:
         if self.n < 1:
             raise InvalidRequestError(f"n must be at least 1, got {self.n}")
-        if self.temperature < 0.0:
-            raise InvalidRequestError(f"temperature must be non-negative, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.temperature <= FLOAT32_MAX:
+            raise InvalidRequestError(f"temperature must be in [0, {FLOAT32_MAX:.7g}] (float32), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0 or _float32(self.top_p) == 0.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1] and above 0 as a float32, got {self.top_p}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be 0 (disabled) or positive, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
@@ -139,8 +153,9 @@ class SamplingParams:
             raise InvalidRequestError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise InvalidRequestError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if self.repetition_penalty <= 0.0:
-            raise InvalidRequestError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
+        if not 0.0 < _float32(self.repetition_penalty) <= FLOAT32_MAX:
+            raise InvalidRequestError(f"repetition_penalty must be positive and finite as a float32, "
+                                      f"got {self.repetition_penalty}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.min_tokens < 0:
@@ -193,7 +208,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < 1e-5
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def needs_penalties(self) -> bool:
@@ -231,6 +246,11 @@ class BeamSearchParams:
                 raise InvalidRequestError(f"{name} must be a finite number, got {_short(value)}")
         if self.temperature < 0.0:
             raise InvalidRequestError(f"temperature must be non-negative, got {self.temperature}")
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to float32 (0 where it underflows, inf where it overflows)."""
+    return ctypes.c_float(value).value
 
 
 def _short(value: Any, limit: int = 50) -> str:

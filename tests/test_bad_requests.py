@@ -58,6 +58,11 @@ CASES = [
     (C, raw('{"prompt": "Hi", "min_p": NaN}'), 400, INVALID),
     (C, raw('{"prompt": "Hi", "repetition_penalty": NaN}'), 400, INVALID),
     (C, raw('{"prompt": "Hi", "presence_penalty": Infinity}'), 400, INVALID),
+    # finite, but not as the sampler's float32: inf or 0 there would make the row NaN
+    (C, cmpl(temperature=1e39), 400, INVALID),
+    (C, cmpl(top_p=1e-46), 400, INVALID),
+    (C, cmpl(repetition_penalty=1e-46), 400, INVALID),
+    (CH, chat(repetition_penalty=1e39), 400, INVALID),
     (C, raw('{"prompt": "Hi", "frequency_penalty": NaN}'), 400, INVALID),
     (CH, raw('{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}'), 400, INVALID),
     (CH, raw('{"messages": [{"role": "user", "content": "Hi"}], "repetition_penalty": Infinity}'), 400, INVALID),
@@ -96,6 +101,12 @@ CASES = [
     (C, cmpl(logit_bias={"257": 5}), 400, INVALID),
     (C, cmpl(logit_bias={"-1": 5}), 400, INVALID),
     (CH, chat(logit_bias={"x": 5}), 400, INVALID),
+    # keys int() would take but that are not decimal token ids ("²" made int() raise where
+    # isdigit() passed it: a 500)
+    (C, cmpl(logit_bias={"²": 1}), 400, INVALID),
+    (C, cmpl(logit_bias={"5_0": 1}), 400, INVALID),
+    (CH, chat(logit_bias={"+5": 1}), 400, INVALID),
+    (C, cmpl(logit_bias={"１": 1}), 400, INVALID),
     (C, raw('{"prompt": "Hi", "logit_bias": {"1": NaN}}'), 400, INVALID),
     (C, cmpl(logit_bias={str(i): 1 for i in range(301)}), 400, INVALID),
     (CH, chat(logit_bias="garbage"), 400, INVALID),
@@ -329,7 +340,8 @@ def test_a_batch_counts_whole_against_max_waiting_requests(server):
 
 @pytest.mark.parametrize("kwargs", [
     {"seed": BIG}, {"seed": -(2**63) - 1}, {"seed": 2**63 - 1, "n": 2}, {"temperature": float("nan")},
-    {"top_p": float("inf")}, {"repetition_penalty": float("nan")}, {"presence_penalty": float("-inf")},
+    {"top_p": float("inf")}, {"repetition_penalty": float("nan")}, {"temperature": 1e39}, {"top_p": 1e-46},
+    {"repetition_penalty": 1e-46}, {"presence_penalty": float("-inf")},
     {"n": 1.5}, {"n": 0}, {"max_tokens": BIG}, {"stop": ""}, {"stop": ["a"] * 17}, {"stop": ["x" * 257]},
     {"stop_token_ids": [-1]}, {"stop_token_ids": list(range(65))}, {"logprobs": -1}, {"prompt_logprobs": -2},
     {"prompt_logprobs": -1}, {"logit_bias": {1: 101}}, {"logit_bias": {-1: 1}}, {"logit_bias": {"1": 1}},

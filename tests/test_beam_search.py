@@ -93,6 +93,16 @@ def test_ending_once_settled_answers_what_every_round_answers(seed, width, max_t
     assert [(s.tokens, s.cum_logprob) for s in settled.best()] == [(s.tokens, s.cum_logprob) for s in full.best()]
 
 
+@pytest.mark.parametrize("length_penalty", [-2000.0, 2000.0])
+def test_extreme_length_penalties_run_to_an_answer(length_penalty):
+    # length ** 2000 overflows a double and length ** -2000 rounds to 0: the search used to
+    # raise (a 500 served); the scores take their limits, the best live beams still rank
+    params = BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=length_penalty)
+    for seed in range(3):
+        best = search_toy(params, seed).best()
+        assert len(best) == 2 and all(s.finish_reason in ("stop", "length") for s in best)
+
+
 def test_settling_ends_the_search_early_when_eos_is_likely():
     """A model that all but always ends at once: two rounds finish more beams than any
     continuation can beat (length_penalty 0: a continuation only loses logprob)."""

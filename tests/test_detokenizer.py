@@ -57,3 +57,25 @@ def test_a_character_split_over_tokens_waits_for_its_last_byte(tok):
     deltas, text = run(tok, [], ids, True, None)
     assert text == "a 🦩 b"
     assert [d for d in deltas if d] == ["a", " 🦩", " b"]
+
+
+def test_stop_strings_wait_for_min_tokens_as_in_vllm(tok):
+    # " Paris. It is big." one word a token or so: "." ends the first sentence early on
+    ids = tok.encode(" Paris. It is big. Yes.", add_special_tokens=False)
+    first_dot = next(i for i in range(len(ids)) if "." in tok.decode(ids[:i + 1]))
+
+    def stopped_at(min_tokens):
+        d = IncrementalDetokenizer(tok, [], stop=["."], min_tokens=min_tokens)
+        for n, i in enumerate(ids, 1):
+            if d.add_token(i) is not None:
+                return n, d.text
+        return None, d.text
+
+    assert stopped_at(0) == (first_dot + 1, " Paris")
+    # held to min_tokens, the first "." is passed over and the next one after them stops it
+    n, text = stopped_at(first_dot + 1)
+    assert n > first_dot + 1 and text.startswith(" Paris. It") and not text.endswith(".")
+    # a stop string that begins in the first min_tokens tokens' text and ends after them counts
+    d = IncrementalDetokenizer(tok, [], stop=["s. It"], min_tokens=first_dot + 1)
+    hit = next(h for h in map(d.add_token, ids) if h is not None)
+    assert hit == "s. It" and d.text == " Pari"

@@ -9,6 +9,7 @@ from typing import Optional
 import pytest
 import torch
 
+from inflight.errors import InvalidRequestError
 from inflight.kernels.cpu.gemm_bf16 import PanelLinear, load_gemm
 from inflight.kernels.cpu.gemm_f32 import PanelLinearF32, load_gemm_f32
 from inflight.kernels.cpu.isa import supported_levels
@@ -70,7 +71,7 @@ def test_masked_fused_argmax_equals_the_masked_logits_argmax(cls, level):
     allowed = [None,                          # unconstrained, beside constrained rows
                rand,                          # a grammar state allowing some 30 %
                {low},                         # a single allowed token: it wins, however low
-               set(),                         # nothing allowed: token 0, as the full path gives
+               set(),                         # nothing allowed: token 0 (the full path refuses the row)
                None,                          # ties: the first column (A)
                set(range(V)) - {A},           # A masked: the next tied column (B)
                {C, B, 7},                     # B before C, whatever the mask's order
@@ -79,7 +80,10 @@ def test_masked_fused_argmax_equals_the_masked_logits_argmax(cls, level):
     grammar = _bitmask(allowed)
     fused = head.argmax(h, grammar)
     assert fused.dtype == torch.int64
-    assert fused.tolist() == _full_path(logits, grammar)
+    some = [i for i, ids in enumerate(allowed) if ids != set()]
+    assert fused[some].tolist() == _full_path(logits[some], _bitmask([allowed[i] for i in some]))
+    with pytest.raises(InvalidRequestError, match="no token is left"):  # the engine fails such a request earlier
+        _full_path(logits[3:4], _bitmask([set()]))
     assert fused.tolist()[2:7] == [low, 0, A, B, B] and fused[8] == V - 1
     assert fused[0] == fused[7] == logits[0].float().argmax()
     assert head.argmax(h).tolist() == logits.float().argmax(-1).tolist()  # without a grammar: unchanged

@@ -248,3 +248,27 @@ def test_forged_turn_over_http_stays_text(smol_tokenizer):
 
         assert count(FORGED) == count("hi")
         assert h.post("/tokenize", json={"prompt": "<|im_start|>"}).json()["tokens"] == [im_start]
+
+
+def test_lone_surrogates_inside_tools_and_arguments_are_400s(smol_tokenizer):
+    # SafeStr guards the top-level strings; a tool's JSON schema, a tool call's JSON-escaped
+    # arguments and a Responses tool reach the template as they are, and used to fail in the
+    # tokenizer (a 500)
+    engine = make_fake_engine(num_blocks=64, block_size=4, max_model_len=128, max_num_seqs=8,
+                              max_num_batched_tokens=256)
+    engine.tokenizer = smol_tokenizer  # the requests fail before the fake runner sees any ids
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "description": "\ud800"}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    bodies = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}),
+              ("/v1/chat/completions", {"messages": turns}),
+              ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f",
+                                                          "parameters": {"description": "\ud800"}}]})]
+    with ServerThread(engine, MODEL, log_stats=False) as srv, httpx.Client(base_url=srv.base_url) as h:
+        for path, body in bodies:
+            r = h.post(path, content=json.dumps({"model": MODEL, "max_tokens": 2, **body}),
+                       headers={"content-type": "application/json"})
+            assert r.status_code == 400, (path, r.text)
+            assert "surrogate" in r.json()["error"]["message"], r.text
+        assert h.post("/tokenize", json={"messages": turns[:1]}).status_code == 200

@@ -107,6 +107,37 @@ def test_bad_input_is_400_and_the_server_keeps_serving(server, client):
     wait_until_idle(server)
 
 
+def test_constraints_that_leave_no_token_are_400s_streamed_or_not(server, client):
+    # each passes validation and fails at its first sampling step: allowed ids the grammar
+    # refuses, allowed ids whose every token is a bad word, a grammar that accepts nothing
+    with httpx.Client(base_url=server.base_url, timeout=60) as h:
+        paris = h.post("/tokenize", json={"prompt": " Paris", "add_special_tokens": False}).json()["tokens"]
+        bodies = [dict(structured_outputs={"choice": ["yes"]}, allowed_token_ids=[5]),
+                  dict(allowed_token_ids=paris, bad_words=["Paris"], temperature=1.0),
+                  dict(structured_outputs={"grammar": "root ::= root"})]
+        for extra in bodies:
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, **extra}
+            r = h.post("/v1/completions", json=body)
+            assert r.status_code == 400, (extra, r.text)
+            assert r.json()["error"]["type"] == "invalid_request_error"
+            assert "no token" in r.json()["error"]["message"], r.text
+            events = h.post("/v1/completions", json=dict(body, stream=True)).text.split("\n\n")
+            errors = [json.loads(e[6:])["error"] for e in events if e.startswith("data: {") and '"error"' in e]
+            assert errors and errors[0]["type"] == "invalid_request_error" and "no token" in errors[0]["message"], events
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text \
+        == server.reference.text
+    wait_until_idle(server)
+
+
+def test_min_tokens_holds_stop_strings_back(client):
+    # greedy " Paris." would stop at "." after two tokens; as vLLM, stop strings wait for min_tokens
+    free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=["."])
+    held = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=["."],
+                                     extra_body={"min_tokens": 5})
+    assert free.usage.completion_tokens < 5 and free.choices[0].finish_reason == "stop"
+    assert held.usage.completion_tokens >= 5 and held.choices[0].text.startswith(free.choices[0].text + ".")
+
+
 def test_disconnects_free_every_block(server):
     """8 streams, 4 hang up after their second chunk; the rest get exactly their tokens."""
 

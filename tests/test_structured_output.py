@@ -203,6 +203,25 @@ def test_a_failing_matcher_fails_only_its_request(manager):
     assert (picked.bitmask[0] == -1).all() and not (picked.bitmask[1] == -1).all()
 
 
+def test_a_grammar_that_allows_no_token_fails_its_request_as_bad_input(manager):
+    # "root ::= root" compiles but accepts no string: its first mask is empty, and the
+    # sampler would pick a token the grammar then rejects (a 500); the fill fails it as a 400
+    from inflight.errors import InvalidRequestError
+
+    class Req:
+        def __init__(self, state):
+            self.structured_output, self.num_computed_tokens, self.num_tokens = state, 4, 5
+
+    requests = {"empty": Req(manager.new_state(StructuredOutputsParams(grammar="root ::= root"))),
+                "good": Req(manager.new_state(StructuredOutputsParams(json_object=True)))}
+    sched = SchedulerOutput(num_scheduled_tokens={"empty": 1, "good": 1})
+    GrammarMasks(VOCAB).start(sched, requests)
+    step = sched.grammar_bitmask.result()
+    assert list(step.failed) == ["empty"] and isinstance(step.failed["empty"], InvalidRequestError)
+    assert "allows no token" in str(step.failed["empty"])
+    assert step.constrained == [False, True, False]
+
+
 def test_sampling_params_carry_the_constraint():
     so = StructuredOutputsParams(regex="[a-z]+")
     assert SamplingParams(structured_outputs=so).structured_outputs is so

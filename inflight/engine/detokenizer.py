@@ -25,7 +25,8 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True,
-                 stop: Optional[list[str]] = None, include_stop_str_in_output: bool = False) -> None:
+                 stop: Optional[list[str]] = None, include_stop_str_in_output: bool = False,
+                 min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self._rust = rust_decoder(tokenizer)
         self.skip_special_tokens = skip_special_tokens
@@ -41,6 +42,10 @@ class IncrementalDetokenizer:
         self.include_stop = include_stop_str_in_output
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self._emitted = 0  # characters of ``text`` already handed out
+        # As vLLM: stop strings are looked for only once more than min_tokens tokens are out;
+        # one may still begin in the text of the first ones.
+        self.min_tokens = min_tokens
+        self._num_tokens = 0
 
     def _decode(self, ids: list[int]) -> str:
         if self._rust is not None:
@@ -50,6 +55,7 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> Optional[str]:
         """Append a token; returns the stop string if the text now contains one."""
         self.ids.append(token_id)
+        self._num_tokens += 1
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         new = self._decode(self.ids[self.prefix_offset:])
         if len(new) > len(prefix) and not new.endswith("\ufffd"):
@@ -58,7 +64,7 @@ class IncrementalDetokenizer:
             self.read_offset = len(self.ids)
             start = max(len(self.text) - self._hold, 0)
             self.text += delta
-            return self._find_stop(start)
+            return self._find_stop(start) if self._num_tokens > self.min_tokens else None
         return None
 
     def _find_stop(self, start: int) -> Optional[str]:

@@ -44,7 +44,7 @@ class OutputProcessor:
         for i, req in enumerate(children):
             p = req.sampling_params
             detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens,
-                                           p.stop, p.include_stop_str_in_output)
+                                           p.stop, p.include_stop_str_in_output, p.min_tokens)
             comp = CompletionOutput(index=i, logprobs=[] if p.logprobs is not None else None,
                                     cumulative_logprob=0.0 if p.logprobs is not None else None)
             state.samples.append(_SampleState(req, i, detok, comp))

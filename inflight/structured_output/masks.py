@@ -20,6 +20,8 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
+from inflight.errors import InvalidRequestError
+
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ class GrammarMasks:
     thread, and advances the matchers by the tokens sampled."""
 
     def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self._pool: Optional[ThreadPoolExecutor] = None
 
@@ -142,6 +145,11 @@ class GrammarMasks:
                 out.logprobs.pop(rid, None)
                 out.failed[rid] = RuntimeError(f"sampled token(s) {tokens} break the request's grammar")
 
+    def _allows_any(self, row: np.ndarray) -> bool:
+        """Whether a mask row allows a token of the vocabulary (bits past it do not count)."""
+        full, rest = divmod(self.vocab_size, 32)
+        return bool(row[:full].any()) or bool(rest and int(row[full]) & ((1 << rest) - 1))
+
     def _fill(self, entries: list[tuple[int, str, Any, tuple[int, ...]]], num_rows: int) -> StepMasks:
         # NOTE: numpy, not torch.full: a torch op large enough to go parallel would start a
         # second OpenMP team on this thread, spinning against the forward pass's.
@@ -152,6 +160,9 @@ class GrammarMasks:
             masks.req_rows[rid] = row
             try:
                 state.fill_rows(masks.bitmask, row, drafts)
+                if not self._allows_any(words[row]):  # a grammar whose language is empty
+                    raise InvalidRequestError("the structured output allows no token here: its grammar "
+                                              "accepts no string that continues this output")
             except Exception as e:  # this request's matcher alone: it fails, the step goes on
                 words[row:row + n] = ALL_ALLOWED
                 masks.failed[rid] = e

@@ -12,11 +12,14 @@ from typing import Optional
 
 import torch
 
+from inflight.errors import InvalidRequestError
 from inflight.sampling_params import SamplingParams
 from inflight.structured_output.masks import GrammarBitmask
 from inflight.worker.logit_bias import LogitBias
 
 _NEG_INF = float("-inf")
+NOTHING_TO_SAMPLE = ("no token is left to sample: the request's allowed_token_ids, bad_words, logit_bias and "
+                     "structured output exclude every one, or its penalties made every logit infinite")
 
 
 @dataclass
@@ -211,13 +214,16 @@ class Sampler:
         if md.logit_bias is not None:
             md.logit_bias.apply(x)  # before the penalties, as vLLM's logits processors
         _apply_penalties(x, md)
-        if md.random_rows is None:
-            tokens = x.argmax(dim=-1)
-        elif len(md.generators) == md.num_rows:
+        if len(md.generators) == md.num_rows:
             tokens = self._sample(x, md)
         else:
             tokens = x.argmax(dim=-1)
-            tokens[md.random_rows] = self._sample(x[md.random_rows], md)
+            # NOTE: before any random draw, so a batch that fails here and is retried request
+            # by request leaves the seeded rows' generators where they were.
+            if not bool((x.gather(1, tokens.unsqueeze(1)) > _NEG_INF).all()):  # all -inf, or NaN
+                raise InvalidRequestError(NOTHING_TO_SAMPLE)
+            if md.random_rows is not None:
+                tokens[md.random_rows] = self._sample(x[md.random_rows], md)
         logprobs = _logprobs(logits, tokens, md) if md.num_logprobs is not None else None
         return SamplerOutput(tokens.tolist(), logprobs)
 
@@ -237,6 +243,8 @@ class Sampler:
         # cumulative sum is flat there and they are never picked.
         cdf = probs.cumsum(dim=-1)
         total = cdf[:, -1]
+        if not bool((total > 0).all()):  # NaN: a row of -inf only, or of several +inf
+            raise InvalidRequestError(NOTHING_TO_SAMPLE)
         # strictly below the total (in the cdf's own precision), so the search always
         # lands on a token with p > 0
         target = (self._draws(md, probs.shape[0], probs.device) * total.double()).to(cdf.dtype)

@@ -68,6 +68,12 @@ class ChatRenderer:
                 continue_final_message=continue_final_message, **kwargs)
         except Exception as e:  # jinja raises for roles/orders the template rejects
             raise InvalidRequestError(f"messages: the chat template rejects these messages: {clip(str(e))}") from None
+        try:  # a lone surrogate can come in anywhere the template prints: tool schemas, arguments
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequestError("messages: the rendered conversation holds a lone UTF-16 surrogate "
+                                      "(in a tool's parameters, a tool call's arguments or a template "
+                                      "argument); it cannot be encoded as UTF-8") from None
         # The template already wrote any BOS token: do not let the tokenizer add another.
         if not any(wrap):
             return {"prompt": text, "prompt_token_ids": self.tokenizer(text, add_special_tokens=False).input_ids}

@@ -5,6 +5,7 @@ Every failure raises InvalidRequestError (a 400 naming the field and the limit).
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Optional
 
 from pydantic import AfterValidator
@@ -82,16 +83,18 @@ def check_unsupported(req: Any) -> None:
             raise InvalidRequestError(f"{name}: not supported by this server")
 
 
+_TOKEN_ID_KEY = re.compile(r"-?[0-9]+")
+
+
 def logit_bias_of(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
     """OpenAI's ``logit_bias`` (token ids as JSON object keys) with integer keys;
     the ranges are SamplingParams' to check."""
     if not raw:
         return None
-    try:
-        return {int(key): value for key, value in raw.items()}
-    except ValueError:
-        bad = next(k for k in raw if not k.strip().lstrip("-").isdigit())
-        raise InvalidRequestError(f"logit_bias keys must be token ids, got {bad[:50]!r}") from None
+    for key in raw:  # ASCII digits only: int() would also take "²"-like digits, "+5" and "5_0"
+        if not _TOKEN_ID_KEY.fullmatch(key):
+            raise InvalidRequestError(f"logit_bias keys must be token ids (decimal digits), got {key[:50]!r}")
+    return {int(key): value for key, value in raw.items()}
 
 
 def check_template_kwargs(kwargs: Optional[dict[str, Any]]) -> None:
