@@ -308,6 +308,12 @@ def test_limits_are_named_in_errors(server):
         assert post(h, CH, chat(use_beam_search=True, n=11)).json()["error"]["param"] == "n"
         err = post(h, C, cmpl(structured_outputs={"json": "{not json"})).json()["error"]
         assert err["param"] == "structured_outputs.json" and "not valid JSON" in err["message"]
+        big = {"type": "object", "description": "x" * 70000}
+        err = post(h, CH, chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": big}}))
+        assert err.json()["error"]["param"] == "response_format", err.text
+        # min_tokens past the max_tokens the server derives from the prompt: min_tokens is at fault
+        err = post(h, CH, {"model": MODEL, "messages": U, "min_tokens": 1000}).json()["error"]
+        assert err["param"] == "min_tokens" and "1000" in err["message"], err
         # vLLM 0.12 removed the guided_* fields: the error names what replaces each
         for name, value, replacement in (("guided_json", {"type": "object"}, "structured_outputs.json"),
                                          ("guided_choice", ["a"], "structured_outputs.choice")):

@@ -89,6 +89,8 @@ def test_function_calls_are_output_items_streamed_and_not(server, client):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "schema is required"),
     ({"max_output_tokens": 0}, "max_output_tokens", "at least 1"),
+    # the location as the client wrote it, without pydantic's union-member tags
+    ({"input": [{"role": "user", "content": 5}]}, "input.0.content", "input.0.content: Input should be"),
 ])
 def test_bad_responses_requests_get_a_400_naming_the_field(server, extra, param, words):
     body = {"model": MODEL, "input": "Hi", **extra}
@@ -97,3 +99,4 @@ def test_bad_responses_requests_get_a_400_naming_the_field(server, extra, param,
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and words in err["message"], err
     assert err["param"] == param or err["message"].startswith(param), err
+    assert "function-" not in err["message"] and "function-" not in (err["param"] or ""), err

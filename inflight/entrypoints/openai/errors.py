@@ -79,6 +79,12 @@ def engine_error(exc: BaseException) -> OpenAIError:
 _UNION_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*)$")
 
 
+def error_path(err: dict) -> str:
+    """A pydantic error's location as the client wrote it: without "body" and pydantic's
+    union-member tags ("str", "list[int]", "function-after[...]")."""
+    return ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p)))
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     errors = exc.errors()
     if not errors:
@@ -87,10 +93,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
 
-    def path(err: dict) -> str:
-        # Drop "body" and pydantic's union-member tags ("str", "list[int]") from the location.
-        return ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _UNION_TAG.match(str(p)))
-
+    path = error_path
     param = path(first) or None
     # A value matching no member of a union yields one error per member: report them together.
     msgs = list(dict.fromkeys(e.get("msg", "invalid value").removeprefix("Value error, ")

@@ -10,6 +10,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inflight.entrypoints.openai.errors import error_path
 from inflight.entrypoints.openai.protocol import ChatCompletionRequest, Int64
 from inflight.entrypoints.openai.tool_protocol import FUNCTION_NAME_PATTERN, MAX_TOOLS
 from inflight.entrypoints.openai.validation import SafeStr
@@ -183,6 +184,6 @@ def _first_error(e: ValueError) -> str:
     if not callable(errors):
         return str(e)
     first = errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()))
+    loc = error_path(first)
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar
 
 from fastapi import Request
@@ -23,6 +23,8 @@ from inflight.outputs import RequestOutput
 from inflight.pooling.config import PoolerConfig
 from inflight.reasoning import get_reasoning_parser
 from inflight.sampling_params import SamplingParams
+
+SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +178,9 @@ async def add_engine_requests(state: ServerState, ids: list[str], prompts: list[
     if errors:
         for s in streams:
             s.close()
-        if isinstance(errors[0], ValueError):
-            raise bad_request(clip(str(errors[0]), 500), "prompt") from None
+        if isinstance(errors[0], ValueError):  # a check against the prompt: its length, or min_tokens past what is left
+            message = clip(str(errors[0]), 500)
+            raise bad_request(message, param_of(message, SAMPLING_FIELDS) or "prompt") from None
         raise engine_error(errors[0])
     return streams
 

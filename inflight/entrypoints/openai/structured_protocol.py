@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,9 +77,12 @@ class StructuredOutputFields(_Model):
             return None
         if fmt.type == "json_object":
             return StructuredOutputsParams(json_object=True)
-        if fmt.type == "structural_tag":
-            tag = fmt.model_dump(exclude={"type", "json_schema"}, exclude_none=True)
-            return StructuredOutputsParams(structural_tag=json.dumps(tag))
-        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+        if fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.json_schema is None):
             raise InvalidRequestError("response_format: type json_schema needs json_schema.schema")
-        return StructuredOutputsParams(json=fmt.json_schema.json_schema)
+        try:  # the checks name structured_outputs' fields: the client set response_format's
+            if fmt.type == "structural_tag":
+                tag = fmt.model_dump(exclude={"type", "json_schema"}, exclude_none=True)
+                return StructuredOutputsParams(structural_tag=json.dumps(tag))
+            return StructuredOutputsParams(json=fmt.json_schema.json_schema)
+        except InvalidRequestError as e:
+            raise InvalidRequestError(re.sub(r"^structured_outputs\.\w+", "response_format", str(e))) from None
