@@ -206,3 +206,28 @@ def test_over_http_the_faulty_request_gets_a_500_and_the_others_their_tokens(mon
         srv.state.engine.call_sync(assert_blocks_all_free, timeout=10)
     assert any("failed; the engine goes on" in r.getMessage() and "cmpl-" in r.getMessage()
                for r in caplog.records)  # the request id is in the log
+
+
+def test_a_responses_stream_that_fails_ends_with_the_responses_failure_events(monkeypatch):
+    # not the completions APIs' error chunk and [DONE]: OpenAI's "error" event, then
+    # "response.failed" carrying the response with its error set
+    import json
+
+    import httpx
+
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    def add_token(self, token_id):
+        raise RuntimeError("injected detokenizer fault")
+    monkeypatch.setattr(IncrementalDetokenizer, "add_token", add_token)
+    body = {"model": "tiny", "input": PROMPT, "max_output_tokens": 4, "stream": True}
+    with ServerThread(make_engine(), "tiny", log_stats=False) as srv:
+        with httpx.stream("POST", srv.base_url + "/v1/responses", json=body, timeout=30) as r:
+            data = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert [d["type"] for d in data[:2]] == ["response.created", "response.in_progress"]
+        assert [d["type"] for d in data[-2:]] == ["error", "response.failed"], data
+        assert [d["sequence_number"] for d in data] == list(range(len(data)))
+        failed = data[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+        assert "injected" not in json.dumps(data)  # internals stay in the log
+        srv.state.engine.call_sync(assert_blocks_all_free, timeout=10)

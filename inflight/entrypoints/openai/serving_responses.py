@@ -142,6 +142,15 @@ class ResponseBuilder:
         return events + [self._event(kind, response=self._snapshot())]
 
 
+    def fail(self, error: OpenAIError) -> list[dict[str, Any]]:
+        """A stream that failed after its headers: OpenAI's ``error`` event, then
+        ``response.failed`` with the response's ``error`` set."""
+        code = "invalid_prompt" if error.status < 500 else "server_error"
+        self.response.update(status="failed", error={"code": code, "message": error.message})
+        return [self._event("error", code=error.code or code, message=error.message, param=error.param),
+                self._event("response.failed", response=self._snapshot())]
+
+
 def _sse(event: dict[str, Any]) -> str:
     return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
@@ -175,7 +184,8 @@ class ResponsesHandler:
                                      grammar_field=field, model=req.model)
         thinking = state.reasoning.stream(prompt["prompt"]) if state.reasoning else None
         if req.stream:
-            return stream_response(streams, self._events(builder, plan, streams, thinking))
+            return stream_response(streams, self._events(builder, plan, streams, thinking),
+                                   on_error=lambda error: [_sse(e) for e in builder.fail(error)])
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=CLIENT_CLOSED)

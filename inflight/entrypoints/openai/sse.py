@@ -10,7 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from inflight.engine.async_engine import RequestStream
-from inflight.entrypoints.openai.errors import engine_error
+from inflight.entrypoints.openai.errors import OpenAIError, engine_error
 
 
 def sse(data: Any) -> str:
@@ -51,16 +51,20 @@ class SSEResponse(StreamingResponse):
                 await closing
 
 
-def stream_response(streams: list[RequestStream], events: AsyncIterator[str]) -> Response:
-    """Wrap an SSE generator over ``streams`` so they are closed (aborted) however it ends."""
+def stream_response(streams: list[RequestStream], events: AsyncIterator[str],
+                    on_error: Optional[Callable[[OpenAIError], list[str]]] = None) -> Response:
+    """Wrap an SSE generator over ``streams`` so they are closed (aborted) however it ends.
+    A failure after the headers is reported in the stream: as ``on_error``'s events, or
+    by default an error chunk and ``[DONE]`` (the completions APIs' way)."""
 
     async def guarded() -> AsyncIterator[str]:
         try:
             async for event in events:
                 yield event
         except Exception as exc:  # headers are gone: report in-band, then end the stream
-            yield sse(engine_error(exc).body())
-            yield SSE_DONE
+            error = engine_error(exc)
+            for event in on_error(error) if on_error else [sse(error.body()), SSE_DONE]:
+                yield event
         finally:
             for s in streams:
                 s.close()
