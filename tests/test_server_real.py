@@ -299,3 +299,13 @@ def test_responses_text_format_json_schema_and_an_unenforceable_tool_schema(serv
         client.chat.completions.create(model=MODEL, messages=USER, tools=bad, tool_choice="required", max_tokens=5)
     assert e.value.body["param"] == "tools"
     wait_until_idle(server)
+
+
+def test_tokenize_counts_what_chat_completions_renders_with_tools(server, client):
+    # clients count a conversation's tokens before sending it: tools must be rendered alike
+    chat = client.chat.completions.create(model=MODEL, messages=USER, tools=WEATHER_TOOLS, max_tokens=1)
+    with httpx.Client(base_url=server.base_url, timeout=60) as h:
+        counted = h.post("/tokenize", json={"messages": USER, "tools": WEATHER_TOOLS}).json()["count"]
+        bare = h.post("/tokenize", json={"messages": USER}).json()["count"]
+    assert counted == chat.usage.prompt_tokens > bare
+    wait_until_idle(server)

@@ -32,6 +32,7 @@ from inflight.entrypoints.openai.serving_score import RerankRequest, ScoreHandle
 from inflight.entrypoints.openai.serving_lora import LoRAModels, runtime, runtime_updates_allowed
 from inflight.entrypoints.openai.protocol_responses import ResponsesRequest
 from inflight.entrypoints.openai.serving_responses import ResponsesHandler
+from inflight.entrypoints.openai.tool_calling import plan_tools, render_chat_with_tools
 from inflight.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
@@ -207,7 +208,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state.check_model(body.model)
     tok = state.tokenizer
     if body.messages is not None:
-        ids = (await state.render_chat(body))["prompt_token_ids"]
+        plan = plan_tools(body, state.limits, state.renderer)
+        ids = (await render_chat_with_tools(state, body, plan))["prompt_token_ids"]
     else:
         ids = await state.tokenize(body.prompt, body.add_special_tokens)
     strs = await state.pool.run(tok.convert_ids_to_tokens, ids) if hasattr(tok, "convert_ids_to_tokens") else None

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inflight.entrypoints.openai.limits import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_CHARS, clip
 from inflight.entrypoints.openai.structured_protocol import StructuredOutputFields
-from inflight.entrypoints.openai.tool_protocol import ToolCallParam, ToolRequestFields, check_tool_message
+from inflight.entrypoints.openai.tool_protocol import (MAX_TOOLS, ChatCompletionToolsParam, ToolCallParam,
+                                                       ToolRequestFields, check_tool_message)
 from inflight.entrypoints.openai.validation import (ROLES, SafeStr, check_continuation, check_message,
                                                     check_prompt_count, check_template_kwargs, check_unsupported,
                                                     logit_bias_of)
@@ -264,7 +265,8 @@ class ChatCompletionRequest(SamplingRequest, ToolRequestFields):
 
 
 class TokenizeRequest(OpenAIBaseModel):
-    """``POST /tokenize``: a prompt or a chat conversation."""
+    """``POST /tokenize``: a prompt, or a chat conversation rendered as chat completions
+    render it (its tools and template arguments included, so the counts agree)."""
 
     model: Optional[SafeStr] = None
     prompt: Optional[SafeStr] = Field(default=None, max_length=MAX_TOKENIZE_CHARS)
@@ -272,13 +274,21 @@ class TokenizeRequest(OpenAIBaseModel):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: Optional[list[ChatCompletionToolsParam]] = Field(default=None, max_length=MAX_TOOLS)
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _one_input(self) -> "TokenizeRequest":
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
         check_continuation(self.add_generation_prompt, self.continue_final_message)
+        check_template_kwargs(self.chat_template_kwargs)
         return self
+
+    @property
+    def tool_choice(self) -> None:
+        """As a chat request without one: "auto" where tools are given (they are rendered)."""
+        return None
 
 
 class DetokenizeRequest(OpenAIBaseModel):
