@@ -138,6 +138,16 @@ def test_min_tokens_holds_stop_strings_back(client):
     assert held.usage.completion_tokens >= 5 and held.choices[0].text.startswith(free.choices[0].text + ".")
 
 
+def test_chat_without_max_tokens_gets_what_the_small_kv_pool_holds(server, client):
+    # the 91-block pool holds 1,456 tokens, max_model_len is 8,192: the default max_tokens
+    # (the context the prompt leaves) used to be refused as a request that can never fit
+    engine = server.engine
+    assert engine.max_sequence_tokens == engine.num_blocks * 16 < engine.max_model_len
+    r = client.chat.completions.create(model=MODEL, messages=USER, temperature=0)
+    assert r.choices[0].finish_reason == "stop" and "4" in r.choices[0].message.content
+    wait_until_idle(server)
+
+
 def test_disconnects_free_every_block(server):
     """8 streams, 4 hang up after their second chunk; the rest get exactly their tokens."""
 

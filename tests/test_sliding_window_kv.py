@@ -3,6 +3,7 @@ token go back to the pool while a request runs, prefix hits need only the blocks
 inside the window, and under random traffic (swap and recompute preemption, prefix
 caching, chunks) every read inside a window finds its token, a request never holds
 more than the window's blocks, and every block returns to the pool."""
+import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from fake_runner import make_request, make_scheduler, run_step, schedule
@@ -182,3 +183,22 @@ def test_a_1024_window_holds_a_quarter_of_a_4096_token_request():
     assert full_peak == full_final == 256
     assert final == 1024 // 16 + 1  # the window's blocks and the one being filled
     assert peak == (1023 + 1024) // 16 + 1  # a 1,024-token chunk on top of the window
+
+
+def test_longest_feasible_request_of_a_pool():
+    # what the server may give a chat request that sets no max_tokens: the most tokens whose
+    # blocks the whole pool holds (a window's requests hold only the window's blocks)
+    from inflight.config import SchedulerConfig
+    from inflight.core.admission import check_feasible, longest_feasible
+
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16)
+    plain = KVCacheManager(10, 4)
+    assert longest_feasible(config, plain, 1000) == 40 and longest_feasible(config, plain, 30) == 30
+    windowed = KVCacheManager(10, 4, sliding_window=8)
+    assert longest_feasible(config, windowed, 1000) == 1000
+    tight = KVCacheManager(6, 4, sliding_window=8)  # a window and a chunk: 6 blocks and one more, past the pool
+    assert longest_feasible(config, tight, 1000) == 24
+    for kv, n in ((plain, 40), (tight, 24)):  # the engine's own admission check agrees at the edge
+        check_feasible(config, kv, 1000, make_request("a", prompt_len=n - 1, max_tokens=1))
+        with pytest.raises(ValueError, match="can never fit"):
+            check_feasible(config, kv, 1000, make_request("b", prompt_len=n, max_tokens=1))

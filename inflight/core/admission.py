@@ -87,6 +87,22 @@ def check_feasible(config: SchedulerConfig, kv: KVCacheManager, max_model_len: i
             f"({config.max_num_batched_tokens}) and chunked prefill is disabled")
 
 
+def longest_feasible(config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> int:
+    """The most tokens (prompt and output) one request can reach with the whole KV pool to
+    itself: ``max_model_len``, or less where the pool cannot hold that (a sliding window's
+    requests hold only their window's blocks, so theirs may reach it with a smaller pool)."""
+    def fits(n: int) -> bool:
+        return kv.max_blocks_held(n, config.max_num_batched_tokens) <= kv.num_blocks
+
+    lo, hi = 0, max_model_len  # fits(lo) holds; find the largest n <= hi that fits
+    if fits(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
 class AdmissionQueue:
     """The requests waiting for a seat (``waiting``: new and recompute-preempted;
     ``swapped``: preempted by swap) and the order admission tries them in.

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any, Optional, Union
 
 from inflight.config import EngineConfig
+from inflight.core.admission import longest_feasible
 from inflight.core.request import Request, RequestStatus
 from inflight.core.scheduler import Scheduler
 from inflight.distributed.kv_transfer.factory import start_step
@@ -17,7 +18,7 @@ from inflight.engine.step_trace import StepTrace
 from inflight.errors import InvalidRequestError
 from inflight.lora.request import LoRARequest
 from inflight.outputs import PoolingRequestOutput, RequestOutput
-from inflight.pooling.config import PoolerConfig, resolve_pooler
+from inflight.pooling.config import PoolerConfig, resolve_pooler, run_prompts_whole
 from inflight.pooling.token_types import check_token_types
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
@@ -27,16 +28,6 @@ from inflight.structured_output.masks import GrammarMasks
 logger = logging.getLogger(__name__)
 
 PromptType = Union[str, list[int], dict[str, Any]]
-
-
-def _run_prompts_whole(config: EngineConfig) -> None:
-    """An encoder attends both ways, so each prompt runs in one step and nothing is cached:
-    chunked prefill and prefix caching go off, as vLLM turns them off for encoder-only models."""
-    s, c = config.scheduler_config, config.cache_config
-    if s.enable_chunked_prefill or c.enable_prefix_caching:
-        logger.info("Encoder-only model: chunked prefill and prefix caching are off; a prompt runs whole "
-                    "(at most max_num_batched_tokens=%s tokens).", s.max_num_batched_tokens)
-    s.enable_chunked_prefill, c.enable_prefix_caching = False, False
 
 
 class LLMEngine:
@@ -65,7 +56,7 @@ class LLMEngine:
                                                                loaded.source, loaded.hf_config,
                                                                config.scheduler_config.scheduling)
         if loaded.hf_config.get("is_encoder_only"):
-            _run_prompts_whole(config)
+            run_prompts_whole(config.scheduler_config, config.cache_config)
         self.default_sampling_params = default_sampling_params(loaded.source, mc.generation_config,
                                                                mc.override_generation_config)
         # uni: the runner in this process; mp / ray: a worker per tensor-parallel rank
@@ -96,6 +87,12 @@ class LLMEngine:
         logger.info("engine ready in %.1f s: %s, %s on %s; KV cache: %d blocks = %d tokens",
                     time.time() - t0, self.model_source, self.dtype, self.device,
                     self.num_blocks, self.num_blocks * config.cache_config.block_size)
+        # what a request that sets no max_tokens may be given (the server's chat default)
+        self.max_sequence_tokens = longest_feasible(config.scheduler_config, self.scheduler.kv, self.max_model_len)
+        if self.max_sequence_tokens < self.max_model_len:
+            logger.warning("the KV cache holds one request of at most %d tokens, fewer than max_model_len (%d): "
+                           "longer requests are refused; lower --max-model-len or give the cache more memory "
+                           "(--kv-cache-memory)", self.max_sequence_tokens, self.max_model_len)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "LLMEngine":

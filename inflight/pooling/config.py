@@ -144,3 +144,13 @@ def resolve_pooler(runner: str, convert: str, pooler: Optional[PoolerConfig], fo
     out.is_matryoshka = bool(dims) or bool(hf_config.get("is_matryoshka", False))
     out.matryoshka_dimensions = list(dims) if dims else None
     return out
+
+
+def run_prompts_whole(s: Any, c: Any) -> None:
+    """An encoder attends both ways, so each prompt runs in one step and nothing is cached:
+    chunked prefill and prefix caching go off, as vLLM turns them off for encoder-only models
+    (``s`` and ``c``: the engine's scheduler and cache configs)."""
+    if s.enable_chunked_prefill or c.enable_prefix_caching:
+        logger.info("Encoder-only model: chunked prefill and prefix caching are off; a prompt runs whole "
+                    "(at most max_num_batched_tokens=%s tokens).", s.max_num_batched_tokens)
+    s.enable_chunked_prefill, c.enable_prefix_caching = False, False

@@ -79,6 +79,7 @@ def build_state(engine: Any, model_name: str, *, api_key: Optional[str] = None,
                        force_include_usage=force_include_usage, lora=lora or LoRAModels(),
                        pooler_config=getattr(engine, "pooler_config", None),
                        eos_token_ids=tuple(getattr(engine, "eos_token_ids", ())),
+                       max_sequence_tokens=getattr(engine, "max_sequence_tokens", None),
                        hidden_size=getattr(getattr(engine, "arch", None), "hidden_size", None))
 
 

@@ -58,6 +58,8 @@ class ServerState:
     pooler_config: Optional[PoolerConfig] = None
     hidden_size: Optional[int] = None
     eos_token_ids: tuple[int, ...] = ()  # the engine's (a beam that reaches one finishes)
+    # the most tokens one request can reach in the engine's KV pool (None: max_model_len)
+    max_sequence_tokens: Optional[int] = None
     # Requests admitted whose adds are not yet queued: counted against max_waiting_requests.
     reserved: int = 0
 
@@ -103,10 +105,15 @@ class ServerState:
 
     def fit_default_max_tokens(self, req: Any, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         """A chat request that set no max_tokens gets the generation config's, cut to the
-        context the prompt leaves (the engine fills in the rest of the context without one)."""
-        if req.requested_max_tokens is not None or params.max_tokens is None:
+        context the prompt leaves (the engine fills in the rest of the context without one)
+        and to what the KV pool can hold with the prompt."""
+        if req.requested_max_tokens is not None:
             return params
-        return replace(params, max_tokens=max(1, min(params.max_tokens, self.max_model_len - num_prompt_tokens)))
+        longest = min(self.max_model_len, self.max_sequence_tokens or self.max_model_len)
+        room = max(1, longest - num_prompt_tokens)
+        if params.max_tokens is None:  # the engine's own default is the context: right where the pool holds it
+            return params if longest == self.max_model_len else replace(params, max_tokens=room)
+        return replace(params, max_tokens=min(params.max_tokens, room))
 
     async def render_chat(self, req: Any, template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """The engine prompt of ``req.messages`` (with the request's ``add_generation_prompt``
