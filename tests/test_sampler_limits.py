@@ -47,3 +47,15 @@ def test_float32_limits_of_temperature_top_p_and_penalty():
     assert SamplingParams(temperature=1e-6).greedy
     assert SamplingParams(temperature=1e-3).temperature == 0.01
     assert SamplingParams(temperature=0.5).temperature == 0.5
+
+
+def test_nan_logits_are_the_models_fault_not_the_requests():
+    # a NaN row (a broken adapter, a model bug): a server error for that request, not a 400
+    # blaming constraints it never set
+    logits = torch.tensor([[1.0, float("nan"), 3.0, 4.0]])
+    for kw in ({"temperature": 1.0}, {"temperature": 0.0, "allowed_token_ids": [1]}):
+        with pytest.raises(RuntimeError, match="NaN") as info:
+            sample(logits, [row(**kw)])
+        assert not isinstance(info.value, InvalidRequestError)
+    # a NaN the request's own mask leaves out does not matter
+    assert sample(logits, [row(temperature=0.0, allowed_token_ids=[0, 2])]).sampled_token_ids == [2]

@@ -71,7 +71,13 @@ def read_adapter(req: LoRARequest, targets: dict[str, LoRATarget], stacked: dict
     ``max_rank``, a module the model does not have, or a shape that does not fit it.
     ``linear`` holds each weight (the platform's packed linear; default: MatmulLinear)."""
     cfg = _read_config(req)
-    alpha = float(cfg.get("lora_alpha", cfg.get("r", 8)))
+    try:
+        alpha = float(cfg.get("lora_alpha", cfg.get("r", 8)))
+    except (TypeError, ValueError):
+        raise ValueError(f"LoRA adapter {req.lora_name!r}: lora_alpha must be a number, "
+                         f"got {str(cfg.get('lora_alpha'))[:50]!r}") from None
+    if not math.isfinite(alpha):
+        raise ValueError(f"LoRA adapter {req.lora_name!r}: lora_alpha must be finite, got {alpha}")
     sqrt = bool(cfg.get("use_rslora", False))
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in _read_tensors(req).items():
@@ -86,6 +92,10 @@ def read_adapter(req: LoRARequest, targets: dict[str, LoRATarget], stacked: dict
             raise ValueError(f"LoRA adapter {req.lora_name!r}: {module} has lora_{next(iter(ab))} only")
         target, shard = _target(module, stacked, targets, req)
         a, b = ab["A"], ab["B"]
+        if not (a.is_floating_point() and b.is_floating_point() and a.isfinite().all() and b.isfinite().all()):
+            raise ValueError(f"LoRA adapter {req.lora_name!r}: {module} has weights that are not finite floats")
+        if a.dim() != 2 or b.dim() != 2:
+            raise ValueError(f"LoRA adapter {req.lora_name!r}: {module}'s lora_A and lora_B must be matrices")
         r = a.shape[0]
         if r > max_rank:
             raise ValueError(f"LoRA adapter {req.lora_name!r} has rank {r}, above max_lora_rank={max_rank}; "
@@ -117,8 +127,10 @@ def _read_config(req: LoRARequest) -> dict:
     try:
         with open(path) as f:
             cfg = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"LoRA adapter {req.lora_name!r}: cannot read {path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"LoRA adapter {req.lora_name!r}: {ADAPTER_CONFIG} must hold a JSON object")
     unsupported = [
         (cfg.get("peft_type", "LORA") != "LORA", f"peft_type {cfg.get('peft_type')!r} (only LORA)"),
         (bool(cfg.get("use_dora")), "DoRA (use_dora)"),

@@ -196,6 +196,10 @@ def _uniform(n: int, gen: Optional[torch.Generator], device: torch.device) -> to
     return torch.rand(n, generator=gen, device=where, dtype=torch.float64).to(device)
 
 
+class _NothingToSample(Exception):
+    """A row has no finite logit left: the sampler tells whose fault it is."""
+
+
 class Sampler:
     """Samples one token per row of logits; see the module docstring for the order."""
 
@@ -214,18 +218,26 @@ class Sampler:
         if md.logit_bias is not None:
             md.logit_bias.apply(x)  # before the penalties, as vLLM's logits processors
         _apply_penalties(x, md)
-        if len(md.generators) == md.num_rows:
-            tokens = self._sample(x, md)
-        else:
-            tokens = x.argmax(dim=-1)
-            # NOTE: before any random draw, so a batch that fails here and is retried request
-            # by request leaves the seeded rows' generators where they were.
-            if not bool((x.gather(1, tokens.unsqueeze(1)) > _NEG_INF).all()):  # all -inf, or NaN
-                raise InvalidRequestError(NOTHING_TO_SAMPLE)
-            if md.random_rows is not None:
-                tokens[md.random_rows] = self._sample(x[md.random_rows], md)
+        try:
+            tokens = self._tokens(x, md)
+        except _NothingToSample:  # the request's own settings, unless the model gave NaN
+            if bool(logits.isnan().any()):
+                raise RuntimeError("the model's logits for this request are NaN") from None
+            raise InvalidRequestError(NOTHING_TO_SAMPLE) from None
         logprobs = _logprobs(logits, tokens, md) if md.num_logprobs is not None else None
         return SamplerOutput(tokens.tolist(), logprobs)
+
+    def _tokens(self, x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        if len(md.generators) == md.num_rows:
+            return self._sample(x, md)
+        tokens = x.argmax(dim=-1)
+        # NOTE: before any random draw, so a batch that fails here and is retried request
+        # by request leaves the seeded rows' generators where they were.
+        if not bool((x.gather(1, tokens.unsqueeze(1)) > _NEG_INF).all()):  # all -inf, or NaN
+            raise _NothingToSample
+        if md.random_rows is not None:
+            tokens[md.random_rows] = self._sample(x[md.random_rows], md)
+        return tokens
 
     def _sample(self, x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Sample the non-greedy rows ``x`` [R, vocab] (modified in place)."""
@@ -244,7 +256,7 @@ class Sampler:
         cdf = probs.cumsum(dim=-1)
         total = cdf[:, -1]
         if not bool((total > 0).all()):  # NaN: a row of -inf only, or of several +inf
-            raise InvalidRequestError(NOTHING_TO_SAMPLE)
+            raise _NothingToSample
         # strictly below the total (in the cdf's own precision), so the search always
         # lands on a token with p > 0
         target = (self._draws(md, probs.shape[0], probs.device) * total.double()).to(cdf.dtype)

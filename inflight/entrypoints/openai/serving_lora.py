@@ -7,17 +7,19 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, StringConstraints
 
 from inflight.entrypoints.openai.errors import OpenAIError, bad_request
 from inflight.entrypoints.openai.limits import clip
+from inflight.entrypoints.openai.validation import SafeStr
 from inflight.lora.request import LoRARequest
 
 RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+MAX_LORA_NAME_CHARS = 256
 
 
 def parse_lora_module(value: str) -> LoRARequest:
@@ -71,9 +73,13 @@ class LoRAModels:
         return req
 
 
+# a name is served as a model and written into the log: printable, and short
+LoRAName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LORA_NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
 class LoadLoRAAdapterRequest(BaseModel):
-    lora_name: str
-    lora_path: str
+    lora_name: LoRAName
+    lora_path: SafeStr
 
 
 class UnloadLoRAAdapterRequest(BaseModel):
@@ -115,6 +121,9 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) 
     if req is None:
         raise OpenAIError(404, f"The lora adapter '{clip(body.lora_name)}' cannot be found.", param="lora_name",
                           code="model_not_found")
+    if body.lora_int_id is not None and body.lora_int_id != req.lora_int_id:
+        raise bad_request(f"lora_int_id {body.lora_int_id} is not the id of '{clip(body.lora_name)}' "
+                          f"({req.lora_int_id})", "lora_int_id")
     del models.adapters[body.lora_name]
     engine = request.app.state.server.engine
     if hasattr(engine, "call"):  # its weights go now; requests already queued with it reload them
@@ -129,8 +138,8 @@ async def check_adapter(engine: Any, req: LoRARequest) -> None:
         return
     try:
         await engine.call(lambda e: e.add_lora(req))
-    except ValueError as e:
-        raise bad_request(clip(str(e), 500), "lora_path") from None
+    except (ValueError, TypeError, KeyError, OSError) as e:  # what a folder's contents can make the reader raise
+        raise bad_request(clip(str(e) or type(e).__name__, 500), "lora_path") from None
 
 
 def runtime_updates_allowed() -> bool:
