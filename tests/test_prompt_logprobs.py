@@ -19,7 +19,8 @@ from fake_runner import make_request, make_scheduler, worker_batch
 from inflight.core.outputs import ModelRunnerOutput
 from inflight.sampling_params import SamplingParams
 from inflight.worker.prompt_logprobs import prompt_rows
-from test_bad_requests import C, CH, cmpl, chat, post, server  # noqa: F401 (the fake-engine server fixture)
+from bad_request_cases import C, CH, chat, cmpl
+from test_bad_requests import post, server  # noqa: F401 (the fake-engine server fixture)
 from test_server import metric, wait_until_idle
 
 TOL = 1e-3

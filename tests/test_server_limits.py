@@ -14,8 +14,9 @@ import pytest
 from inflight.entrypoints.openai.limits import ServerLimits
 from inflight.entrypoints.openai.server_thread import ServerThread
 from test_async_engine import make_fake_engine
-from test_bad_requests import (C, CH, INVALID, MODEL, OVERLOADED, assert_error, chat, cmpl, good_requests_succeed,
-                               post, server)  # noqa: F401  (server: the same module-scoped fake-engine server fixture)
+from bad_request_cases import C, CH, INVALID, MODEL, OVERLOADED, chat, cmpl
+# server: the same module-scoped fake-engine server fixture
+from test_bad_requests import assert_error, good_requests_succeed, post, server  # noqa: F401
 from test_server import wait_until_idle, wait_until_in_engine
 
 
