@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Collection, Optional, Sequence, Union
 
+from inflight.errors import InvalidRequestError
 from inflight.outputs import Logprob, RequestOutput
 from inflight.sampling_params import BeamSearchParams, SamplingParams
 
@@ -114,6 +115,9 @@ class BeamSearch:
         width = self.params.beam_width
         candidates: list[BeamSearchSequence] = []
         for beam, out in zip(self.beams, outputs, strict=True):
+            if out.error is not None:  # a round that failed would otherwise just drop its beam
+                raise (InvalidRequestError if out.error_is_bad_input else RuntimeError)(
+                    f"beam search round failed: {out.error}")
             entry = (out.outputs[0].logprobs or [{}])[0]
             for tok, lp in sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:2 * width]:
                 seq = BeamSearchSequence(beam.tokens + [tok], beam.logprobs + [entry], beam.cum_logprob + lp.logprob)

@@ -8,7 +8,8 @@ from typing import Any, Optional, Sequence, Union
 from tqdm.auto import tqdm
 
 from inflight.beam_search import BeamSearch, BeamSearchOutput
-from inflight.engine.llm_engine import LLMEngine, PromptType
+from inflight.engine.llm_engine import LLMEngine
+from inflight.inputs import PromptType
 from inflight.lora.request import LoRARequest
 from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                               RequestOutput, ScoringOutput, ScoringRequestOutput)
@@ -63,6 +64,8 @@ class LLM:
                      use_tqdm: bool) -> list:
         engine = self.llm_engine
         ids = []
+        if priority is not None and len(priority) != len(items):
+            raise ValueError(f"priority has {len(priority)} values for {len(items)} prompts")
         try:
             for i, (prompt, p) in enumerate(zip(items, params)):
                 pr = priority[i] if priority is not None else 0
@@ -82,6 +85,11 @@ class LLM:
         (None: all) as engine requests in the same steps."""
         if getattr(self.llm_engine, "pooler_config", None) is not None:
             raise ValueError("LLM.beam_search needs a generative model; this one runs with runner='pooling'")
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"beam_search takes BeamSearchParams, got {type(params).__name__}")
+        if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or not isinstance(
+                concurrency_limit, int) or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit must be a positive integer or None, got {concurrency_limit!r}")
         items = self._normalise(prompts, None)
         loras = self._per_prompt(lora_request, len(items), LoRARequest)
         engine, tok = self.llm_engine, self.llm_engine.tokenizer
@@ -95,7 +103,7 @@ class LLM:
                 raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                                  f"max_model_len ({engine.max_model_len})")
         searches = [BeamSearch(p, params, engine.eos_token_ids) for p in ids]
-        limit = concurrency_limit or len(searches)
+        limit = concurrency_limit or max(len(searches), 1)
         for start in range(0, len(searches), limit):
             self._beam_rounds(searches[start:start + limit], loras[start:start + limit], use_tqdm)
         outputs = []

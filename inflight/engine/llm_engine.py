@@ -21,13 +21,13 @@ from inflight.outputs import PoolingRequestOutput, RequestOutput
 from inflight.pooling.config import PoolerConfig, resolve_pooler, run_prompts_whole
 from inflight.pooling.token_types import check_token_types
 from inflight.pooling_params import PoolingParams
+from inflight.inputs import PromptType, as_priority, token_ids
 from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
 from inflight.structured_output.manager import StructuredOutputManager
 from inflight.structured_output.masks import GrammarMasks
 
 logger = logging.getLogger(__name__)
 
-PromptType = Union[str, list[int], dict[str, Any]]
 
 
 class LLMEngine:
@@ -103,11 +103,13 @@ class LLMEngine:
         """Accept a string, a token-id list, or {"prompt": ...} / {"prompt_token_ids": ...}."""
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), token_ids(prompt["prompt_token_ids"])
+            if not isinstance(prompt.get("prompt"), str):
+                raise ValueError('a dict prompt needs "prompt" (text) or "prompt_token_ids"')
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
             return prompt, self.tokenizer(prompt).input_ids
-        return None, list(prompt)
+        return None, token_ids(prompt)
 
     def _prompt_ids(self, prompt: PromptType, truncate: Optional[int]) -> tuple[Optional[str], list[int]]:
         """Text and token ids, only the last ``truncate`` tokens when set; a cut prompt's text
@@ -127,6 +129,7 @@ class LLMEngine:
         ``lora_request``: the LoRA adapter to run with (needs ``enable_lora``); it is
         loaded and checked here, so a bad adapter fails this call alone."""
         request_id = request_id if request_id is not None else str(next(self._ids))
+        priority = as_priority(priority)
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if isinstance(params, PoolingParams) or (params is None and self.pooler_config is not None):
@@ -142,8 +145,8 @@ class LLMEngine:
             self.add_lora(lora_request)
         if params.bad_words:
             params = replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=self.max_model_len - len(ids))
+        if params.max_tokens is None:  # the rest of the context, or of what the KV pool holds
+            params = replace(params, max_tokens=max(1, self.max_sequence_tokens - len(ids)))
         arrival = arrival_time if arrival_time is not None else time.time()
         children = []
         for i in range(params.n):
