@@ -274,6 +274,20 @@ def test_disconnect_aborts_on_its_replica_and_frees_its_blocks(server):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_the_server_sees_what_the_replicas_kv_pools_hold(tiny_gguf):
+    # a 2,048-token pool under a 4,096-token context: a chat request without max_tokens gets
+    # what the pool holds, as on one engine (the replicas report it)
+    from inflight.engine.dp import DPEngineClient
+    from inflight.entrypoints.openai.server_thread import ServerThread
+
+    kwargs = dict(ENGINE_KWARGS, kv_cache_memory=2**20, model=tiny_gguf, served_model_name=MODEL)
+    dp = DPEngineClient(kwargs, data_parallel_size=2)
+    with ServerThread(dp, MODEL, log_stats=False) as srv:
+        assert srv.state.max_sequence_tokens == 2048 < srv.state.max_model_len
+    assert not dp.is_alive
+
+
 def test_replicas_as_ray_actors_serve_the_same_tokens(tiny_gguf):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'inflight[ray]')")
     from inflight.engine.dp import DPEngineClient

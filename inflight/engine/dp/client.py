@@ -80,7 +80,8 @@ class DPEngineClient(EngineClient):
                                   info.eos_token_ids,
                                   default_sampling_params(info.model_source, kwargs.get("generation_config", "auto"),
                                                           kwargs.get("override_generation_config")),
-                                  kwargs.get("max_logprobs", 20), info.pooler_config)
+                                  kwargs.get("max_logprobs", 20), info.pooler_config,
+                                  min((i.max_sequence_tokens or i.max_model_len) for i in infos))
         self.block_size = info.block_size
         self.router = PrefixAwareRouter(data_parallel_size, info.block_size, balance_abs_threshold)
         self.metrics = DPMetrics(kwargs.get("served_model_name") or "model", data_parallel_size,

@@ -47,7 +47,7 @@ def replica_main(index: int, conn: Any, engine_kwargs: dict[str, Any], placement
     cc = engine.config.cache_config
     conn.send(ReplicaInfo(engine.max_model_len, int(engine.arch.vocab_size), cc.block_size, engine.num_blocks,
                           engine.model_source, tuple(engine.eos_token_ids), os.getpid(), engine.pooler_config,
-                          int(engine.arch.hidden_size)))
+                          int(engine.arch.hidden_size), engine.max_sequence_tokens))
     ReplicaLoop(engine, conn).run()
     logger.info("replica %d stopped", index)
     trace = getattr(engine, "_trace", None)

@@ -19,6 +19,7 @@ class ServingView:
     default_sampling_params: dict = field(default_factory=dict)  # the generation config the replicas read
     max_logprobs: int = 20  # the replicas' max_logprobs
     pooler_config: Any = None  # a pooling model's PoolerConfig (the replicas serve embeddings)
+    max_sequence_tokens: Optional[int] = None  # the least over the replicas' KV pools
 
     def __post_init__(self) -> None:
         from inflight.structured_output.manager import StructuredOutputManager

@@ -29,6 +29,7 @@ class ReplicaInfo:
     pid: int
     pooler_config: Optional[PoolerConfig] = None  # a pooling model's (None: it generates)
     hidden_size: int = 0
+    max_sequence_tokens: Optional[int] = None  # the most tokens one request can reach in its KV pool
 
 
 @dataclass
