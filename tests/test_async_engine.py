@@ -104,6 +104,7 @@ def make_fake_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: i
     eng.arch = SimpleNamespace(vocab_size=257)
     eng.dtype, eng.device = "float32", "cpu"
     eng.max_model_len = max_model_len
+    eng.max_sequence_tokens = max_model_len
     eng.num_blocks = num_blocks
     eng.scheduler = Scheduler(cfg.scheduler_config, cfg.cache_config, num_blocks, max_model_len)
     eng.output_processor = OutputProcessor(eng.tokenizer)

@@ -171,3 +171,35 @@ def test_a_kv_both_instance_pulls_from_itself(engines, folder):
     assert out.outputs[0].token_ids == ref and computed == MAX_TOKENS
     assert both.stats()["kv_transfer_pulls"] == 1
     assert_all_free(both)
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"remote_port": [1]}, "remote_port"), ({"remote_port": "abc"}, "remote_port"),
+    ({"remote_port": True}, "remote_port"), ({"remote_port": 70000}, "remote_port"),
+    ({"remote_host": ""}, "remote_host"), ({"remote_host": 5}, "remote_host"),
+    ({"remote_request_id": "x" * 300}, "remote_request_id"),
+])
+def test_a_pulls_address_from_the_client_is_checked(bad, words):
+    # the decode side connects where a request says: a wrong type was a 500 from int()
+    from inflight.distributed.kv_transfer.gloo_connector import check_remote_params
+
+    good = {"remote_host": "10.0.0.2", "remote_port": 14579, "remote_request_id": "cmpl-1"}
+    check_remote_params(good)
+    with pytest.raises(ValueError, match=f"kv_transfer_params.{words}"):
+        check_remote_params({**good, **bad})
+
+
+def test_producer_channels_are_bounded_and_failed_ones_make_room():
+    # each address a request names gets a channel and a thread: bogus ones must not pile up
+    from inflight.distributed.kv_transfer.gloo_pipe import MAX_PRODUCERS, KVPullClient
+
+    client = KVPullClient(timeout_s=1.0)
+    channels = [client._channel("127.0.0.1", 1 + i) for i in range(MAX_PRODUCERS)]
+    with pytest.raises(ValueError, match="producers"):
+        client._channel("127.0.0.1", 9999)
+    for ch in channels[:3]:
+        ch.failed = True
+    client._channel("127.0.0.1", 9999)
+    assert len(client._channels) == MAX_PRODUCERS - 2
+    for ch in client._channels.values():  # let the idle threads end
+        ch.jobs.put(None)

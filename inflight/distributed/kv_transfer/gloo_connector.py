@@ -41,6 +41,18 @@ def request_kv_params(request: Request) -> dict[str, Any]:
     return extra.get("kv_transfer_params") or {}
 
 
+def check_remote_params(params: dict) -> None:
+    """The producer address and request id of a pull come from the client: ValueError naming the
+    field unless the host is a short string, the port a TCP port and the id a short string."""
+    host, port, rid = params["remote_host"], params["remote_port"], params["remote_request_id"]
+    if not isinstance(host, str) or not 0 < len(host) <= 255:
+        raise ValueError("kv_transfer_params.remote_host must be a host name or address of 1 to 255 characters")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"kv_transfer_params.remote_port must be an integer in [1, 65535], got {str(port)[:50]!r}")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or len(str(rid)) > 256:
+        raise ValueError("kv_transfer_params.remote_request_id must be a string of at most 256 characters")
+
+
 @dataclass
 class _Remote:
     """A consumer's request whose prompt KV is being pulled."""
@@ -168,6 +180,7 @@ class GlooConnector(KVConnectorBase):
         missing = [k for k in ("remote_host", "remote_port", "remote_request_id") if params.get(k) is None]
         if missing:
             raise ValueError(f"kv_transfer_params with do_remote_prefill needs {', '.join(missing)}")
+        check_remote_params(params)
         end = self.kv.blocks_needed(request.num_prompt_tokens - 1)
         start = self.kv.peek_cached_blocks(request)  # blocks this instance has already
         if start >= end or request.sampling_params.prompt_logprobs is not None:
@@ -178,8 +191,13 @@ class GlooConnector(KVConnectorBase):
         with self._lock:
             remote = self.remote[rid] = _Remote(request, None, time.monotonic(),
                                                 request.num_prompt_tokens - 1 - start * self.block_size)
-        remote.job = self.client.pull(str(params["remote_host"]), int(params["remote_port"]), pull,
-                                      lambda result: self._on_pulled(rid, result))
+        try:
+            remote.job = self.client.pull(params["remote_host"], params["remote_port"], pull,
+                                          lambda result: self._on_pulled(rid, result))
+        except ValueError:
+            with self._lock:
+                self.remote.pop(rid, None)
+            raise
         return True
 
     def take_ready_requests(self) -> list[Request]:

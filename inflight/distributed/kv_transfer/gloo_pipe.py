@@ -36,6 +36,8 @@ _HEADER = 4  # int64 words of every header
 # An idle pair waits for its next pull indefinitely; a dead peer closes the socket instead.
 _FOREVER = datetime.timedelta(days=365)
 CONNECT_TIMEOUT_S = 10.0
+# producer addresses one consumer pulls from at once (each a channel with its own thread)
+MAX_PRODUCERS = 64
 
 
 @dataclass
@@ -149,6 +151,7 @@ class _Channel:
         self.jobs: "queue.Queue[_Job]" = queue.Queue()
         self._pg: Optional[ProcessGroupGloo] = None
         self._store: Optional[TCPStore] = None
+        self.failed = False  # the last exchange raised (a producer that is gone, or never was)
         threading.Thread(target=self._run, name=f"kv-consumer-{host}:{port}", daemon=True).start()
 
     def _connect(self) -> ProcessGroupGloo:
@@ -163,14 +166,15 @@ class _Channel:
         return self._pg
 
     def _run(self) -> None:
-        while True:
-            job = self.jobs.get()
+        while (job := self.jobs.get()) is not None:  # None: the client dropped this channel
             op = OP_RELEASE if job.cancelled else job.op
             try:
                 result = self._exchange(op, job.pull)
+                self.failed = False
             except Exception as e:
                 # the pair's state is unknown now (a late answer may still come): start a new one next time
                 self._pg = self._store = None
+                self.failed = True
                 result = PullResult(ST_ERROR, error=f"{type(e).__name__}: {e}")
             if op == OP_PULL:
                 job.done(result)
@@ -206,6 +210,16 @@ class KVPullClient:
         with self._lock:
             ch = self._channels.get((host, port))
             if ch is None:
+                # NOTE: the addresses come from requests: a channel (and its thread) per address
+                # must not grow without bound, so idle ones whose producer failed make room
+                if len(self._channels) >= MAX_PRODUCERS:
+                    for key, old in list(self._channels.items()):
+                        if old.failed and old.jobs.empty():
+                            old.jobs.put(None)
+                            del self._channels[key]
+                if len(self._channels) >= MAX_PRODUCERS:
+                    raise ValueError(f"kv_transfer_params.remote_host: this instance already pulls from "
+                                     f"{MAX_PRODUCERS} producers")
                 ch = self._channels[(host, port)] = _Channel(host, port, self.timeout_s)
             return ch
 

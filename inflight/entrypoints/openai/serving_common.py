@@ -24,7 +24,8 @@ from inflight.pooling.config import PoolerConfig
 from inflight.reasoning import get_reasoning_parser
 from inflight.sampling_params import SamplingParams
 
-SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+# what an engine-side check may name first in its message (kv_transfer_params: disaggregation)
+REQUEST_FIELDS = frozenset(f.name for f in fields(SamplingParams)) | {"kv_transfer_params"}
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ async def add_engine_requests(state: ServerState, ids: list[str], prompts: list[
             s.close()
         if isinstance(errors[0], ValueError):  # a check against the prompt: its length, or min_tokens past what is left
             message = clip(str(errors[0]), 500)
-            raise bad_request(message, param_of(message, SAMPLING_FIELDS) or "prompt") from None
+            raise bad_request(message, param_of(message, REQUEST_FIELDS) or "prompt") from None
         raise engine_error(errors[0])
     return streams
 
