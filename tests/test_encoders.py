@@ -202,7 +202,10 @@ def bert_cross_encoder(tmp_path_factory):
     a WordPiece tokenizer, whose pairs carry token types (ms-marco-MiniLM's form)."""
     root = tmp_path_factory.mktemp("bert-ce")
     (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    tok = transformers.BertTokenizerFast(vocab_file=str(root / "vocab.txt"))
+    # from the folder: transformers 5 ignores a vocab_file= argument (its name is vocab), and every
+    # word would then be [UNK]
+    tok = transformers.BertTokenizerFast.from_pretrained(str(root))
+    assert len(tok) == 5 + len(WORDS) and tok.unk_token_id not in tok("where is the rock").input_ids
     cfg = _encoder("bert").config
     cfg.vocab_size, cfg.num_labels, cfg.architectures = len(tok), 1, ["BertForSequenceClassification"]
     torch.manual_seed(4)
