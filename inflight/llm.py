@@ -236,16 +236,24 @@ class LLM:
     def _params_for(self, sp, n: int) -> list[SamplingParams]:
         if sp is None:
             return [self.get_default_sampling_params()] * n
-        return self._per_prompt(sp, n, SamplingParams)
+        params = self._per_prompt(sp, n, SamplingParams)
+        if not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError("sampling_params must be a SamplingParams or a list of one per prompt")
+        return params
 
     @staticmethod
     def _per_prompt(value, n: int, one: type) -> list:
-        """One ``one`` (or None) for every prompt, or a sequence of one per prompt."""
+        """One ``one`` (or None) for every prompt, or a sequence of one per prompt (each a
+        ``one`` or None)."""
         if value is None or isinstance(value, one):
             return [value] * n
+        if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+            raise ValueError(f"expected a {one.__name__} or a list of one per prompt, got {type(value).__name__}")
         value = list(value)
         if len(value) != n:
             raise ValueError(f"got {len(value)} {one.__name__}s for {n} prompts")
+        if not all(v is None or isinstance(v, one) for v in value):
+            raise ValueError(f"expected a {one.__name__} (or None) for each prompt")
         return value
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

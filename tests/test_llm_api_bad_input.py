@@ -32,6 +32,9 @@ def pool_is_free(llm) -> bool:
     (lambda llm: llm.beam_search(["a"], BeamSearchParams(beam_width=2, max_tokens=2), concurrency_limit=-1),
      "concurrency_limit"),
     (lambda llm: llm.beam_search(["a"], SamplingParams()), "BeamSearchParams"),
+    (lambda llm: llm.generate(["a", "b"], [None, SP]), "sampling_params"),
+    (lambda llm: llm.generate(["a", "b"], {"max_tokens": 3}), "SamplingParams"),
+    (lambda llm: llm.generate(["a"], SP, lora_request="x"), "LoRARequest"),
 ])
 def test_wrong_types_are_value_errors_naming_the_argument(llm, call, words):
     with pytest.raises(ValueError, match=words):
