@@ -19,6 +19,11 @@ from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import BeamSearchParams, SamplingParams
 
 
+# apply_chat_template's own parameters: set by LLM.chat's arguments, never through chat_template_kwargs
+_TEMPLATE_ARGS = frozenset({"conversation", "tokenize", "add_generation_prompt", "continue_final_message",
+                            "chat_template", "tools", "return_dict", "return_tensors"})
+
+
 class LLM:
     """Runs batches of prompts through the continuous-batching engine.
 
@@ -145,11 +150,21 @@ class LLM:
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message needs add_generation_prompt=False")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        reserved = _TEMPLATE_ARGS & set(chat_template_kwargs or {})
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: LLM.chat's own "
+                             "arguments do")
         tok = self.llm_engine.tokenizer
-        prompts = [{"prompt_token_ids": tok(tok.apply_chat_template(
+        texts = [tok.apply_chat_template(
             c, tokenize=False, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, chat_template=chat_template, tools=tools,
-            **(chat_template_kwargs or {})), add_special_tokens=False).input_ids} for c in convs]
+            **(chat_template_kwargs or {})) for c in convs]
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("messages: the rendered conversation holds a lone UTF-16 surrogate") from None
+        prompts = [{"prompt_token_ids": tok(t, add_special_tokens=False).input_ids} for t in texts]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def encode(self, prompts: Union[PromptType, Sequence[PromptType]],

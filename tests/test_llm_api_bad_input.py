@@ -35,6 +35,9 @@ def pool_is_free(llm) -> bool:
     (lambda llm: llm.generate(["a", "b"], [None, SP]), "sampling_params"),
     (lambda llm: llm.generate(["a", "b"], {"max_tokens": 3}), "SamplingParams"),
     (lambda llm: llm.generate(["a"], SP, lora_request="x"), "LoRARequest"),
+    (lambda llm: llm.chat([{"role": "user", "content": "hi"}], SP, chat_template_kwargs={"tokenize": True}),
+     "may not set tokenize"),
+    (lambda llm: llm.chat([{"role": "user", "content": "hi \ud800"}], SP), "surrogate"),
 ])
 def test_wrong_types_are_value_errors_naming_the_argument(llm, call, words):
     with pytest.raises(ValueError, match=words):
