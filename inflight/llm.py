@@ -209,8 +209,7 @@ class LLM:
         ``data_2``) or N:N. With an embedding model, the cosine similarity of the two texts'
         embeddings; with a cross-encoder (a classifier of one label), its probability for
         the pair read as one prompt."""
-        first = [data_1] if isinstance(data_1, str) else list(data_1)
-        second = [data_2] if isinstance(data_2, str) else list(data_2)
+        first, second = (_texts(d, name) for d, name in ((data_1, "data_1"), (data_2, "data_2")))
         if not first or not second or (len(first) > 1 and len(first) != len(second)):
             raise ValueError("Input lengths must be either 1:1, 1:N or N:N")
         pooler = getattr(self.llm_engine, "pooler_config", None)
@@ -293,3 +292,11 @@ class LLM:
             if pending:
                 engine.abort_request(pending)
         return [done[i] for i in ids]
+
+
+def _texts(data: Any, name: str) -> list[str]:
+    """One text or a list of texts, as LLM.score takes them; ValueError naming ``name`` otherwise."""
+    texts = [data] if isinstance(data, str) else list(data) if isinstance(data, (list, tuple)) else None
+    if texts is None or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"{name} must be a text or a list of texts")
+    return texts

@@ -38,6 +38,8 @@ def pool_is_free(llm) -> bool:
     (lambda llm: llm.chat([{"role": "user", "content": "hi"}], SP, chat_template_kwargs={"tokenize": True}),
      "may not set tokenize"),
     (lambda llm: llm.chat([{"role": "user", "content": "hi \ud800"}], SP), "surrogate"),
+    (lambda llm: llm.score(None, "a"), "data_1 must be a text"),
+    (lambda llm: llm.score("a", [1, 2]), "data_2 must be a text"),
 ])
 def test_wrong_types_are_value_errors_naming_the_argument(llm, call, words):
     with pytest.raises(ValueError, match=words):
