@@ -142,7 +142,8 @@ class SamplingParams:
         if self.n < 1:
             raise InvalidRequestError(f"n must be at least 1, got {self.n}")
         if not 0.0 <= self.temperature <= FLOAT32_MAX:
-            raise InvalidRequestError(f"temperature must be in [0, {FLOAT32_MAX:.7g}] (float32), got {self.temperature}")
+            raise InvalidRequestError(f"temperature must be in [0, {FLOAT32_MAX:.7g}] (float32), "
+                                      f"got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0 or _float32(self.top_p) == 0.0:
             raise InvalidRequestError(f"top_p must be in (0, 1] and above 0 as a float32, got {self.top_p}")
         if self.top_k < 0:

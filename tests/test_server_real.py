@@ -123,7 +123,8 @@ def test_constraints_that_leave_no_token_are_400s_streamed_or_not(server, client
             assert "no token" in r.json()["error"]["message"], r.text
             events = h.post("/v1/completions", json=dict(body, stream=True)).text.split("\n\n")
             errors = [json.loads(e[6:])["error"] for e in events if e.startswith("data: {") and '"error"' in e]
-            assert errors and errors[0]["type"] == "invalid_request_error" and "no token" in errors[0]["message"], events
+            assert errors and errors[0]["type"] == "invalid_request_error", events
+            assert "no token" in errors[0]["message"], events
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text \
         == server.reference.text
     wait_until_idle(server)

@@ -74,7 +74,8 @@ class LoRAModels:
 
 
 # a name is served as a model and written into the log: printable, and short
-LoRAName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LORA_NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")]
+LoRAName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LORA_NAME_CHARS,
+                                            pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
 class LoadLoRAAdapterRequest(BaseModel):
