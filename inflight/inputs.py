@@ -1,14 +1,25 @@
-"""What the engine takes from a caller besides the sampling settings: a prompt's token ids
-and a request's priority, checked as the server's schema checks them (the offline API
-has no schema in front of it)."""
+"""What the engine takes from a caller besides the sampling settings: a prompt's token ids,
+a request's priority and text that must encode, checked as the server's schema checks them
+(the offline API has no schema in front of it; the server's renderer checks its text too)."""
 from __future__ import annotations
 
 import operator
 from typing import Any, Union
 
+from inflight.errors import InvalidRequestError
+from inflight.sampling_params import INT64_MAX, INT64_MIN
+
 PromptType = Union[str, list[int], dict[str, Any]]
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+def require_unicode(text: str, what: str) -> str:
+    """``text``, or InvalidRequestError naming ``what`` where it holds a lone UTF-16 surrogate
+    (JSON may spell "\\ud800"): such text cannot be encoded, tokenized or echoed."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(f"{what} must be valid Unicode (it contains a lone surrogate)") from None
+    return text
 
 
 def token_ids(values: Any) -> list[int]:

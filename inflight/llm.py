@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from inflight.beam_search import BeamSearch, BeamSearchOutput
 from inflight.engine.llm_engine import LLMEngine
-from inflight.inputs import PromptType
+from inflight.inputs import PromptType, require_unicode
 from inflight.lora.request import LoRARequest
 from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingRequestOutput,
                               RequestOutput, ScoringOutput, ScoringRequestOutput)
@@ -160,10 +160,7 @@ class LLM:
             continue_final_message=continue_final_message, chat_template=chat_template, tools=tools,
             **(chat_template_kwargs or {})) for c in convs]
         for text in texts:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("messages: the rendered conversation holds a lone UTF-16 surrogate") from None
+            require_unicode(text, "messages: the rendered conversation")
         prompts = [{"prompt_token_ids": tok(t, add_special_tokens=False).input_ids} for t in texts]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 from inflight.entrypoints.openai.errors import OpenAIError
 from inflight.entrypoints.openai.limits import clip
 from inflight.errors import InvalidRequestError
+from inflight.inputs import require_unicode
 
 T = TypeVar("T")
 
@@ -68,12 +69,8 @@ class ChatRenderer:
                 continue_final_message=continue_final_message, **kwargs)
         except Exception as e:  # jinja raises for roles/orders the template rejects
             raise InvalidRequestError(f"messages: the chat template rejects these messages: {clip(str(e))}") from None
-        try:  # a lone surrogate can come in anywhere the template prints: tool schemas, arguments
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRequestError("messages: the rendered conversation holds a lone UTF-16 surrogate "
-                                      "(in a tool's parameters, a tool call's arguments or a template "
-                                      "argument); it cannot be encoded as UTF-8") from None
+        # a lone surrogate can come in anywhere the template prints: tool schemas, arguments
+        require_unicode(text, "messages: the rendered conversation (tools and tool call arguments included)")
         # The template already wrote any BOS token: do not let the tokenizer add another.
         if not any(wrap):
             return {"prompt": text, "prompt_token_ids": self.tokenizer(text, add_special_tokens=False).input_ids}

@@ -110,7 +110,7 @@ class ServerState:
         and to what the KV pool can hold with the prompt."""
         if req.requested_max_tokens is not None:
             return params
-        longest = min(self.max_model_len, self.max_sequence_tokens or self.max_model_len)
+        longest = self.max_sequence_tokens or self.max_model_len  # never more than max_model_len
         room = max(1, longest - num_prompt_tokens)
         if params.max_tokens is None:  # the engine's own default is the context: right where the pool holds it
             return params if longest == self.max_model_len else replace(params, max_tokens=room)

@@ -12,16 +12,12 @@ from pydantic import AfterValidator
 
 from inflight.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from inflight.errors import InvalidRequestError
+from inflight.inputs import require_unicode
 from inflight.sampling_params import MAX_STOP_STRING_CHARS, truncate_prompt
 
 
 def _no_lone_surrogates(value: str) -> str:
-    # JSON may spell "\ud800"; such text cannot be encoded, tokenized or echoed.
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (it contains a lone surrogate)") from None
-    return value
+    return require_unicode(value, "text")
 
 
 SafeStr = Annotated[str, AfterValidator(_no_lone_surrogates)]
