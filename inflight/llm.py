@@ -15,6 +15,7 @@ from inflight.outputs import (ClassificationRequestOutput, EmbeddingRequestOutpu
                               RequestOutput, ScoringOutput, ScoringRequestOutput)
 from inflight.pooling.pooler import cosine_scores
 from inflight.pooling.token_types import pair_ids
+from inflight.pooling.truncation import cut_length
 from inflight.pooling_params import PoolingParams
 from inflight.sampling_params import BeamSearchParams, SamplingParams
 
@@ -226,7 +227,8 @@ class LLM:
             raise ValueError("LLM.score needs an embedding model or a classifier of one label (a cross-encoder)")
         tok = self.get_tokenizer()
         typed = self.llm_engine.pooler_config.token_types
-        prompts = [{"prompt_token_ids": pair_ids(tok, a, b, typed)} for a, b in zip(first, second)]
+        cut = cut_length(truncate, self.llm_engine.max_model_len)  # as a text is cut: pooling/truncation.py
+        prompts = [{"prompt_token_ids": pair_ids(tok, a, b, typed, cut)} for a, b in zip(first, second)]
         outs = self.encode(prompts, PoolingParams(truncate_prompt_tokens=truncate), use_tqdm=use_tqdm)
         return [ScoringRequestOutput(o.request_id, ScoringOutput(o.outputs.data[0].item()), o.prompt_token_ids)
                 for o in outs]

@@ -260,17 +260,20 @@ def _short(value: Any, limit: int = 50) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def truncate_prompt(ids: list[int], keep: Optional[int], max_model_len: int) -> Optional[list[int]]:
-    """``truncate_prompt_tokens`` applied, as vLLM cuts on the left: the prompt's last ``keep``
-    tokens (-1: ``max_model_len``), or None where it is no longer than that (kept whole).
-    InvalidRequestError for ``keep`` past ``max_model_len``."""
+def truncate_prompt(ids: list[int], keep: Optional[int], max_model_len: int,
+                    side: str = "left") -> Optional[list[int]]:
+    """``truncate_prompt_tokens`` applied on ``side`` as vLLM cuts: "left" keeps the prompt's
+    last ``keep`` tokens (-1: ``max_model_len``), "right" its first; None where it is no longer
+    than that (kept whole). InvalidRequestError for ``keep`` past ``max_model_len``."""
     if keep is None:
         return None
     if keep > max_model_len:
         raise InvalidRequestError(f"truncate_prompt_tokens must be at most max_model_len ({max_model_len}), "
                                   f"got {keep}")
     keep = max_model_len if keep == -1 else keep
-    return ids[-keep:] if len(ids) > keep else None
+    if len(ids) <= keep:
+        return None
+    return ids[:keep] if side == "right" else ids[-keep:]
 
 
 def bad_words_token_ids(tokenizer: Any, words: list[str]) -> list[list[int]]:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from encoder_models import CONFIGS, distinct, encoder_model, wordpiece_bert
 from isa_levels import kernel_test_levels, level_id
 
 from inflight import LLM
@@ -22,43 +23,13 @@ from inflight.loader.testing import write_tiny_gguf
 
 PROMPTS = [[5 + (i * 7 + j * 13) % 250 for j in range(2 + 23 * i)] for i in range(5)]  # 2 .. 94 tokens
 SMALL = dict(dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=16, max_num_batched_tokens=256)
-CONFIGS = {
-    "bert": lambda: transformers.BertConfig(pad_token_id=0),
-    "xlm-roberta": lambda: transformers.XLMRobertaConfig(pad_token_id=1, max_position_embeddings=130),
-}
-
-
-def _encoder(kind: str) -> transformers.PreTrainedModel:
-    cfg = CONFIGS[kind]()
-    for key, val in dict(vocab_size=261, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=getattr(cfg, "max_position_embeddings"),
-                         hidden_act="gelu", layer_norm_eps=1e-12).items():
-        setattr(cfg, key, val)
-    cfg.max_position_embeddings = 130 if kind == "xlm-roberta" else 128
-    cfg.architectures = ["XLMRobertaModel" if kind == "xlm-roberta" else "BertModel"]
-    torch.manual_seed(7)
-    model = transformers.AutoModel.from_config(cfg).eval()
-    _distinct(model)
-    return model
-
-
-def _distinct(model) -> None:
-    """LayerNorms start at (1, 0) and biases at 0: make each tell apart."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.uniform_(-0.2, 0.2)
-
-
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def encoder(request, tmp_path_factory):
     """(folder, transformers' last hidden states of each prompt)."""
     root = tmp_path_factory.mktemp(request.param)
     write_tiny_gguf(str(root / "tok.gguf"), None)
     tok = transformers.AutoTokenizer.from_pretrained(root, gguf_file="tok.gguf")
-    model = _encoder(request.param)
+    model = encoder_model(request.param)
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
     with torch.no_grad():
@@ -164,12 +135,12 @@ def reranker(tmp_path_factory):
     root = tmp_path_factory.mktemp("reranker")
     write_tiny_gguf(str(root / "tok.gguf"), None)
     tok = transformers.AutoTokenizer.from_pretrained(root, gguf_file="tok.gguf")
-    cfg = _encoder("xlm-roberta").config
+    cfg = encoder_model("xlm-roberta").config
     # one token type, as XLM-RoBERTa ships: its pairs carry none
     cfg.num_labels, cfg.architectures, cfg.type_vocab_size = 1, ["XLMRobertaForSequenceClassification"], 1
     torch.manual_seed(3)
     model = transformers.XLMRobertaForSequenceClassification(cfg).eval()
-    _distinct(model)
+    distinct(model)
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
     return root / "model", tok, model
@@ -193,29 +164,11 @@ def test_xlm_roberta_cross_encoder_equals_transformers(reranker):
         LLM(str(folder), pooler_config={"pooling_type": "MEAN"}, **SMALL)
 
 
-WORDS = ["where", "is", "the", "lighthouse", "on", "rock", "in", "harbour", "at", "dawn", "keeper", "light"]
-
-
 @pytest.fixture(scope="module")
 def bert_cross_encoder(tmp_path_factory):
     """(folder, tokenizer, transformers' model) of a one-label BertForSequenceClassification with
     a WordPiece tokenizer, whose pairs carry token types (ms-marco-MiniLM's form)."""
-    root = tmp_path_factory.mktemp("bert-ce")
-    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    # from the folder: transformers 5 ignores a vocab_file= argument (its name is vocab), and every
-    # word would then be [UNK]
-    tok = transformers.BertTokenizerFast.from_pretrained(str(root))
-    assert len(tok) == 5 + len(WORDS) and tok.unk_token_id not in tok("where is the rock").input_ids
-    cfg = _encoder("bert").config
-    cfg.vocab_size, cfg.num_labels, cfg.architectures = len(tok), 1, ["BertForSequenceClassification"]
-    torch.manual_seed(4)
-    model = transformers.BertForSequenceClassification(cfg).eval()
-    _distinct(model)
-    with torch.no_grad():  # type 1 far from type 0, so a lost type shows
-        model.bert.embeddings.token_type_embeddings.weight[1].uniform_(-2, 2)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return root / "model", tok, model
+    return wordpiece_bert(tmp_path_factory.mktemp("bert-ce"), cross_encoder=True)
 
 
 def test_bert_cross_encoder_reads_token_types(bert_cross_encoder):

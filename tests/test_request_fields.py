@@ -71,6 +71,10 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(server, client):
                                   extra_body={"truncate_prompt_tokens": 3})
     ref = client.completions.create(model=MODEL, prompt=ids[-3:], max_tokens=3, temperature=0)
     assert r.usage.prompt_tokens == 3 and r.choices[0].text == tok.decode(ids[-3:]) + ref.choices[0].text
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                      extra_body={"truncate_prompt_tokens": 3, "truncation_side": "right"})
+    ref = client.completions.create(model=MODEL, prompt=ids[:3], max_tokens=3, temperature=0)
+    assert first.usage.prompt_tokens == 3 and first.choices[0].text == tok.decode(ids[:3]) + ref.choices[0].text
     whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0,
                                       extra_body={"truncate_prompt_tokens": len(ids) + 5})
     assert whole.usage.prompt_tokens == len(ids)  # shorter than the limit: untouched

@@ -20,6 +20,7 @@ from inflight.lora.request import LoRARequest
 from inflight.outputs import PoolingRequestOutput, RequestOutput
 from inflight.pooling.config import PoolerConfig, resolve_pooler, run_prompts_whole
 from inflight.pooling.token_types import check_token_types
+from inflight.pooling.truncation import cut_length, text_ids
 from inflight.pooling_params import PoolingParams
 from inflight.inputs import PromptType, as_priority, token_ids
 from inflight.sampling_params import SamplingParams, bad_words_token_ids, truncate_prompt
@@ -55,6 +56,8 @@ class LLMEngine:
         mc.pooler_config = self.pooler_config = resolve_pooler(mc.runner, mc.convert, mc.pooler_config,
                                                                loaded.source, loaded.hf_config,
                                                                config.scheduler_config.scheduling)
+        if self.pooler_config is not None:  # NOTE: a pooling model's prompt keeps its first tokens
+            self.tokenizer.truncation_side = "right"
         if loaded.hf_config.get("is_encoder_only"):
             run_prompts_whole(config.scheduler_config, config.cache_config)
         self.default_sampling_params = default_sampling_params(loaded.source, mc.generation_config,
@@ -99,8 +102,10 @@ class LLMEngine:
         return cls(EngineConfig.from_kwargs(**kwargs))
 
     # ------------------------------------------------------------------ intake
-    def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
-        """Accept a string, a token-id list, or {"prompt": ...} / {"prompt_token_ids": ...}."""
+    def tokenize_prompt(self, prompt: PromptType,
+                        max_length: Optional[int] = None) -> tuple[Optional[str], list[int]]:
+        """Accept a string, a token-id list, or {"prompt": ...} / {"prompt_token_ids": ...}; a
+        text's ids at most ``max_length`` (cut by the tokenizer) when set."""
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), token_ids(prompt["prompt_token_ids"])
@@ -108,14 +113,16 @@ class LLMEngine:
                 raise ValueError('a dict prompt needs "prompt" (text) or "prompt_token_ids"')
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
-            return prompt, self.tokenizer(prompt).input_ids
+            return prompt, text_ids(self.tokenizer, prompt, max_length=max_length)
         return None, token_ids(prompt)
 
     def _prompt_ids(self, prompt: PromptType, truncate: Optional[int]) -> tuple[Optional[str], list[int]]:
-        """Text and token ids, only the last ``truncate`` tokens when set; a cut prompt's text
-        no longer matches its ids, so it has none."""
-        text, ids = self.tokenize_prompt(prompt)
-        cut = truncate_prompt(ids, truncate, self.max_model_len)
+        """Text and token ids, cut to ``truncate`` tokens when set: the last ones for a generating
+        model (whose cut prompt has no text: it no longer matches its ids), the first for a
+        pooling model, as vLLM cuts for each runner."""
+        pooling = self.pooler_config is not None  # pooling/truncation.py
+        text, ids = self.tokenize_prompt(prompt, cut_length(truncate, self.max_model_len) if pooling else None)
+        cut = truncate_prompt(ids, truncate, self.max_model_len, "right" if pooling else "left")
         return (text, ids) if cut is None else (None, cut)
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,

@@ -8,6 +8,8 @@ below 2**30 ids.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 TOKEN_TYPE_SHIFT = 30
 TOKEN_ID_MASK = (1 << TOKEN_TYPE_SHIFT) - 1
 
@@ -28,8 +30,10 @@ def check_token_types(ids: list[int], vocab_size: int, type_vocab_size: int) -> 
         raise ValueError(f"prompt token ids must be in [0, {vocab_size}), token types in [0, {type_vocab_size})")
 
 
-def pair_ids(tokenizer, first: str, second: str, typed: bool) -> list[int]:
-    """A (query, document) pair as one prompt, the tokenizer's text pair; with ``typed``
-    (a BERT cross-encoder) each token's type rides in its id."""
-    enc = tokenizer(first, text_pair=second, return_token_type_ids=typed)
+def pair_ids(tokenizer, first: str, second: str, typed: bool, max_length: Optional[int] = None) -> list[int]:
+    """A (query, document) pair as one prompt, the tokenizer's text pair, at most ``max_length``
+    tokens when set (the tokenizer trims the longer text); with ``typed`` (a BERT cross-encoder)
+    each token's type rides in its id."""
+    cut = {} if max_length is None else {"truncation": True, "max_length": max_length}
+    enc = tokenizer(first, text_pair=second, return_token_type_ids=typed, **cut)
     return encode_token_types(enc["input_ids"], enc["token_type_ids"]) if typed else enc["input_ids"]

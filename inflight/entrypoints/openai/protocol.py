@@ -69,8 +69,10 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
     bad_words: Optional[list[SafeStr]] = None  # vLLM's: words never generated
     return_token_ids: bool = False  # vLLM's: the prompt's and the output's token ids in the answer
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
-    # vLLM's: keep only the prompt's last N tokens (-1: the last max_model_len)
+    # vLLM's: keep only N of the prompt's tokens (-1: max_model_len), the last N unless
+    # truncation_side is "right" (then the first N)
     truncate_prompt_tokens: Optional[Int64] = Field(default=None, ge=-1)
+    truncation_side: Optional[Literal["left", "right"]] = None
     # vLLM's: {"do_remote_decode": true} asks a prefill instance to keep the KV for a decode
     # instance; the answer's kv_transfer_params, sent to a decode instance, say where to pull it
     kv_transfer_params: Optional[dict[str, Any]] = None

@@ -28,6 +28,9 @@ class EmbeddingRequest(OpenAIBaseModel):
     # vLLM's extensions
     use_activation: Optional[bool] = None  # L2-normalize (None: the model's pooler config)
     truncate_prompt_tokens: Optional[Int64] = Field(default=None, ge=-1)
+    # vLLM's: "right" keeps the first truncate_prompt_tokens ([CLS] and a pair's query: the default
+    # here), "left" the last
+    truncation_side: Optional[Literal["left", "right"]] = None
     add_special_tokens: Optional[bool] = None  # default: true for input, false for messages (the template's own)
     embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # of base64 answers
     endianness: Literal["native", "big", "little"] = "native"

@@ -26,7 +26,6 @@ from inflight.entrypoints.openai.tool_calling import (ToolPlan, compile_tool_gra
                                                       finish_reason, message_fields, plan_tools,
                                                       render_chat_with_tools)
 from inflight.entrypoints.openai.tool_parsers import ToolCallStream
-from inflight.entrypoints.openai.validation import truncated
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, RequestOutput
 from inflight.reasoning import ReasoningStream
@@ -60,8 +59,7 @@ class ChatHandler:
         except InvalidRequestError as e:
             raise bad_request(str(e), param_of(str(e), type(req).model_fields)) from None
         await compile_tool_grammar(state, params, plan)
-        prompt = truncated(await render_chat_with_tools(state, req, plan), req.truncate_prompt_tokens,
-                           state.max_model_len)
+        prompt = state.truncated(await render_chat_with_tools(state, req, plan), req)
         prompt_text = prompt["prompt"] if prompt["prompt"] is not None else \
             state.tokenizer.decode(prompt["prompt_token_ids"], skip_special_tokens=False)
         params = gate_grammar(state, state.fit_default_max_tokens(req, params, len(prompt["prompt_token_ids"])),

@@ -3,7 +3,7 @@ probabilities for each input."""
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Literal, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -26,6 +26,9 @@ class ClassificationRequest(OpenAIBaseModel):
     input: EmbeddingInput
     use_activation: Optional[bool] = None  # probabilities (None: yes); false: the raw logits
     truncate_prompt_tokens: Optional[Int64] = Field(default=None, ge=-1)
+    # vLLM's: "right" keeps the first truncate_prompt_tokens ([CLS] and a pair's query: the default
+    # here), "left" the last
+    truncation_side: Optional[Literal["left", "right"]] = None
     add_special_tokens: bool = True
     priority: Int64 = 0
     user: Optional[SafeStr] = None
@@ -72,7 +75,7 @@ class ClassificationHandler:
         params = inputs.checked_params(PoolingParams(use_activation=req.use_activation, task="classify",
                                                      truncate_prompt_tokens=req.truncate_prompt_tokens))
         state.check_capacity(len(req.inputs()))
-        prompts = [await inputs.engine_prompt(p, req.truncate_prompt_tokens, req.add_special_tokens)
+        prompts = [await inputs.engine_prompt(p, req, req.add_special_tokens)
                    for p in req.inputs()]
         streams = await add_requests(state, random_id("classify"), prompts, params, req.priority, model=req.model)
         outputs = await unless_disconnected(raw, final_outputs(streams))

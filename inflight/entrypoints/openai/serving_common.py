@@ -17,10 +17,11 @@ from inflight.entrypoints.openai.http_options import log_request
 from inflight.entrypoints.openai.limits import ServerLimits, clip
 from inflight.entrypoints.openai.responses import UsageInfo
 from inflight.entrypoints.openai.serving_lora import LoRAModels
-from inflight.entrypoints.openai.validation import check_beam_search, check_server_limits, check_truncation
+from inflight.entrypoints.openai.validation import check_beam_search, check_server_limits, check_truncation, truncated
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
 from inflight.pooling.config import PoolerConfig
+from inflight.pooling.truncation import cut_length, text_ids
 from inflight.reasoning import get_reasoning_parser
 from inflight.sampling_params import SamplingParams
 
@@ -116,6 +117,14 @@ class ServerState:
             return params if longest == self.max_model_len else replace(params, max_tokens=room)
         return replace(params, max_tokens=min(params.max_tokens, room))
 
+    def truncated(self, prompt: dict[str, Any], req: Any) -> dict[str, Any]:
+        """``prompt`` cut to the request's ``truncate_prompt_tokens`` on its ``truncation_side``;
+        by default the side vLLM's tokenizer cuts: the left for a generating model (the prompt's
+        end leads to the answer), the right for a pooling model (a BERT's [CLS] and a pair's
+        query come first)."""
+        side = req.truncation_side or ("left" if self.pooler_config is None else "right")
+        return truncated(prompt, req.truncate_prompt_tokens, self.max_model_len, side)
+
     async def render_chat(self, req: Any, template_kwargs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """The engine prompt of ``req.messages`` (with the request's ``add_generation_prompt``
         and ``continue_final_message``), rendered and tokenized on the tokenizer pool."""
@@ -126,9 +135,14 @@ class ServerState:
         except InvalidRequestError as e:
             raise bad_request(str(e), "messages") from None
 
-    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text`` (special-token text parsed: the prompt is the client's own), off the loop."""
-        return await self.pool.run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+    async def tokenize(self, text: str, add_special_tokens: bool = True, req: Any = None) -> list[int]:
+        """Token ids of ``text`` (special-token text parsed: the prompt is the client's own), off the
+        loop; a pooling model's cut by the tokenizer to ``req``'s ``truncate_prompt_tokens``
+        unless it names a ``truncation_side`` (pooling/truncation.py)."""
+        cut = None
+        if req is not None and self.pooler_config is not None and req.truncation_side is None:
+            cut = cut_length(req.truncate_prompt_tokens, self.max_model_len)
+        return await self.pool.run(text_ids, self.tokenizer, text, add_special_tokens, cut)
 
     def check_capacity(self, new: int = 1) -> None:
         """503 + Retry-After while the waiting queue has no room for ``new`` more

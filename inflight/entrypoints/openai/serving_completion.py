@@ -19,7 +19,7 @@ from inflight.entrypoints.openai.serving_beam import beam_search
 from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
                                                         merge_streams, safe_logprob, unless_disconnected, usage_of)
 from inflight.entrypoints.openai.sse import SSE_DONE, sse_model, stream_response
-from inflight.entrypoints.openai.validation import check_token_prompt, truncated
+from inflight.entrypoints.openai.validation import check_token_prompt
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 
@@ -69,15 +69,14 @@ class CompletionHandler:
 
     async def _engine_prompt(self, prompt: Union[str, list[int]], req: CompletionRequest) -> dict[str, Any]:
         """Text and token ids, tokenized here (on the tokenizer pool) rather than on the step
-        thread; only the last ``truncate_prompt_tokens`` when set."""
+        thread; cut to ``truncate_prompt_tokens`` when set."""
         state = self.state
         if isinstance(prompt, str):
             ids = await state.tokenize(prompt, req.add_special_tokens)
             text: Optional[str] = prompt
         else:
             ids, text = prompt, None
-        engine_prompt = truncated({"prompt": text, "prompt_token_ids": ids}, req.truncate_prompt_tokens,
-                                  state.max_model_len)
+        engine_prompt = state.truncated({"prompt": text, "prompt_token_ids": ids}, req)
         try:
             check_token_prompt(engine_prompt["prompt_token_ids"], state.max_model_len, state.vocab_size)
         except InvalidRequestError as e:

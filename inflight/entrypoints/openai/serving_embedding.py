@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 import sys
 import time
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import torch
 from fastapi import Request
@@ -16,7 +16,7 @@ from inflight.entrypoints.openai.protocol_embeddings import (EmbeddingRequest, E
 from inflight.entrypoints.openai.responses import UsageInfo, dump, random_id
 from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
                                                         unless_disconnected)
-from inflight.entrypoints.openai.validation import check_truncation, truncated
+from inflight.entrypoints.openai.validation import check_truncation
 from inflight.errors import InvalidRequestError
 from inflight.outputs import PoolingRequestOutput
 from inflight.pooling_params import PoolingParams
@@ -41,7 +41,7 @@ class EmbeddingHandler:
                                                    truncate_prompt_tokens=req.truncate_prompt_tokens))
         state.check_capacity(max(1, len(req.inputs())))
         add = req.add_special_tokens
-        prompts = ([await self.engine_prompt(p, req.truncate_prompt_tokens, True if add is None else add)
+        prompts = ([await self.engine_prompt(p, req, True if add is None else add)
                     for p in req.inputs()] or [await self._chat_prompt(req)])
         request_id, created = random_id("embd"), int(time.time())
         streams = await add_requests(state, request_id, prompts, params, req.priority, req.cache_salt,
@@ -66,19 +66,19 @@ class EmbeddingHandler:
             raise bad_request(str(e), field) from None
         return params
 
-    async def engine_prompt(self, item: Union[str, list[int]], truncate: Optional[int],
+    async def engine_prompt(self, item: Union[str, list[int]], req: Any,
                             add_special_tokens: bool = True) -> dict[str, Any]:
-        """A text (tokenized on the tokenizer pool) or token ids, cut and checked."""
+        """A text (tokenized on the tokenizer pool) or token ids, cut as ``req`` asks and checked."""
         state = self.state
         if isinstance(item, str):
-            prompt = {"prompt": item, "prompt_token_ids": await state.tokenize(item, add_special_tokens)}
+            prompt = {"prompt": item, "prompt_token_ids": await state.tokenize(item, add_special_tokens, req)}
         else:
             prompt = {"prompt": None, "prompt_token_ids": list(item)}
-        return self._checked(truncated(prompt, truncate, state.max_model_len))
+        return self._checked(state.truncated(prompt, req))
 
     async def _chat_prompt(self, req: EmbeddingRequest) -> dict[str, Any]:
         prompt = await self.state.render_chat(req, req.chat_template_kwargs)
-        return self._checked(truncated(prompt, req.truncate_prompt_tokens, self.state.max_model_len))
+        return self._checked(self.state.truncated(prompt, req))
 
     def _checked(self, prompt: dict[str, Any]) -> dict[str, Any]:
         """A prompt fits max_model_len (all of it: nothing is generated) and the vocabulary."""

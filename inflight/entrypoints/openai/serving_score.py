@@ -5,7 +5,7 @@ label) it is the classifier's probability for the pair read as one prompt, as vL
 from __future__ import annotations
 
 import time
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -17,10 +17,11 @@ from inflight.entrypoints.openai.protocol_embeddings import MAX_EMBEDDING_INPUTS
 from inflight.entrypoints.openai.responses import UsageInfo, dump, random_id
 from inflight.entrypoints.openai.serving_common import (CLIENT_CLOSED, ServerState, add_requests, final_outputs,
                                                         unless_disconnected)
-from inflight.entrypoints.openai.validation import SafeStr, check_truncation, truncated
+from inflight.entrypoints.openai.validation import SafeStr, check_truncation
 from inflight.errors import InvalidRequestError
 from inflight.pooling.pooler import cosine_scores
 from inflight.pooling.token_types import pair_ids
+from inflight.pooling.truncation import cut_length
 from inflight.pooling_params import PoolingParams
 
 Texts = Union[SafeStr, list[SafeStr]]
@@ -29,6 +30,9 @@ Texts = Union[SafeStr, list[SafeStr]]
 class _ScoringFields(OpenAIBaseModel):
     model: Optional[SafeStr] = None
     truncate_prompt_tokens: Optional[Int64] = Field(default=None, ge=-1)
+    # vLLM's: "right" keeps the first truncate_prompt_tokens ([CLS] and a pair's query: the default
+    # here), "left" the last
+    truncation_side: Optional[Literal["left", "right"]] = None
     priority: Int64 = 0
 
 
@@ -171,7 +175,7 @@ class ScoreHandler:
         else:
             texts = first + second
         state.check_capacity(len(texts))
-        prompts = [await self._prompt(t, req.truncate_prompt_tokens) for t in texts]
+        prompts = [await self._prompt(t, req) for t in texts]
         # NOTE: cosine similarity ignores the norm: the model's normalization does not change a score
         streams = await add_requests(state, random_id("score"), prompts, PoolingParams(), req.priority,
                                      model=req.model)
@@ -184,14 +188,15 @@ class ScoreHandler:
         vectors = [o.outputs.data for o in outputs]
         return cosine_scores(vectors[:len(first)], vectors[len(first):]), n
 
-    async def _prompt(self, text: Union[str, tuple[str, str]], truncate: Optional[int]) -> dict:
+    async def _prompt(self, text: Union[str, tuple[str, str]], req: _ScoringFields) -> dict:
         state = self.state
-        if isinstance(text, tuple):
+        if isinstance(text, tuple):  # cut by the tokenizer, as a text (pooling/truncation.py)
             typed = state.pooler_config.token_types
-            ids = await state.pool.run(lambda: pair_ids(state.tokenizer, text[0], text[1], typed))
+            cut = None if req.truncation_side else cut_length(req.truncate_prompt_tokens, state.max_model_len)
+            ids = await state.pool.run(pair_ids, state.tokenizer, text[0], text[1], typed, cut)
         else:
-            ids = await state.tokenize(text)
-        p = truncated({"prompt": None, "prompt_token_ids": ids}, truncate, state.max_model_len)
+            ids = await state.tokenize(text, True, req)
+        p = state.truncated({"prompt": None, "prompt_token_ids": ids}, req)
         if len(p["prompt_token_ids"]) > state.max_model_len:
             raise bad_request(f"a text of {len(p['prompt_token_ids'])} tokens does not fit max_model_len "
                               f"({state.max_model_len}); set truncate_prompt_tokens to cut it", "input")

@@ -171,10 +171,11 @@ def check_truncation(keep: Optional[int], max_model_len: int) -> None:
                                   f"(max_model_len), got {keep}")
 
 
-def truncated(prompt: dict[str, Any], keep: Optional[int], max_model_len: int) -> dict[str, Any]:
-    """The engine prompt with only its last ``keep`` tokens (sampling_params.truncate_prompt);
+def truncated(prompt: dict[str, Any], keep: Optional[int], max_model_len: int,
+              side: str = "left") -> dict[str, Any]:
+    """The engine prompt cut to ``keep`` tokens on ``side`` (sampling_params.truncate_prompt);
     a cut prompt loses its text (echo decodes the kept ids)."""
-    cut = truncate_prompt(prompt["prompt_token_ids"], keep, max_model_len)
+    cut = truncate_prompt(prompt["prompt_token_ids"], keep, max_model_len, side)
     return prompt if cut is None else {**prompt, "prompt": None, "prompt_token_ids": cut}
 
 
