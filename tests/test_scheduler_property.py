@@ -1,5 +1,5 @@
 """Random arrivals, lengths, aborts and pool sizes: the KV invariants hold after every step."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from fake_runner import make_request, make_scheduler, run_step
 from inflight.core.request import RequestStatus
@@ -21,6 +21,10 @@ request_st = st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)
     policy=st.sampled_from(["fcfs", "priority"]),
     scheduling=st.sampled_from(["continuous", "static"]),
 )
+# two requests that cannot both fit, the older of lower priority: once out of preemptions it
+# preempted itself while the newer one, which may not preempt it, preempted itself too (a livelock)
+@example(reqs=[(11, 1, 1, 0), (24, 2, 0, 1), (23, 5, 0, 0)], num_blocks=18, block_size=2, budget=6, max_num_seqs=3,
+         chunked=True, caching=False, threshold=3, abort_steps=set(), policy="priority", scheduling="continuous")
 def test_invariants_hold_under_random_traffic(reqs, num_blocks, block_size, budget, max_num_seqs, chunked,
                                               caching, threshold, abort_steps, policy, scheduling):
     s = make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_batched_tokens=budget,

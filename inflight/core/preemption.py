@@ -9,8 +9,9 @@ Rules, in order of precedence:
   interactive requests (after priority, under ``priority``).
 * Progress guarantee: a request preempted ``max_preemptions_per_request``
   times is never preempted again in favour of newer work (a requester that
-  arrived after it). After that only older requests can take its blocks, so
-  the oldest such request always progresses; under plain ``fcfs`` victims are
+  arrived after it), and does not preempt itself while another running
+  request may yield instead. After that only older requests can take its
+  blocks, so the oldest such request always progresses; under plain ``fcfs`` victims are
   the newest anyway, so the oldest running request is never preempted at all.
 * Under ``priority``, before anything else is scheduled, a waiting (or
   swapped) request preempts running requests of strictly lower priority while
@@ -67,6 +68,11 @@ class VictimPolicy:
     def pick(self, running: list[Request], requester: Optional[Request]) -> Request:
         """The running request to preempt so that ``requester`` (running too) gets a block."""
         cands = [(self.key(r, i), r) for i, r in enumerate(running) if not self.protected(r, requester)]
+        if requester is not None and requester.num_preemptions >= self.config.max_preemptions_per_request:
+            # NOTE: a request out of preemptions yields to itself only when no one else may yield:
+            # the lowest-priority oldest request would otherwise preempt itself again and again
+            # while newer requests, which may not preempt it, preempt themselves (a livelock)
+            cands = [c for c in cands if c[1] is not requester] or cands
         return max(cands, key=lambda c: c[0])[1]
 
     def for_priority(self, running: list[Request], cand: Request) -> Optional[Request]:
