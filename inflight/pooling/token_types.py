@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from inflight.pooling.truncation import tokenizer_cut
+
 TOKEN_TYPE_SHIFT = 30
 TOKEN_ID_MASK = (1 << TOKEN_TYPE_SHIFT) - 1
 
@@ -34,6 +36,5 @@ def pair_ids(tokenizer, first: str, second: str, typed: bool, max_length: Option
     """A (query, document) pair as one prompt, the tokenizer's text pair, at most ``max_length``
     tokens when set (the tokenizer trims the longer text); with ``typed`` (a BERT cross-encoder)
     each token's type rides in its id."""
-    cut = {} if max_length is None else {"truncation": True, "max_length": max_length}
-    enc = tokenizer(first, text_pair=second, return_token_type_ids=typed, **cut)
+    enc = tokenizer(first, text_pair=second, return_token_type_ids=typed, **tokenizer_cut(max_length))
     return encode_token_types(enc["input_ids"], enc["token_type_ids"]) if typed else enc["input_ids"]

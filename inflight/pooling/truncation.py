@@ -16,8 +16,12 @@ def cut_length(keep: Optional[int], max_model_len: int) -> Optional[int]:
     return None if keep is None else (max_model_len if keep == -1 else keep)
 
 
+def tokenizer_cut(max_length: Optional[int]) -> dict[str, Any]:
+    """The tokenizer's keyword arguments for at most ``max_length`` ids (none for None)."""
+    return {} if max_length is None else {"truncation": True, "max_length": max_length}
+
+
 def text_ids(tokenizer: Any, text: str, add_special_tokens: bool = True,
              max_length: Optional[int] = None) -> list[int]:
     """Token ids of ``text``; at most ``max_length`` of them, cut by the tokenizer, when set."""
-    cut = {} if max_length is None else {"truncation": True, "max_length": max_length}
-    return tokenizer(text, add_special_tokens=add_special_tokens, **cut).input_ids
+    return tokenizer(text, add_special_tokens=add_special_tokens, **tokenizer_cut(max_length)).input_ids

@@ -137,12 +137,16 @@ class ServerState:
 
     async def tokenize(self, text: str, add_special_tokens: bool = True, req: Any = None) -> list[int]:
         """Token ids of ``text`` (special-token text parsed: the prompt is the client's own), off the
-        loop; a pooling model's cut by the tokenizer to ``req``'s ``truncate_prompt_tokens``
-        unless it names a ``truncation_side`` (pooling/truncation.py)."""
-        cut = None
-        if req is not None and self.pooler_config is not None and req.truncation_side is None:
-            cut = cut_length(req.truncate_prompt_tokens, self.max_model_len)
+        loop; a pooling model's cut by the tokenizer as ``req`` asks (``cut_by_tokenizer``)."""
+        cut = None if req is None else self.cut_by_tokenizer(req)
         return await self.pool.run(text_ids, self.tokenizer, text, add_special_tokens, cut)
+
+    def cut_by_tokenizer(self, req: Any) -> Optional[int]:
+        """The ids the tokenizer keeps of a pooling model's text for ``req``'s ``truncate_prompt_tokens``
+        (pooling/truncation.py); None where it cuts nothing, or ``truncation_side`` asks for a slice."""
+        if self.pooler_config is None or req.truncation_side is not None:
+            return None
+        return cut_length(req.truncate_prompt_tokens, self.max_model_len)
 
     def check_capacity(self, new: int = 1) -> None:
         """503 + Retry-After while the waiting queue has no room for ``new`` more

@@ -21,7 +21,6 @@ from inflight.entrypoints.openai.validation import SafeStr, check_truncation
 from inflight.errors import InvalidRequestError
 from inflight.pooling.pooler import cosine_scores
 from inflight.pooling.token_types import pair_ids
-from inflight.pooling.truncation import cut_length
 from inflight.pooling_params import PoolingParams
 
 Texts = Union[SafeStr, list[SafeStr]]
@@ -192,8 +191,7 @@ class ScoreHandler:
         state = self.state
         if isinstance(text, tuple):  # cut by the tokenizer, as a text (pooling/truncation.py)
             typed = state.pooler_config.token_types
-            cut = None if req.truncation_side else cut_length(req.truncate_prompt_tokens, state.max_model_len)
-            ids = await state.pool.run(pair_ids, state.tokenizer, text[0], text[1], typed, cut)
+            ids = await state.pool.run(pair_ids, state.tokenizer, text[0], text[1], typed, state.cut_by_tokenizer(req))
         else:
             ids = await state.tokenize(text, True, req)
         p = state.truncated({"prompt": None, "prompt_token_ids": ids}, req)
