@@ -32,11 +32,17 @@ demo: setup
 serve: setup
 	$(VENV)/bin/inflight serve
 
+# Two pytest workers: alone the suite leaves a third of a 2-core machine idle (servers
+# starting, gcc, HTTP waits). Whole files go to one worker, so a module's model loads once.
+# Passive OpenMP waits: a worker's threads sleep at a barrier instead of spinning on the core
+# the other worker needs. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup
-	$(PY) -m pytest -q -x --durations=15
+	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -x $(PYTEST_PARALLEL) --durations=15
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	OMP_WAIT_POLICY=passive $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # The emulated kernel checks alone (aarch64 under qemu-user, AVX-512 through SIMDe); make cross-tools first.
 test-emulated: setup
