@@ -1,9 +1,17 @@
-"""Compiler runs for the C kernel tests: independent sources compile at once, one
-object each, then link (a single gcc call compiles its sources one after another)."""
+"""Compiler runs for the C kernel tests: a check driver's sources compile at once, one
+object each, then link against the kernel libraries the engine itself loads
+(build.library_path: built once per level and source hash, shared by every test and the
+engine's own runs)."""
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from inflight.kernels.cpu import build
+from inflight.kernels.cpu.isa import IsaLevel
 
 
 def compile_all(cmds: list[list[str]]) -> subprocess.CompletedProcess | None:
@@ -17,11 +25,27 @@ def compile_all(cmds: list[list[str]]) -> subprocess.CompletedProcess | None:
     return failed
 
 
+def kernel_libraries(names: list[str], level: IsaLevel, cross_cc: str | None = None) -> dict[str, str]:
+    """``{name: path}`` of csrc/<name>.c's shared library for ``level``, as the engine builds
+    it (a compiler per core at a time); an AssertionError with the compiler's message when one
+    does not build."""
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        paths = dict(zip(names, pool.map(lambda n: build.library_path(n, level, cross_cc), names)))
+    for name, path in paths.items():
+        if path is None:  # build again, to show why
+            with tempfile.TemporaryDirectory() as tmp:
+                res = build.compile_library(name, level, f"{tmp}/{name}.so", cross_cc or os.environ.get("CC", "gcc"))
+            raise AssertionError(f"{name} does not build for {level.arch} {level.name}:\n{res.stderr[-4000:]}")
+    return paths
+
+
 def build_executable(cc: str, flags: list[str], sources: list[tuple[Path, list[str]]], out: Path,
-                     static: bool = False) -> subprocess.CompletedProcess:
+                     libraries: list[str], checks: list[list[str]] = ()) -> subprocess.CompletedProcess:
     """``out`` from ``sources`` (each with its own extra compiler arguments), compiled in
-    parallel. Returns the first failing compiler run, or the link."""
-    cmds, objs = [], []
+    parallel together with the compiler runs ``checks``, linked against the shared
+    ``libraries`` (by path: the executable finds them where they are). Returns the first
+    failing compiler run, or the link."""
+    cmds, objs = list(checks), []
     for src, extra in sources:
         obj = out.with_name(f"{out.name}.{src.stem}.o")
         cmds.append([cc, *flags, *extra, "-c", str(src), "-o", str(obj)])
@@ -29,5 +53,6 @@ def build_executable(cc: str, flags: list[str], sources: list[tuple[Path, list[s
     failed = compile_all(cmds)
     if failed is not None:
         return failed
-    return subprocess.run([cc, *flags, *objs, "-o", str(out), "-lm", *(["-static"] if static else [])],
+    # no-as-needed: kernels.h's weak references alone would not keep a library linked
+    return subprocess.run([cc, *flags, *objs, "-Wl,--no-as-needed", *libraries, "-o", str(out), "-lm"],
                           capture_output=True, text=True)

@@ -8,16 +8,15 @@ each level's own family must show up (or the patterns would match nothing). The 
 architecture's levels are cross-compiled and checked the same way in an ``emulated`` test
 (aarch64's portable level, built with +nosimd, is never run: only this test looks at its code).
 """
-import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import pytest
 
-from inflight.kernels.cpu import build, isa
+from c_build import kernel_libraries
+from inflight.kernels.cpu import isa
 
 # the families of instructions each level adds, by how objdump's AT&T syntax spells them
 FAMILIES = {
@@ -72,10 +71,7 @@ def test_every_level_has_rules():
 
 @pytest.mark.parametrize("level", LEVELS, ids=lambda lv: lv.name)
 def test_a_level_builds_no_instruction_from_above_it(level):
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # each build is a gcc process
-        paths = dict(zip(LIBRARIES, pool.map(lambda name: build.library_path(name, level), LIBRARIES)))
-    assert None not in paths.values(), f"a library did not build for {level.name}: {paths}"
-    check_level(level, paths)
+    check_level(level, kernel_libraries(LIBRARIES, level))
 
 
 OTHER = "aarch64" if ARCH == "x86_64" else "x86_64"
@@ -84,14 +80,9 @@ CROSS = {"aarch64": "aarch64-linux-gnu-", "x86_64": "x86_64-linux-gnu-"}[OTHER]
 
 @pytest.mark.emulated
 @pytest.mark.parametrize("level", [lv for lv in isa.LEVELS if lv.arch == OTHER], ids=lambda lv: f"{OTHER}-{lv.name}")
-def test_the_other_architecture_builds_no_instruction_from_above_its_level(level, tmp_path):
+def test_the_other_architecture_builds_no_instruction_from_above_its_level(level):
     cc, objdump = shutil.which(f"{CROSS}gcc"), shutil.which(f"{CROSS}objdump")
     if cc is None or objdump is None:
         pytest.skip(f"no {CROSS}gcc / {CROSS}objdump (Debian: gcc-{OTHER.replace('_', '-')}-linux-gnu; "
                     "make cross-tools)")
-    paths = {name: str(tmp_path / f"{name}.so") for name in LIBRARIES}
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        results = pool.map(lambda name: build.compile_library(name, level, paths[name], cc), LIBRARIES)
-    for name, res in zip(LIBRARIES, results):
-        assert res.returncode == 0, f"{name} for {OTHER} {level.name}:\n{res.stderr[-2000:]}"
-    check_level(level, paths, objdump)
+    check_level(level, kernel_libraries(LIBRARIES, level, cc), objdump)

@@ -1,16 +1,16 @@
 """The fp32 CPU kernels on every ISA level, through one C driver (tests/csrc/kernel_check.c
 and its parts, tests/csrc/check_*.c).
 
-The driver is linked with the kernel sources built with a level's flags (build.py's
-compile_flags without -shared/-fPIC) and checks each kernel against a plain C
-reference in double. It runs natively for every level this CPU runs, and, on x86-64,
+The driver, built with a level's flags (build.py's compile_flags), is linked against the
+kernel libraries the engine loads for that level (build.library_path: the same files,
+built once) and checks each kernel against a plain C reference in double. It runs natively for every level this CPU runs, and, on x86-64,
 cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-user for the
 aarch64 levels (neon; scalar, the same C as x86-64's scalar level, is only built): the
 ``emulated`` tests, which skip, saying why, when those packages are missing (``make
 cross-tools`` installs them; .ci/run does). The AVX-512 levels also run on an x86-64 CPU
 without AVX-512, emulated through SIMDe (isa.emulated(), Debian's libsimde-dev, also from
 make cross-tools): the same code paths, slowly.
-The levels the CPU cannot run are still compiled, so a build error on any level fails.
+The levels the CPU cannot run are still built and linked, so a build error on any level fails.
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from c_build import build_executable, compile_all
+from c_build import build_executable, kernel_libraries
+from isa_levels import emulated_o0
 from inflight.kernels.cpu import build
-from inflight.kernels.cpu.isa import LEVELS, IsaLevel, emulated, get_level, machine_arch, simde_available, supported_levels
+from inflight.kernels.cpu.isa import LEVELS, IsaLevel, get_level, machine_arch, simde_available, supported_levels
 
 CSRC = Path(build.__file__).parent / "csrc"
 DRIVER_DIR = Path(__file__).parent / "csrc"
@@ -48,14 +49,17 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
-def build_driver(level: IsaLevel, cc: str, out: Path, static: bool = False, opt: str = "-O3") -> subprocess.CompletedProcess:
-    """kernel_check for ``level``: each kernel source compiled with kernels.h force-included
-    (a drifted signature is a compile error), then linked with the driver. Returns the
-    first failing compiler run, or the link."""
+def build_driver(level: IsaLevel, cc: str, out: Path, opt: str = "-O3") -> subprocess.CompletedProcess:
+    """kernel_check for ``level``: the driver compiled with the level's flags and linked against
+    the engine's own kernel libraries for the level (``cc`` a cross compiler for another
+    architecture's level); each kernel source is also parsed with kernels.h force-included,
+    so a drifted signature is a compile error. Returns the first failing compiler run, or the link."""
     srcs = [CSRC / n for n in KERNEL_SOURCES if (CSRC / n).exists()]
-    sources = [(src, [f"-I{CSRC}", "-include", str(DRIVER_DIR / "kernels.h")]) for src in srcs]
-    sources += [(src, [f"-I{CSRC}", "-Wall", f"-I{DRIVER_DIR}"]) for src in DRIVER_SOURCES]
-    return build_executable(cc, _flags(level, opt), sources, out, static)
+    libraries = kernel_libraries([src.stem for src in srcs], level, cc if level.arch != HERE else None)
+    checks = [[cc, *_flags(level, "-O0"), "-fsyntax-only", f"-I{CSRC}", "-include", str(DRIVER_DIR / "kernels.h"), str(src)]
+              for src in srcs]
+    sources = [(src, [f"-I{CSRC}", "-Wall", f"-I{DRIVER_DIR}"]) for src in DRIVER_SOURCES]
+    return build_executable(cc, _flags(level, opt), sources, out, list(libraries.values()), checks)
 
 
 def check_output(res: subprocess.CompletedProcess, what: str) -> None:
@@ -138,15 +142,20 @@ def test_kernel_check_avx512_emulated(level, tmp_path):
     on a machine that runs the level natively: it then checks the emulation as well."""
     cc = avx512_emulation_cc()
     exe = tmp_path / f"kernel_check_{level.name}_emulated"
-    res = build_driver(emulated(level), cc, exe, opt="-O0")
+    res = build_driver(emulated_o0(level), cc, exe, opt="-O0")
     assert res.returncode == 0, f"building kernel_check for {level.name} (emulated) failed:\n{res.stderr[-4000:]}"
     check_output(_run([str(exe)], env=_env(), timeout=300), f"{level.name} (emulated)")
 
 
 # ---- emulated: aarch64 under qemu-user ----
 
-def _qemu() -> str | None:
-    return shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
+def qemu_aarch64() -> list[str]:
+    """The command prefix that runs an aarch64 executable linked against the cross sysroot's
+    libc and libgomp, or a skip saying what is missing."""
+    qemu = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
+    if qemu is None:
+        pytest.skip("aarch64 kernels built but not run: no qemu-aarch64 (Debian: qemu-user; make cross-tools)")
+    return [qemu, "-L", AARCH64_SYSROOT]
 
 
 def _cross_cc() -> str:
@@ -166,31 +175,22 @@ AARCH64_LEVELS = [lv for lv in LEVELS if lv.arch == "aarch64"]
 def test_kernel_check_aarch64(level, tmp_path):
     cc = _cross_cc()
     exe = tmp_path / f"kernel_check_aarch64_{level.name}"
-    # static: runs under qemu with no sysroot; a dynamic build with -L the cross sysroot otherwise
-    res = build_driver(level, cc, exe, static=True)
-    qemu = [_qemu()]
-    if res.returncode != 0 and "cannot find" in res.stderr:
-        res = build_driver(level, cc, exe)
-        qemu += ["-L", AARCH64_SYSROOT]
+    res = build_driver(level, cc, exe)
     assert res.returncode == 0, f"cross-building kernel_check for aarch64 {level.name} failed:\n{res.stderr[-4000:]}"
     if level.name == "scalar":
         # NOTE: built, not run: every aarch64 CPU has NEON, so the portable level runs there
         # only when forced; its C is the same as x86-64's scalar level, which runs natively.
         return
-    if qemu[0] is None:
-        pytest.skip("aarch64 kernels built but not run: no qemu-aarch64 (Debian: qemu-user; make cross-tools)")
-    check_output(_run([*qemu, str(exe)], env=_env(), timeout=600), f"aarch64 {level.name} (qemu)")
+    check_output(_run([*qemu_aarch64(), str(exe)], env=_env(), timeout=600), f"aarch64 {level.name} (qemu)")
 
 
 @pytest.mark.emulated
 @pytest.mark.parametrize("level", AARCH64_LEVELS, ids=lambda lv: f"aarch64-{lv.name}")
 def test_csrc_compiles_aarch64(level, tmp_path):
-    """vec.h without a -Wall warning, and the kernel sources the driver does not link (the
-    bf16 ones, the layer loop) compile for aarch64."""
+    """vec.h without a -Wall warning, and the kernel libraries the driver does not link (the
+    bf16 ones, the layer loop) build for aarch64."""
     cc = _cross_cc()
     res = _vec_h_compile(cc, level, tmp_path)
     assert res.returncode == 0, f"vec.h for aarch64 {level.name}:\n{res.stderr[-4000:]}"
-    others = [src for src in sorted(CSRC.glob("*.c")) if src.name not in KERNEL_SOURCES]
-    failed = compile_all([[cc, *_flags(level, "-O1"), f"-I{CSRC}", "-c", str(src), "-o", str(tmp_path / f"{src.stem}.o")]
-                           for src in others])
-    assert failed is None, f"{failed.args[-3]} for aarch64 {level.name}:\n{failed.stderr[-4000:]}"
+    others = [src.stem for src in sorted(CSRC.glob("*.c")) if src.name not in KERNEL_SOURCES]
+    kernel_libraries(others, level, cc)

@@ -1,6 +1,7 @@
 """The bf16 kernels (gemm_bf16.c, paged_prefill.c's paged_prefill_bf16) on every ISA level,
 through one C driver (tests/csrc/bf16_check.c) that checks them against references in
-double: built with each level's flags (build.py's compile_flags), run natively for every
+double: built with each level's flags (build.py's compile_flags) and linked against the
+engine's kernel libraries for the level (build.library_path), run natively for every
 level this CPU runs (the others are only compiled), and on x86-64 cross-compiled for the
 aarch64 levels (neon, scalar) and run under qemu-user: the ``emulated`` tests, which skip
 with the reason when gcc-aarch64-linux-gnu / qemu-user are missing (make cross-tools). The
@@ -15,22 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from c_build import build_executable
-from test_kernels_aarch64 import AVX512_LEVELS, avx512_emulation_cc
+from c_build import build_executable, kernel_libraries
+from isa_levels import emulated_o0
+from test_kernels_aarch64 import AVX512_LEVELS, avx512_emulation_cc, qemu_aarch64
 from inflight.kernels.cpu import build
-from inflight.kernels.cpu.isa import LEVELS, IsaLevel, emulated, machine_arch, supported_levels
+from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
 
 CSRC = Path(build.__file__).parent / "csrc"
 DRIVER = Path(__file__).parent / "csrc" / "bf16_check.c"
-SOURCES = ("gemm_bf16.c", "paged_prefill.c")
+LIBRARIES = ("gemm_bf16", "paged_prefill")
 HERE = machine_arch()
 CROSS_CC = "aarch64-linux-gnu-gcc"
 
 
-def _build(level: IsaLevel, cc: str, out: Path, opt: str = "-O3", static: bool = False) -> subprocess.CompletedProcess:
+def _build(level: IsaLevel, cc: str, out: Path, opt: str = "-O3") -> subprocess.CompletedProcess:
+    """bf16_check for ``level``, linked against the engine's kernel libraries for it."""
     flags = [opt if f.startswith("-O") else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
-    sources = [(p, [f"-I{CSRC}"]) for p in (DRIVER, *(CSRC / s for s in SOURCES))]
-    return build_executable(cc, flags, sources, out, static)
+    libraries = kernel_libraries(list(LIBRARIES), level, cc if level.arch != HERE else None)
+    return build_executable(cc, flags, [(DRIVER, [f"-I{CSRC}"])], out, list(libraries.values()))
 
 
 def _check(res: subprocess.CompletedProcess, what: str) -> None:
@@ -61,7 +64,7 @@ def test_bf16_kernels_native(level, tmp_path):
 def test_bf16_kernels_avx512_emulated(level, tmp_path):
     cc = avx512_emulation_cc()
     exe = tmp_path / f"bf16_check_{level.name}_emulated"
-    res = _build(emulated(level), cc, exe, opt="-O0")
+    res = _build(emulated_o0(level), cc, exe, opt="-O0")
     assert res.returncode == 0, f"building bf16_check for {level.name} (emulated) failed:\n{res.stderr[-4000:]}"
     _check(subprocess.run([str(exe)], capture_output=True, text=True, env=_env(), timeout=300), f"{level.name} (emulated)")
 
@@ -74,10 +77,7 @@ def test_bf16_kernels_aarch64(level, tmp_path):
     if not shutil.which(CROSS_CC):
         pytest.skip(f"no {CROSS_CC} (Debian: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross; make cross-tools)")
     exe = tmp_path / f"bf16_check_aarch64_{level.name}"
-    res = _build(level, CROSS_CC, exe, static=True)
+    res = _build(level, CROSS_CC, exe)
     assert res.returncode == 0, f"cross-building bf16_check for aarch64 {level.name} failed:\n{res.stderr[-4000:]}"
-    qemu = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
-    if qemu is None:
-        pytest.skip("built but not run: no qemu-aarch64 (Debian: qemu-user; make cross-tools)")
-    _check(subprocess.run([qemu, str(exe)], capture_output=True, text=True, env=_env(), timeout=600),
+    _check(subprocess.run([*qemu_aarch64(), str(exe)], capture_output=True, text=True, env=_env(), timeout=600),
            f"aarch64 {level.name} (qemu)")

@@ -1,8 +1,8 @@
 /* A stand-alone check of the fp32 CPU kernels (inflight/kernels/cpu/csrc) against
  * plain scalar C references with double accumulation, for one ISA level: built with
- * that level's flags (build.py's compile_flags, minus -shared/-fPIC) together with the
- * kernel sources, linked into one executable (static for aarch64, so it runs under
- * qemu-user without a sysroot). tests/test_kernels_aarch64.py builds and runs it
+ * that level's flags (build.py's compile_flags) and linked against the kernel libraries
+ * the engine loads for the level (for aarch64, run under qemu-user with the cross
+ * sysroot's libc). tests/test_kernels_aarch64.py builds and runs it
  * natively for every x86 level the CPU runs and under qemu-aarch64 for neon and
  * aarch64 scalar.
  *

@@ -77,14 +77,17 @@ def load_library(name: str = "paged_decode", level: Optional[IsaLevel] = None) -
     return None if level is None else _load(name, level)
 
 
-def library_path(name: str, level: IsaLevel) -> Optional[str]:
+def library_path(name: str, level: IsaLevel, cross_cc: Optional[str] = None) -> Optional[str]:
     """The shared library of csrc/<name>.c built for ``level``, compiled on first use and
     cached by source hash and flags; None without a compiler or when the build fails.
-    ``level`` need not be this CPU's: building runs nothing."""
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    key = "".join(sources(name).values()) + " ".join(compile_flags(level))
+    ``level`` need not be this CPU's: building runs nothing. ``cross_cc`` (a compiler
+    for ``level.arch``, e.g. aarch64-linux-gnu-gcc) builds another architecture's level."""
+    cc = shutil.which(cross_cc or os.environ.get("CC", "gcc")) or (None if cross_cc else shutil.which("cc"))
+    key = "".join(sources(name).values()) + " ".join(compile_flags(level)) + os.path.basename(cross_cc or "")
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     tag = f"{level.name}-emulated" if level.emulated else level.name
+    if cross_cc:
+        tag = f"{level.arch}-{tag}"
     path = os.path.join(_cache_dir(), f"{name}-{tag}-{digest}.so")
     if not os.path.exists(path):
         if cc is None:
