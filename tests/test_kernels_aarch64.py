@@ -3,9 +3,9 @@ and its parts, tests/csrc/check_*.c).
 
 The driver, built with a level's flags (build.py's compile_flags), is linked against the
 kernel libraries the engine loads for that level (build.library_path: the same files,
-built once) and checks each kernel against a plain C reference in double. It runs natively for every level this CPU runs, and, on x86-64,
-cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-user for the
-aarch64 levels (neon; scalar, the same C as x86-64's scalar level, is only built): the
+built once) and checks each kernel against a plain C reference in double. It runs
+natively for every level this CPU runs, and, on x86-64, cross-compiled with Debian's
+gcc-aarch64-linux-gnu and run under qemu-user for the aarch64 levels (neon; scalar, the same C as x86-64's scalar level, is only built): the
 ``emulated`` tests, which skip, saying why, when those packages are missing (``make
 cross-tools`` installs them; .ci/run does). The AVX-512 levels also run on an x86-64 CPU
 without AVX-512, emulated through SIMDe (isa.emulated(), Debian's libsimde-dev, also from
@@ -56,8 +56,8 @@ def build_driver(level: IsaLevel, cc: str, out: Path, opt: str = "-O3") -> subpr
     so a drifted signature is a compile error. Returns the first failing compiler run, or the link."""
     srcs = [CSRC / n for n in KERNEL_SOURCES if (CSRC / n).exists()]
     libraries = kernel_libraries([src.stem for src in srcs], level, cc if level.arch != HERE else None)
-    checks = [[cc, *_flags(level, "-O0"), "-fsyntax-only", f"-I{CSRC}", "-include", str(DRIVER_DIR / "kernels.h"), str(src)]
-              for src in srcs]
+    parse = [cc, *_flags(level, "-O0"), "-fsyntax-only", f"-I{CSRC}", "-include", str(DRIVER_DIR / "kernels.h")]
+    checks = [[*parse, str(src)] for src in srcs]
     sources = [(src, [f"-I{CSRC}", "-Wall", f"-I{DRIVER_DIR}"]) for src in DRIVER_SOURCES]
     return build_executable(cc, _flags(level, opt), sources, out, list(libraries.values()), checks)
 

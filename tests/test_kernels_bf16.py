@@ -2,7 +2,7 @@
 through one C driver (tests/csrc/bf16_check.c) that checks them against references in
 double: built with each level's flags (build.py's compile_flags) and linked against the
 engine's kernel libraries for the level (build.library_path), run natively for every
-level this CPU runs (the others are only compiled), and on x86-64 cross-compiled for the
+level this CPU runs (the others are only built and linked), and on x86-64 cross-compiled for the
 aarch64 levels (neon, scalar) and run under qemu-user: the ``emulated`` tests, which skip
 with the reason when gcc-aarch64-linux-gnu / qemu-user are missing (make cross-tools). The
 AVX-512 levels also run emulated through SIMDe on a CPU without them (isa.emulated())."""
