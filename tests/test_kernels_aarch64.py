@@ -5,9 +5,9 @@ The driver, built with a level's flags (build.py's compile_flags), is linked aga
 kernel libraries the engine loads for that level (build.library_path: the same files,
 built once) and checks each kernel against a plain C reference in double. It runs
 natively for every level this CPU runs, and, on x86-64, cross-compiled with Debian's
-gcc-aarch64-linux-gnu and run under qemu-user for the aarch64 levels (neon; scalar, the same C as x86-64's scalar level, is only built): the
-``emulated`` tests, which skip, saying why, when those packages are missing (``make
-cross-tools`` installs them; .ci/run does). The AVX-512 levels also run on an x86-64 CPU
+gcc-aarch64-linux-gnu and run under qemu-user for the aarch64 levels (neon; scalar, the
+same C as x86-64's scalar level, is only built): the ``emulated`` tests, which skip,
+saying why, when those packages are missing (``make cross-tools`` installs them; .ci/run does). The AVX-512 levels also run on an x86-64 CPU
 without AVX-512, emulated through SIMDe (isa.emulated(), Debian's libsimde-dev, also from
 make cross-tools): the same code paths, slowly.
 The levels the CPU cannot run are still built and linked, so a build error on any level fails.
