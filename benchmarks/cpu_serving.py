@@ -83,6 +83,27 @@ def flops_per_token(hf_config: dict) -> float:
     return 2.0 * (n * per_layer + hf_config["vocab_size"] * h)
 
 
+def needed_flops(hf_config: dict, requests: list[tuple[int, int]], hits: float) -> float:
+    """The FLOPs that serving ``requests`` ((prompt tokens, output tokens) each) takes at the
+    least, where flops_per_token's convention counts 2 x every parameter for every token:
+    the layers' projections for each token computed (the prompt's and each output token's
+    but the last, less the ``hits`` prompt tokens a prefix cache served), lm_head only where a
+    token is sampled (once per output token: no other position needs logits), and attention's
+    two products (QK^T, PV) over each computed token's keys (causal, no sliding window). The
+    hits are taken as an even share of every request's first prompt tokens."""
+    h, i, n = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
+    heads, kv = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+    d = hf_config.get("head_dim") or h // heads
+    per_layer = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * i
+    share = hits / len(requests) if requests else 0.0
+    total = 0.0
+    for prompt, output in requests:
+        first, end = min(share, prompt), prompt + output - 1  # positions [first, end) computed
+        keys = (end * (end + 1) - first * (first + 1)) / 2  # the position t reads t + 1 keys
+        total += 2 * n * per_layer * (end - first) + 2 * hf_config["vocab_size"] * h * output + 4 * n * heads * d * keys
+    return total
+
+
 def workload_file(name: str, tmp: str) -> str:
     path = os.path.join(SHARED, f"{name}.jsonl")
     if os.path.exists(path):

@@ -61,3 +61,26 @@ def test_prefix_cache_hits_read_from_either_server(metrics_server, text, hits):
     body, url = metrics_server
     body["text"] = text
     assert load_cpu_serving().prefix_cache_hits(url) == hits
+
+
+# SmolLM2-135M's shape: 30 layers, 9 query heads and 3 KV heads of 64, MLP 1,536, vocab 49,152
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "vocab_size": 49152}
+LAYERS = 2 * 30 * (576 * 15 * 64 + 9 * 64 * 576 + 3 * 576 * 1536)  # projections, per token
+LM_HEAD = 2 * 49152 * 576
+ATTENTION = 4 * 30 * 9 * 64  # QK^T and PV, per key a token reads
+
+
+def test_flops_per_token_counts_every_parameter():
+    assert load_cpu_serving().flops_per_token(SMOLLM2) == LAYERS + LM_HEAD
+
+
+def test_needed_flops_count_lm_head_per_sampled_token_and_attention_per_key():
+    needed = load_cpu_serving().needed_flops
+    # one prompt token, one output token: the prompt's forward, logits once, one key
+    assert needed(SMOLLM2, [(1, 1)], 0) == LAYERS + LM_HEAD + ATTENTION
+    # 3 prompt tokens, 2 output: positions 0-3 computed (the last output token is never fed
+    # back), reading 1 + 2 + 3 + 4 keys; logits for the 2 sampled tokens only
+    assert needed(SMOLLM2, [(3, 2)], 0) == 4 * LAYERS + 2 * LM_HEAD + 10 * ATTENTION
+    # 4 hits over two requests: each one's first 2 prompt tokens were cached
+    assert needed(SMOLLM2, [(4, 1), (3, 2)], 4) == (2 + 2) * LAYERS + 3 * LM_HEAD + ((3 + 4) + (3 + 4)) * ATTENTION

@@ -43,7 +43,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: cpu_serving's workload lookup
 sys.path.insert(0, HERE)  # servers.py beside this file, wherever it is started from
 
-from cpu_serving import flops_per_token, matmul_peak_gflops, prefix_cache_hits, workload_file  # noqa: E402
+from cpu_serving import (flops_per_token, matmul_peak_gflops, needed_flops, prefix_cache_hits,  # noqa: E402
+                         workload_file)
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
 from servers import DEFAULT_LLAMA_SERVER, DEFAULT_VLLM_VENV, SERVED_NAME, SERVERS, cpu_facts, version_of  # noqa: E402
 
@@ -107,6 +108,10 @@ def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Na
     if mfu:
         peaks.append(matmul_peak_gflops(dtype=peak_dtype))
         add_mfu(s, prefix_cache_hits(url) - hits, max(peaks), peaks, args.flops_per_token)
+        if all(r.prompt_tokens >= 0 for r in reqs):
+            flops = needed_flops(args.hf_config, [(r.prompt_tokens, r.max_tokens) for r in reqs],
+                                 s["prefix_cache_hit_tokens"])
+            s["mfu_needed"] = flops / s["duration_s"] / (s["matmul_peak_gflops"] * 1e9)
     print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
           f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
     return s
@@ -153,14 +158,14 @@ def add_mfu(s: dict, hits: float, peak: float, peaks: list[float], fpt: float) -
 def table(results: dict, systems: list[str]) -> str:
     """Per workload, one row per system, then inflight / vLLM of output tok/s."""
     lines = [f"{'workload':<11}{'system':<10}{'out tok/s':>10}{'TTFT p50 s':>11}{'TTFT p99 s':>11}"
-             f"{'TPOT p50 ms':>12}{'TPOT p99 ms':>12}{'failed':>7}{'MFU':>6}"]
+             f"{'TPOT p50 ms':>12}{'TPOT p99 ms':>12}{'failed':>7}{'MFU':>6}{'MFU*':>6}"]
     for name, per_system in results["workloads"].items():
         for system in systems:
             s = per_system.get(system)
             if s:
                 lines.append(f"{name:<11}{system:<10}{s['output_throughput']:>10.1f}{s['ttft_p50_ms'] / 1e3:>11.2f}"
                              f"{s['ttft_p99_ms'] / 1e3:>11.2f}{s['tpot_p50_ms']:>12.1f}{s['tpot_p99_ms']:>12.1f}"
-                             f"{s['failed']:>7.0f}" + (f"{s['mfu']:>6.0%}" if "mfu" in s else ""))
+                             f"{s['failed']:>7.0f}" + "".join(f"{s[k]:>6.0%}" for k in ("mfu", "mfu_needed") if k in s))
         if "ratio_output_throughput" in per_system:
             lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_output_throughput']:>9.2f}x  (inflight / vLLM)")
         if "ratio_llamacpp" in per_system:
@@ -217,7 +222,8 @@ def parse_args() -> argparse.Namespace:
     systems = [s for s in args.systems.split(",") if s]
     if args.mfu:  # the model's FLOPs per token, read once (loading the model config reads the weights' cache)
         from inflight.loader import load_model
-        args.flops_per_token = flops_per_token(load_model(None).hf_config)
+        args.hf_config = load_model(None).hf_config
+        args.flops_per_token = flops_per_token(args.hf_config)
     if unknown := [s for s in systems if s not in SERVERS]:
         ap.error(f"unknown system(s) {unknown}; choose from {list(SERVERS)}")
     if "vllm" in systems and not os.path.isfile(os.path.join(args.hf_folder, "config.json")):
