@@ -1,7 +1,9 @@
 """CPU serving benchmark: every request of a workload sent at once to
 `inflight serve`, streaming, ignore_eos; output tok/s, TTFT/TPOT p99 and model
 FLOPs utilisation against the matmul peak, in the dtype the server runs, measured
-in the same run (the higher of a burst just before and one just after each workload).
+in the same run (the higher of a burst just before and one just after each workload):
+MFU by the convention of 2 x every parameter per token processed, and MFU* by the FLOPs
+the work needs (needed_flops).
 
     python benchmarks/cpu_serving.py [--workloads chat decode longprompt prefix] [--out out/cpu_serving.json]
 
@@ -23,6 +25,7 @@ import urllib.request
 import torch
 
 from inflight.bench.sweep import free_port, wait_healthy
+from inflight.bench.workload import load_jsonl
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workloads")
 DEFAULT_SERVER_FLAGS: list[str] = []  # the defaults a newcomer runs
@@ -151,7 +154,8 @@ def main() -> int:
     flags = args.server_flags or DEFAULT_SERVER_FLAGS
     inflight_bin = os.path.join(os.path.dirname(sys.executable), "inflight")
     from inflight.loader import load_model
-    fpt = flops_per_token(load_model(None).hf_config)
+    hf_config = load_model(None).hf_config
+    fpt = flops_per_token(hf_config)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "server_flags": flags,
                "flops_per_token": fpt, "workloads": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,12 +171,15 @@ def main() -> int:
             tokens = s["total_input_tokens"] + s["total_output_tokens"] - s["prefix_cache_hit_tokens"]
             s["tokens_processed"] = tokens
             s["mfu"] = tokens * fpt / s["duration_s"] / (peak * 1e9)
+            reqs = [(r.prompt_tokens, r.max_tokens) for r in load_jsonl(workload_file(name, tmp))]
+            needed = needed_flops(hf_config, reqs, s["prefix_cache_hit_tokens"])
+            s["mfu_needed"] = needed / s["duration_s"] / (peak * 1e9) if min(p for p, _ in reqs) >= 0 else float("nan")
             s["matmul_peak_gflops"] = peak
             s["matmul_peak_gflops_bursts"] = peaks
             results["workloads"][name] = s
             print(f"{name:>10}: {s['output_throughput']:7.1f} out tok/s  TTFT p99 {s['ttft_p99_ms'] / 1e3:6.1f} s  "
                   f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  {tokens / s['duration_s']:6.0f} proc tok/s  "
-                  f"MFU {s['mfu']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
+                  f"MFU {s['mfu']:.0%}, MFU* {s['mfu_needed']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
