@@ -35,8 +35,7 @@ serve: setup
 # Two pytest workers: alone the suite leaves a third of a 2-core machine idle (servers
 # starting, gcc, HTTP waits). Whole files go to one worker, so a module's model loads once.
 # Passive OpenMP waits: a worker's threads sleep at a barrier instead of spinning on the core
-# the other worker needs (spinning made the suite half as slow again). TEST_WORKERS=0 runs in
-# one process.
+# the other worker needs. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup
