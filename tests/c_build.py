@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from inflight.kernels.cpu import build
-from inflight.kernels.cpu.isa import IsaLevel
+from inflight.kernels.cpu.isa import IsaLevel, machine_arch
 
 
 def compile_all(cmds: list[list[str]]) -> subprocess.CompletedProcess | None:
@@ -25,10 +25,18 @@ def compile_all(cmds: list[list[str]]) -> subprocess.CompletedProcess | None:
     return failed
 
 
-def kernel_libraries(names: list[str], level: IsaLevel, cross_cc: str | None = None) -> dict[str, str]:
+def executable_flags(level: IsaLevel, opt: str = "-O3") -> list[str]:
+    """build.py's flags for ``level`` for an executable: no -shared/-fPIC; ``opt`` in place of
+    -O3 (a compile-only check of a level the CPU cannot run needs no optimised code)."""
+    return [opt if f.startswith("-O") else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
+
+
+def kernel_libraries(names: list[str], level: IsaLevel, cc: str | None = None) -> dict[str, str]:
     """``{name: path}`` of csrc/<name>.c's shared library for ``level``, as the engine builds
-    it (a compiler per core at a time); an AssertionError with the compiler's message when one
-    does not build."""
+    it (a compiler per core at a time; ``cc``, the caller's compiler, builds them where
+    ``level`` is another architecture's); an AssertionError with the compiler's message
+    when one does not build."""
+    cross_cc = cc if level.arch != machine_arch() else None
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         paths = dict(zip(names, pool.map(lambda n: build.library_path(n, level, cross_cc), names)))
     for name, path in paths.items():

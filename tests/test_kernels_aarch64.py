@@ -7,9 +7,9 @@ built once) and checks each kernel against a plain C reference in double. It run
 natively for every level this CPU runs, and, on x86-64, cross-compiled with Debian's
 gcc-aarch64-linux-gnu and run under qemu-user for the aarch64 levels (neon; scalar, the
 same C as x86-64's scalar level, is only built): the ``emulated`` tests, which skip,
-saying why, when those packages are missing (``make cross-tools`` installs them; .ci/run does). The AVX-512 levels also run on an x86-64 CPU
-without AVX-512, emulated through SIMDe (isa.emulated(), Debian's libsimde-dev, also from
-make cross-tools): the same code paths, slowly.
+saying why, when those packages are missing (``make cross-tools`` installs them; .ci/run
+does). The AVX-512 levels also run on an x86-64 CPU without AVX-512, emulated through SIMDe
+(isa.emulated(), Debian's libsimde-dev, also from make cross-tools): the same code paths, slowly.
 The levels the CPU cannot run are still built and linked, so a build error on any level fails.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from c_build import build_executable, kernel_libraries
+from c_build import build_executable, executable_flags, kernel_libraries
 from isa_levels import emulated_o0
 from inflight.kernels.cpu import build
 from inflight.kernels.cpu.isa import LEVELS, IsaLevel, get_level, machine_arch, simde_available, supported_levels
@@ -39,12 +39,6 @@ HERE = machine_arch()
 SUPPORTED = supported_levels()
 
 
-def _flags(level: IsaLevel, opt: str = "-O3") -> list[str]:
-    """build.py's flags for ``level`` for an executable: no -shared/-fPIC; ``opt`` in place of
-    -O3 (a compile-only check of a level the CPU cannot run needs no optimised code)."""
-    return [opt if f.startswith("-O") else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
-
-
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
@@ -55,11 +49,12 @@ def build_driver(level: IsaLevel, cc: str, out: Path, opt: str = "-O3") -> subpr
     architecture's level); each kernel source is also parsed with kernels.h force-included,
     so a drifted signature is a compile error. Returns the first failing compiler run, or the link."""
     srcs = [CSRC / n for n in KERNEL_SOURCES if (CSRC / n).exists()]
-    libraries = kernel_libraries([src.stem for src in srcs], level, cc if level.arch != HERE else None)
-    parse = [cc, *_flags(level, "-O0"), "-fsyntax-only", f"-I{CSRC}", "-include", str(DRIVER_DIR / "kernels.h")]
+    libraries = kernel_libraries([src.stem for src in srcs], level, cc)
+    parse = [cc, *executable_flags(level, "-O0"), "-fsyntax-only", f"-I{CSRC}",
+             "-include", str(DRIVER_DIR / "kernels.h")]
     checks = [[*parse, str(src)] for src in srcs]
     sources = [(src, [f"-I{CSRC}", "-Wall", f"-I{DRIVER_DIR}"]) for src in DRIVER_SOURCES]
-    return build_executable(cc, _flags(level, opt), sources, out, list(libraries.values()), checks)
+    return build_executable(cc, executable_flags(level, opt), sources, out, list(libraries.values()), checks)
 
 
 def check_output(res: subprocess.CompletedProcess, what: str) -> None:
@@ -115,7 +110,8 @@ def _vec_h_compile(cc: str, level: IsaLevel, tmp: Path) -> subprocess.CompletedP
                    "    vf_store(q + VL, vf_round(vf_min(vf_max(x, y), vf_zero())));\n"
                    "    return vf_reduce_add(vf_exp(x)) + vf_reduce_max(vf_silu(y)) + vf_reduce_add(vf_load_bf16(h));\n"
                    "}\n")
-    return _run([cc, *_flags(level), "-Wall", "-Werror", f"-I{CSRC}", "-c", str(src), "-o", str(tmp / "use_vec.o")])
+    return _run([cc, *executable_flags(level), "-Wall", "-Werror", f"-I{CSRC}", "-c", str(src),
+                 "-o", str(tmp / "use_vec.o")])
 
 
 # ---- emulated: the AVX-512 levels through SIMDe on any AVX2 CPU ----

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from c_build import build_executable, kernel_libraries
+from c_build import build_executable, executable_flags, kernel_libraries
 from isa_levels import emulated_o0
 from test_kernels_aarch64 import AVX512_LEVELS, avx512_emulation_cc, qemu_aarch64
 from inflight.kernels.cpu import build
@@ -31,9 +31,8 @@ CROSS_CC = "aarch64-linux-gnu-gcc"
 
 def _build(level: IsaLevel, cc: str, out: Path, opt: str = "-O3") -> subprocess.CompletedProcess:
     """bf16_check for ``level``, linked against the engine's kernel libraries for it."""
-    flags = [opt if f.startswith("-O") else f for f in build.compile_flags(level) if f not in ("-shared", "-fPIC")]
-    libraries = kernel_libraries(list(LIBRARIES), level, cc if level.arch != HERE else None)
-    return build_executable(cc, flags, [(DRIVER, [f"-I{CSRC}"])], out, list(libraries.values()))
+    libraries = kernel_libraries(list(LIBRARIES), level, cc)
+    return build_executable(cc, executable_flags(level, opt), [(DRIVER, [f"-I{CSRC}"])], out, list(libraries.values()))
 
 
 def _check(res: subprocess.CompletedProcess, what: str) -> None:

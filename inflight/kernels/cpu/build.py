@@ -82,7 +82,7 @@ def library_path(name: str, level: IsaLevel, cross_cc: Optional[str] = None) -> 
     cached by source hash and flags; None without a compiler or when the build fails.
     ``level`` need not be this CPU's: building runs nothing. ``cross_cc`` (a compiler
     for ``level.arch``, e.g. aarch64-linux-gnu-gcc) builds another architecture's level."""
-    cc = shutil.which(cross_cc or os.environ.get("CC", "gcc")) or (None if cross_cc else shutil.which("cc"))
+    cc = shutil.which(cross_cc) if cross_cc else shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     key = "".join(sources(name).values()) + " ".join(compile_flags(level)) + os.path.basename(cross_cc or "")
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     tag = f"{level.name}-emulated" if level.emulated else level.name
