@@ -2,7 +2,7 @@
 (every request at once, greedy, ignore_eos), the engine's parts timed around their
 calls, the C layer loop's kernels from its time-stamp-counter profile.
 
-    python benchmarks/step_profile.py [--workload chat] [--max-num-seqs 128] [--max-num-batched-tokens 512]
+    python benchmarks/step_profile.py [--workload chat|FILE.jsonl] [--max-num-seqs 128] [--max-num-batched-tokens 512]
                                       [--kv-cache-dtype bfloat16] [--block-size 64] [--by-rows]
 
 Prints the wall time and a table of parts by share of it (kernels get the loop's
@@ -132,7 +132,7 @@ def print_by_rows(by_rows: ByRows, wall: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="chat")
+    ap.add_argument("--workload", default="chat", help="a name in ../shared/workloads, or a .jsonl file")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="default: the platform's")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the platform's")
     ap.add_argument("--dtype", default="auto")
@@ -145,7 +145,8 @@ def main() -> None:
               kv_cache_dtype=args.kv_cache_dtype, **extra)
     engine = llm.llm_engine
     loop = getattr(engine.runner.model, "layer_loop", None)
-    reqs = load_jsonl(os.path.join(SHARED, f"{args.workload}.jsonl"))
+    path = args.workload if args.workload.endswith(".jsonl") else os.path.join(SHARED, f"{args.workload}.jsonl")
+    reqs = load_jsonl(path)
     prompts = [r.prompt for r in reqs]
     params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0) for r in reqs]
     llm.generate(prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up

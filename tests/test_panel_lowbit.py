@@ -65,12 +65,13 @@ def test_other_weights_have_no_lowbit_form():
 @pytest.mark.parametrize("kind,bits", [("Q4_1", 4), ("Q4_0", 4), ("Q8_0", 8)])
 def test_lowbit_gemm_is_the_fp32_gemm_bit_for_bit(level, kind, bits):
     torch.manual_seed(0)
-    for n, k in [(100, 64), (96, 96), (50, 1088)]:  # N off and on the panels, K over one L1 chunk
+    # N off and on the panels, K over one L1 chunk; N of many panels: a row or two takes several at once
+    for n, k in [(100, 64), (96, 96), (50, 1088), (1000, 64)]:
         w, bias = gguf_weight(n, k, kind, seed=n), torch.randn(n)
         fast, plain = PanelLinearF32(w, bias, level), PanelLinearF32(w, bias, level, lowbit=False)
         fast.lowbit_max_rows = 1 << 30  # every row count through the low-bit panels
         assert fast.lowbit_bits == bits and plain.lowbit is None
-        for rows in [1, 3, 7, 13, 97, 200]:
+        for rows in [1, 2, 3, 7, 13, 97, 200]:
             x = torch.randn(rows, k)
             assert torch.equal(fast(x), plain(x)), (n, k, rows)
             wide = torch.randn(rows, k + 5)[:, :k]  # rows further apart than K
@@ -83,14 +84,14 @@ def test_lowbit_argmax_is_bit_identical(level, kind):
     """The logits projection's greedy argmax (and with a grammar's mask) over low-bit panels."""
     from inflight.structured_output.masks import GrammarBitmask
 
-    w = gguf_weight(300, 64, kind, seed=7)
+    w = gguf_weight(1000, 64, kind, seed=7)  # panels enough for a row to take several at once
     fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
     fast.lowbit_max_rows = 1 << 30
     assert fast.lowbit is not None
-    for rows in [1, 3, 9]:  # one register block of rows (weights expanded in registers), and more
+    for rows in [1, 2, 3, 9]:  # one register block of rows (weights expanded in registers), and more
         x = torch.randn(rows, 64)
         assert torch.equal(fast.argmax(x), plain.argmax(x)), rows
-        bitmask = torch.randint(-2**31, 2**31 - 1, (rows, 10), dtype=torch.int32)
+        bitmask = torch.randint(-2**31, 2**31 - 1, (rows, 32), dtype=torch.int32)
         grammar = GrammarBitmask(bitmask=bitmask, rows=list(range(0, rows, 2)))
         assert torch.equal(fast.argmax(x, grammar), plain.argmax(x, grammar)), rows
 
@@ -98,12 +99,12 @@ def test_lowbit_argmax_is_bit_identical(level, kind):
 @pytest.mark.parametrize("level", LEVELS)
 def test_q4_silu_gate_up_is_bit_identical(level):
     lib = load_gemm_f32(level)
-    inter = 2 * lib.gemm_f32_panel()  # gate and up split on a panel boundary
+    inter = 16 * lib.gemm_f32_panel()  # gate and up split on a panel boundary; a row takes several at once
     w = gguf_weight(2 * inter, 128, seed=3)
     fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
     fast.lowbit_max_rows = 1 << 30
     assert fast.lowbit is not None
-    for rows in [1, 6, 50]:
+    for rows in [1, 2, 6, 50]:
         x = torch.randn(rows, 128)
         assert torch.equal(fast.silu_mul(x), plain.silu_mul(x)), rows
 
