@@ -95,13 +95,9 @@ static int gemm_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t
         for (int64_t q = q0; q < q1; q++) {
             const int64_t col0 = q * NR, ncols = N - col0 < NR ? N - col0 : NR;
             /* fp32 panels: the panel after this one (the next in the range, or the first for
-             * the next row block) is fetched while this one's second row group runs; low-bit
-             * panels are asked for here, two ahead (the first two of a range on its first) */
+             * the next row block) is fetched while this one's second row group runs. Low-bit
+             * panels are left to the hardware prefetcher (lowbit_range's NOTE). */
             const int64_t qn = q + 1 < q1 ? q + 1 : mend < m1 ? q0 : -1;
-            for (int64_t p = q == q0 ? q : q + 2; low && p <= q + 2 && p < q1; p++) {
-                lowbit_prefetch(low + p * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
-                if (silu_half > 0) lowbit_prefetch(low + (p + silu_half) * lowbit_panel_bytes(lb.bits, K), lb.bits, K);
-            }
             const float* panel = panel_at(packed, lb, q, K, qbuf);
             const float* next = low || qn < 0 ? NULL : packed + qn * K * NR;
             if (silu_half > 0) {

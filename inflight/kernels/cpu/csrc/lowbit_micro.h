@@ -119,8 +119,10 @@ static void lowbit_micro_rows(int R, int multi, const float* a, int64_t lda, con
 }
 
 /* gemm_range's work for rows [m0, m1), at most MR of them, over low-bit panels [q0, q1)
- * (the same arguments and outputs; panels asked for two steps ahead, as there). Full panels
- * go LB_PANELS(R) at a time, the rest one by one. */
+ * (the same arguments and outputs). Full panels go LB_PANELS(R) at a time, the rest one by
+ * one. NOTE: no software prefetch: a thread's panels are one contiguous run that the
+ * hardware prefetcher streams, and asking for whole panels ahead (hundreds of lines at once)
+ * stalled the loads of the panels in use. */
 static void lowbit_range(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t lda, const uint8_t* low,
                          int bits, int64_t N, const float* bias, float* out, int64_t ldc, int64_t q0, int64_t q1,
                          int64_t silu_half, struct best* best) {
@@ -131,10 +133,6 @@ static void lowbit_range(const float* x, int64_t m0, int64_t m1, int64_t K, int6
     for (int64_t q = q0, n; q < q1; q += n) {
         n = q + P <= q1 && (q + P) * NR <= N ? P : 1;  /* panels this step */
         const int64_t col0 = q * NR, ncols = N - col0 < NR ? N - col0 : NR;
-        for (int64_t f = q == q0 ? q : q + 2 * n; f < q + 3 * n && f < q1; f++) {
-            lowbit_prefetch(low + f * pb, bits, K);
-            if (silu_half > 0) lowbit_prefetch(low + (f + silu_half) * pb, bits, K);
-        }
         const int multi = n > 1;
         if (silu_half > 0) {
             lowbit_micro_rows(R, multi, a, lda, low + q * pb, pb, bits, K, STORE, NULL, g, NR, MR * NR, NR, NULL, NULL,

@@ -178,8 +178,4 @@ int gemm_f32_lowbit_pack(const float* w, int64_t N, int64_t K, int bits, uint8_t
     return bad;
 }
 
-/* a panel's bytes toward the caches before it is expanded and used */
-static inline void lowbit_prefetch(const uint8_t* panel, int bits, int64_t K) {
-    for (int64_t b = 0; b < lowbit_panel_bytes(bits, K); b += 64) __builtin_prefetch(panel + b, 0, 2);
-}
 #endif
