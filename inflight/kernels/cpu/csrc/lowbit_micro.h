@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) void lowbit_micro(
         }
     }
     UNROLL for (int p = 0; p < P; p++)
-        micro_end(R, acc[p], t, fin, c + p * cstep, ldc, ncols, g + p * MR * NR, best, col0 + p * NR);
+        micro_end(R, acc[p], t, fin, c + p * cstep, ldc, ncols, g ? g + p * MR * NR : NULL, best, col0 + p * NR);
 }
 #undef LB_FMA_ROWS
 #undef LB_D
