@@ -29,6 +29,19 @@ def gguf_weight(n: int, k: int, kind: str = "Q4_1", seed: int = 0) -> torch.Tens
     return torch.from_numpy(np.ascontiguousarray(dequantize(quantize(w, t), t), dtype=np.float32))
 
 
+def q4_k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A GGUF Q4_K weight (gguf-py has no Q4_K quantizer): random super-blocks of 256 values,
+    each a half-float scale and minimum, 6-bit per-32 scales and minimums, 4-bit q, dequantized
+    by gguf-py as the loader does."""
+    rng = np.random.default_rng(seed)
+    blocks = n * k // 256
+    d = rng.uniform(1e-3, 2e-2, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+    dmin = rng.uniform(1e-3, 2e-2, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+    rest = rng.integers(0, 256, (blocks, 12 + 128), dtype=np.uint8)  # the scales and minimums, then q
+    raw = np.concatenate([d, dmin, rest], axis=1)
+    return torch.from_numpy(np.ascontiguousarray(dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(n, k)))
+
+
 def test_every_native_level_is_listed():
     if AVX2_X86:
         assert {"scalar", "avx2"} <= {p.values[0].name for p in LEVELS}
@@ -43,6 +56,19 @@ def test_recovers_gguf_weights_exactly(kind, bits):
     back = torch.empty_like(lin.packed)
     assert lin.lib.gemm_f32_lowbit_dequant(qp.data_ptr(), bits, lin.packed.shape[0], 96, back.data_ptr()) == 0
     assert torch.equal(back, lin.packed)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_q4_k_weights_take_the_4_bit_form(level):
+    """llama.cpp's K-quants: a block's scale and offset are a half float times a 6-bit integer and
+    its values need not reach q = 0 or 15; the 4-bit panels still give the fp32 GEMM bit for bit."""
+    w = q4_k_weight(300, 512, seed=5)  # past the sample of rows looked at first
+    fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
+    assert fast.lowbit_bits == 4
+    fast.lowbit_max_rows = 1 << 30
+    for rows in [1, 2, 5, 40]:
+        x = torch.randn(rows, 512)
+        assert torch.equal(fast(x), plain(x)), rows
 
 
 def test_other_weights_have_no_lowbit_form():

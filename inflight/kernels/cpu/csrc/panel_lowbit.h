@@ -133,6 +133,36 @@ static int q4_fit(const float* v, float* d, float* m, uint8_t* q) {
     return 1;
 }
 
+/* one block of a K-quant (Q4_K) as d * q + m, q in 0..15: d and -m are each a half float
+ * times a 6-bit integer (17 significant bits), not half floats as q4_fit assumes, and the
+ * block's values need not reach q = 0 or 15, so both the span t of its q and its smallest q
+ * are searched. d keeps d * q exact, as the NOTE above needs. 0: found (d, m, q set). */
+static int q4k_fit(const float* v, float* d, float* m, uint8_t* q) {
+    float lo = v[0], hi = v[0];
+    for (int k = 1; k < LB_K; k++) lo = v[k] < lo ? v[k] : lo, hi = v[k] > hi ? v[k] : hi;
+    for (int t = 15; t > 0 && hi > lo; t--) {
+        const float dt = (hi - lo) / (float)t;
+        uint32_t bits;
+        memcpy(&bits, &dt, 4);
+        if (bits & 0xFu) continue;  /* over 20 significant bits: d * q would round (see the NOTE above) */
+        for (int q0 = 0; q0 + t <= 15; q0++) {
+            const float mt = lo - dt * (float)q0;
+            int ok = 1;
+            for (int k = 0; k < LB_K && ok; k++) {
+                float qk = nearbyintf((v[k] - mt) / dt);
+                qk = qk < 0 ? 0 : qk > 15 ? 15 : qk;
+                ok = dt * qk + mt == v[k];
+                q[k] = (uint8_t)qk;
+            }
+            if (ok) {
+                *d = dt, *m = mt;
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 /* one block as d * q, q in -128..127 (the 8-bit form; the largest magnitude at |q| = 127) */
 static int q8_fit(const float* v, float* d, int8_t* q) {
     float amax = 0;
@@ -164,7 +194,7 @@ int gemm_f32_lowbit_pack(const float* w, int64_t N, int64_t K, int bits, uint8_t
             float d, m;
             if (bits == 4) {
                 uint8_t q[LB_K];
-                bad |= q4_fit(v, &d, &m, q);
+                bad |= q4_fit(v, &d, &m, q) && q4k_fit(v, &d, &m, q);
                 memcpy(blk + 4 * (NR + j), &m, 4);
                 for (int k = 0; k < LB_K; k++) blk[8 * NR + (k / 2) * NR + j] |= (uint8_t)(q[k] << (k % 2 ? 4 : 0));
             } else {
