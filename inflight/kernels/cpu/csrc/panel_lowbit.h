@@ -73,7 +73,8 @@ static void lowbit_dequant(const uint8_t* panel, int bits, int64_t K, float* out
  * the tests to compare with the fp32 packing */
 int gemm_f32_lowbit_dequant(const uint8_t* qp, int bits, int64_t panels, int64_t K, float* out) {
     if (K % LB_K || (bits != 4 && bits != 8)) return -2;
-    for (int64_t p = 0; p < panels; p++) lowbit_dequant(qp + p * lowbit_panel_bytes(bits, K), bits, K, out + p * K * NR);
+    for (int64_t p = 0; p < panels; p++)
+        lowbit_dequant(qp + p * lowbit_panel_bytes(bits, K), bits, K, out + p * K * NR);
     return 0;
 }
 
