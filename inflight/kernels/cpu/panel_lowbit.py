@@ -1,7 +1,8 @@
 """Low-bit panels for fp32 weights that are 4- or 8-bit underneath (csrc/panel_lowbit.h).
 
-A GGUF Q4_0 or Q4_1 tensor dequantizes to float32 values that, in each block of
-32 inputs of an output row, are ``d * q + m`` with q in 0..15 and d, m half floats;
+A GGUF Q4_0, Q4_1 or Q4_K tensor dequantizes to float32 values that, in each block of
+32 inputs of an output row, are ``d * q + m`` with q in 0..15 (d, m half floats; for
+Q4_K half floats times 6-bit integers);
 a Q8_0 tensor to ``d * q`` with q in -128..127. The fp32 GEMM reads 4 bytes a weight;
 a decode step of a few rows waits on those bytes (two FLOPs a row per weight). Kept as
 d, m and q (0.75 or 1.125 bytes a weight), the same weight streams 3.6-5.3x faster and

@@ -1,6 +1,6 @@
 /*
  * Low-bit panels for the fp32 GEMM (gemm_f32.c): a weight whose every block of 32
- * inputs holds values d * q + m with 4-bit q (what a GGUF Q4_0 or Q4_1 tensor
+ * inputs holds values d * q + m with 4-bit q (what a GGUF Q4_0, Q4_1 or Q4_K tensor
  * dequantizes to), or d * q with 8-bit q (Q8_0), kept in that form: 0.75 or 1.125
  * bytes a weight instead of 4.
  *
