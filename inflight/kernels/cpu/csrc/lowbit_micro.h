@@ -38,18 +38,61 @@
 #define LB_MAX_PANELS 6
 #define LB_PANELS(R) ((R) * NV > 4 ? 1 : 12 / ((R) * NV) > LB_MAX_PANELS ? LB_MAX_PANELS : 12 / ((R) * NV))
 
-/* R rows x P full panels of NR columns (panel p at panel + p * pb, its columns from
- * col0 + p * NR) over all of K (a multiple of LB_K), from zero or the bias; each panel
- * ends as micro's (micro_end) into c + p * cstep, with gate tile g + p * MR * NR (SILU).
- * P = 1 also takes a partial panel (ncols < NR). */
+/* R rows x NR columns of one low-bit panel over all of K (a multiple of LB_K), from
+ * zero or the bias (NR values, ncols of them real); the end is micro's (micro_end). */
 static inline __attribute__((always_inline)) void lowbit_micro(
+        const int R, const float* a, int64_t lda, const uint8_t* panel, int bits, int64_t K, enum fin fin,
+        const float* bias, float* c, int64_t ldc, int64_t ncols, const float* g, struct best* best, int64_t col0) {
+    vf acc[MR][NV];
+    float t[MR * NR] __attribute__((aligned(64)));
+    if (bias) tile_in(t, 1, bias, 0, ncols);
+    UNROLL for (int i = 0; i < NV; i++) {
+        const vf v = bias ? ld(t + i * VL) : vf_zero();
+        UNROLL for (int r = 0; r < R; r++) acc[r][i] = v;
+    }
+    const int64_t bb = lowbit_block_bytes(bits);
+    for (int64_t kb = 0; kb < K / LB_K; kb++) {
+        const uint8_t* blk = panel + kb * bb;
+        const float* xk = a + kb * LB_K;
+        vf d[NV], m[NV], w0[NV], w1[NV];
+        UNROLL for (int i = 0; i < NV; i++) d[i] = ld((const float*)blk + i * VL);
+        if (bits == 4) {
+            UNROLL for (int i = 0; i < NV; i++) m[i] = ld((const float*)blk + NR + i * VL);
+            const uint8_t* q = blk + 8 * NR;
+            _Pragma("GCC unroll 2")
+            for (int k = 0; k < LB_K; k += 2, q += NR) {
+                UNROLL for (int i = 0; i < NV; i++) {
+                    const vi b = vi_load_u8(q + i * VL);
+                    w0[i] = d[i] * __builtin_convertvector(b & 15, vf) + m[i];
+                    w1[i] = d[i] * __builtin_convertvector(b >> 4, vf) + m[i];
+                }
+                LB_FMA_ROWS(acc, xk + k, w0)
+                LB_FMA_ROWS(acc, xk + k + 1, w1)
+            }
+        } else {
+            const int8_t* q = (const int8_t*)(blk + 4 * NR);
+            _Pragma("GCC unroll 2")
+            for (int k = 0; k < LB_K; k++, q += NR) {
+                UNROLL for (int i = 0; i < NV; i++) w0[i] = d[i] * __builtin_convertvector(vi_load_s8(q + i * VL), vf);
+                LB_FMA_ROWS(acc, xk + k, w0)
+            }
+        }
+    }
+    micro_end(R, acc, t, fin, c, ldc, ncols, g, best, col0);
+}
+/* lowbit_micro over P > 1 full panels of NR columns at once (panel p at panel + p * pb, its
+ * columns from col0 + p * NR); each panel ends as micro's (micro_end) into c + p * cstep, with
+ * gate tile g + p * MR * NR (SILU). Its block scales are read where they are used: in
+ * registers they would take the accumulators' place. NOTE: a body of its own, not
+ * lowbit_micro with P = 1: one body for both doubled the library's compile time. */
+static inline __attribute__((always_inline)) void lowbit_micro_panels(
         const int R, const int P, const float* a, int64_t lda, const uint8_t* panel, int64_t pb, int bits, int64_t K,
-        enum fin fin, const float* bias, float* c, int64_t ldc, int64_t cstep, int64_t ncols, const float* g,
-        struct best* best, int64_t col0) {
+        enum fin fin, const float* bias, float* c, int64_t ldc, int64_t cstep, const float* g, struct best* best,
+        int64_t col0) {
     vf acc[LB_MAX_PANELS][MR][NV];
     float t[MR * NR] __attribute__((aligned(64)));
     UNROLL for (int p = 0; p < P; p++) {
-        if (bias) tile_in(t, 1, bias + p * NR, 0, ncols);
+        if (bias) tile_in(t, 1, bias + p * NR, 0, NR);
         UNROLL for (int i = 0; i < NV; i++) {
             const vf v = bias ? ld(t + i * VL) : vf_zero();
             UNROLL for (int r = 0; r < R; r++) acc[p][r][i] = v;
@@ -59,15 +102,9 @@ static inline __attribute__((always_inline)) void lowbit_micro(
     for (int64_t kb = 0; kb < K / LB_K; kb++) {
         const float* xk = a + kb * LB_K;
         const uint8_t* blk[LB_MAX_PANELS];
-        vf d[NV], m[NV];  /* one panel's block scales (and offsets) in registers; several panels' read
-                           * where they are used (in registers they would take the accumulators' place) */
         UNROLL for (int p = 0; p < P; p++) blk[p] = panel + p * pb + kb * bb;
-        UNROLL for (int i = 0; i < NV; i++) {
-            d[i] = ld((const float*)blk[0] + i * VL);
-            m[i] = bits == 4 ? ld((const float*)blk[0] + NR + i * VL) : d[i];
-        }
-#define LB_D(p, i) (P == 1 ? d[i] : ld((const float*)blk[p] + (i) * VL))
-#define LB_M(p, i) (P == 1 ? m[i] : ld((const float*)blk[p] + NR + (i) * VL))
+#define LB_D(p, i) ld((const float*)blk[p] + (i) * VL)
+#define LB_M(p, i) ld((const float*)blk[p] + NR + (i) * VL)
         if (bits == 4) {
             _Pragma("GCC unroll 2")
             for (int k = 0; k < LB_K; k += 2) {
@@ -97,22 +134,23 @@ static inline __attribute__((always_inline)) void lowbit_micro(
         }
     }
     UNROLL for (int p = 0; p < P; p++)
-        micro_end(R, acc[p], t, fin, c + p * cstep, ldc, ncols, g ? g + p * MR * NR : NULL, best, col0 + p * NR);
+        micro_end(R, acc[p], t, fin, c + p * cstep, ldc, NR, g ? g + p * MR * NR : NULL, best, col0 + p * NR);
 }
 #undef LB_FMA_ROWS
 #undef LB_D
 #undef LB_M
 
-/* lowbit_micro with R a constant (and P = 1, or LB_PANELS(R) where multi is set), so the
- * accumulators stay in registers */
+/* lowbit_micro with R a constant (or lowbit_micro_panels over LB_PANELS(R) panels where multi
+ * is set and R takes several), so the accumulators stay in registers */
 static void lowbit_micro_rows(int R, int multi, const float* a, int64_t lda, const uint8_t* panel, int64_t pb,
                               int bits, int64_t K, enum fin fin, const float* bias, float* c, int64_t ldc,
                               int64_t cstep, int64_t ncols, const float* g, struct best* best, int64_t col0) {
 #define CASE(r) case r:                                                                                     \
         if (multi && LB_PANELS(r) > 1)                                                                    \
-            lowbit_micro(r, LB_PANELS(r), a, lda, panel, pb, bits, K, fin, bias, c, ldc, cstep, NR, g, best, col0); \
+            lowbit_micro_panels(r, LB_PANELS(r), a, lda, panel, pb, bits, K, fin, bias, c, ldc, cstep, g, best, \
+                                col0);                                                                    \
         else                                                                                              \
-            lowbit_micro(r, 1, a, lda, panel, pb, bits, K, fin, bias, c, ldc, cstep, ncols, g, best, col0); \
+            lowbit_micro(r, a, lda, panel, bits, K, fin, bias, c, ldc, ncols, g, best, col0);               \
         break;
     switch (R) { EACH_ROW_COUNT(CASE) }
 #undef CASE
