@@ -80,6 +80,7 @@ static inline __attribute__((always_inline)) void lowbit_micro(
     }
     micro_end(R, acc, t, fin, c, ldc, ncols, g, best, col0);
 }
+
 /* lowbit_micro over P > 1 full panels of NR columns at once (panel p at panel + p * pb, its
  * columns from col0 + p * NR); each panel ends as micro's (micro_end) into c + p * cstep, with
  * gate tile g + p * MR * NR (SILU). Its block scales are read where they are used: in
