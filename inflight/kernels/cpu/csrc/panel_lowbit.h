@@ -110,23 +110,33 @@ static float half_round(float x) {
     return x;
 }
 
+/* the smallest and largest of a block's values */
+static void block_range(const float* v, float* lo, float* hi) {
+    *lo = *hi = v[0];
+    for (int k = 1; k < LB_K; k++) *lo = v[k] < *lo ? v[k] : *lo, *hi = v[k] > *hi ? v[k] : *hi;
+}
+
+/* 1 when every value of the block is dt * q + mt for some q in 0..15 (q set), else 0 */
+static int q4_try(const float* v, float dt, float mt, uint8_t* q) {
+    for (int k = 0; k < LB_K; k++) {
+        float qk = dt != 0 ? nearbyintf((v[k] - mt) / dt) : 0;
+        qk = qk < 0 ? 0 : qk > 15 ? 15 : qk;
+        if (dt * qk + mt != v[k]) return 0;  /* exact product: fused or not, the same sum */
+        q[k] = (uint8_t)qk;
+    }
+    return 1;
+}
+
 /* one block of 32 values as d * q + m, q in 0..15 (the 4-bit form): q = 0 at one end of
  * the block (the smallest value when d > 0, as Q4_1 has it; either end in Q4_0), the
  * other end's q 15 unless rounding lowered it, d a half float. 0: found (d, m, q set). */
 static int q4_fit(const float* v, float* d, float* m, uint8_t* q) {
-    float lo = v[0], hi = v[0];
-    for (int k = 1; k < LB_K; k++) lo = v[k] < lo ? v[k] : lo, hi = v[k] > hi ? v[k] : hi;
+    float lo, hi;
+    block_range(v, &lo, &hi);
     for (int top = 15; top > 0; top--)
         for (int sign = 1; sign >= -1; sign -= 2) {
             const float dt = half_round((float)sign * (hi - lo) / (float)top), mt = sign > 0 ? lo : hi;
-            int ok = 1;
-            for (int k = 0; k < LB_K && ok; k++) {
-                float qk = dt != 0 ? nearbyintf((v[k] - mt) / dt) : 0;
-                qk = qk < 0 ? 0 : qk > 15 ? 15 : qk;
-                ok = dt * qk + mt == v[k];  /* exact product: fused or not, the same sum */
-                q[k] = (uint8_t)qk;
-            }
-            if (ok) {
+            if (q4_try(v, dt, mt, q)) {
                 *d = dt, *m = mt;
                 return 0;
             }
@@ -139,8 +149,8 @@ static int q4_fit(const float* v, float* d, float* m, uint8_t* q) {
  * block's values need not reach q = 0 or 15, so both the span t of its q and its smallest q
  * are searched. d keeps d * q exact, as the NOTE above needs. 0: found (d, m, q set). */
 static int q4k_fit(const float* v, float* d, float* m, uint8_t* q) {
-    float lo = v[0], hi = v[0];
-    for (int k = 1; k < LB_K; k++) lo = v[k] < lo ? v[k] : lo, hi = v[k] > hi ? v[k] : hi;
+    float lo, hi;
+    block_range(v, &lo, &hi);
     for (int t = 15; t > 0 && hi > lo; t--) {
         const float dt = (hi - lo) / (float)t;
         uint32_t bits;
@@ -148,14 +158,7 @@ static int q4k_fit(const float* v, float* d, float* m, uint8_t* q) {
         if (bits & 0xFu) continue;  /* over 20 significant bits: d * q would round (see the NOTE above) */
         for (int q0 = 0; q0 + t <= 15; q0++) {
             const float mt = lo - dt * (float)q0;
-            int ok = 1;
-            for (int k = 0; k < LB_K && ok; k++) {
-                float qk = nearbyintf((v[k] - mt) / dt);
-                qk = qk < 0 ? 0 : qk > 15 ? 15 : qk;
-                ok = dt * qk + mt == v[k];
-                q[k] = (uint8_t)qk;
-            }
-            if (ok) {
+            if (q4_try(v, dt, mt, q)) {
                 *d = dt, *m = mt;
                 return 0;
             }
