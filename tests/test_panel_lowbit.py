@@ -1,5 +1,5 @@
-"""Low-bit panels for fp32 weights that are 4- or 8-bit underneath (panel_lowbit.py,
-csrc/panel_lowbit.h): a GGUF Q4_0 / Q4_1 / Q8_0 weight, dequantized as the loader does, is
+"""Low-bit panels for fp32 weights that are 4-, 6- or 8-bit underneath (panel_lowbit.py,
+csrc/panel_lowbit.h): a GGUF Q4_0 / Q4_1 / Q4_K / Q6_K / Q8_0 weight, dequantized as the loader does, is
 recovered exactly, and the GEMMs over its low-bit panels (plain, SiLU epilogue, argmax)
 give the fp32 panel GEMM's outputs bit for bit at every ISA level the machine can run
 (the emulated AVX-512 one too: 48-column panels)."""
@@ -42,6 +42,18 @@ def q4_k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(n, k)))
 
 
+def q6_k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A GGUF Q6_K weight (gguf-py has no Q6_K quantizer): random super-blocks of 256 values,
+    each 6-bit q, an 8-bit scale for every 16 of them and a half-float scale, dequantized by
+    gguf-py as the loader does."""
+    rng = np.random.default_rng(seed)
+    blocks = n * k // 256
+    rest = rng.integers(0, 256, (blocks, 128 + 64 + 16), dtype=np.uint8)  # q's low and high bits, the scales
+    d = rng.uniform(1e-4, 2e-3, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+    raw = np.concatenate([rest, d], axis=1)
+    return torch.from_numpy(np.ascontiguousarray(dequantize(raw, gguf.GGMLQuantizationType.Q6_K).reshape(n, k)))
+
+
 def test_every_native_level_is_listed():
     if AVX2_X86:
         assert {"scalar", "avx2"} <= {p.values[0].name for p in LEVELS}
@@ -69,6 +81,26 @@ def test_q4_k_weights_take_the_4_bit_form(level):
     for rows in [1, 2, 5, 40]:
         x = torch.randn(rows, 512)
         assert torch.equal(fast(x), plain(x)), rows
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_q6_k_weights_take_the_k_quant_form(level):
+    """Q6_K (a scale for every 16 inputs), alone and fused after Q4_K rows as in a Q4_K_M file's
+    qkv: the K-quant panels (1.5 bytes a weight) give the fp32 GEMM, its SiLU epilogue and its
+    argmax bit for bit, for one or two rows (several panels at once) and more."""
+    half = 8 * load_gemm_f32(level).gemm_f32_panel()  # gate | up on a panel boundary
+    for w in (q6_k_weight(2 * half, 256, seed=11), torch.cat([q4_k_weight(half, 256), q6_k_weight(half, 256)])):
+        fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
+        assert fast.lowbit_bits == 6 and fast.lowbit.numel() == 1.5 * plain.packed.numel()
+        back = torch.empty_like(plain.packed)
+        assert fast.lib.gemm_f32_lowbit_dequant(fast.lowbit.data_ptr(), 6, back.shape[0], 256, back.data_ptr()) == 0
+        assert torch.equal(back, plain.packed)
+        fast.lowbit_max_rows = 1 << 30
+        for rows in [1, 2, 5, 40]:
+            x = torch.randn(rows, 256)
+            assert torch.equal(fast(x), plain(x)), rows
+            assert torch.equal(fast.silu_mul(x), plain.silu_mul(x)), rows
+            assert torch.equal(fast.argmax(x), plain.argmax(x)), rows
 
 
 def test_other_weights_have_no_lowbit_form():
@@ -197,3 +229,53 @@ def test_the_embedded_model_generates_the_same_over_fp32_panels(monkeypatch):
     set_max_rows(lowbit_linears(model), -1)
     model.layer_loop.dims.lowbit_max_rows = -1
     assert run() == low
+
+
+@pytest.fixture(scope="module")
+def k_quant_qwen3(tmp_path_factory):
+    """A tiny Qwen3 folder whose layers hold a Q4_K_M file's forms: q, k, o, gate and up Q4_K,
+    v and down Q6_K, so the fused qkv has rows of both (each weight scaled by a power of two,
+    which keeps its form)."""
+    import transformers
+
+    from inflight.loader.testing import tiny_model, write_tiny_gguf
+
+    folder = tmp_path_factory.mktemp("qwen3_q4_k_m")
+    write_tiny_gguf(str(folder / "tok.gguf"), None)
+    transformers.AutoTokenizer.from_pretrained(folder, gguf_file="tok.gguf").save_pretrained(folder)
+    model = tiny_model("qwen3", seed=5)
+    with torch.no_grad():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            if p.dim() == 2 and ".layers." in name:
+                w = (q6_k_weight if "v_proj" in name or "down_proj" in name else q4_k_weight)(*p.shape, seed=i)
+                p.copy_(w * 2.0 ** -round(float(torch.log2(w.std() / 0.05))))
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+def test_k_quant_layers_generate_the_same_over_fp32_panels(k_quant_qwen3, monkeypatch):
+    """Through the C layer loop, a Q4_K_M-shaped model's steps over its 4-bit and K-quant
+    panels give the tokens and logprobs of the same steps over the fp32 panels."""
+    from inflight import LLM, SamplingParams
+
+    monkeypatch.setenv("INFLIGHT_LOWBIT_MAX_ROWS", "64")
+    llm = LLM(model=k_quant_qwen3, dtype="float32", kv_cache_memory=16 << 20, max_num_seqs=4,
+              max_num_batched_tokens=16, enable_prefix_caching=False)
+    model = llm.llm_engine.runner.model
+    assert model.layer_loop is not None and model.layer_loop.dims.lowbit_max_rows == 64
+    for layer in model.layers:
+        forms = [lin.lowbit_bits for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                             layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        assert forms == [6, 4, 4, 6], forms
+    prompts = [[5 + (i * 7 + j * 13) % 250 for j in range(6 + 11 * i)] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=3)
+
+    def run():
+        outs = [o.outputs[0] for o in llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)]
+        return [(o.token_ids, [{t: lp.logprob for t, lp in s.items()} for s in o.logprobs]) for o in outs]
+
+    low = run()
+    set_max_rows(lowbit_linears(model), -1)
+    model.layer_loop.dims.lowbit_max_rows = -1
+    assert run() == low
+

@@ -7,7 +7,7 @@ NR contiguous floats per k. A decode step streams every weight byte once; a pref
 step keeps a chunk of a panel in L1 while a block of rows passes over it. A row's
 result does not depend on the batch it is in (same sums, same order at any M).
 
-A weight that is 4- or 8-bit underneath (a GGUF Q4_0, Q4_1 or Q8_0 tensor) also gets
+A weight that is low-bit underneath (a GGUF Q4_0, Q4_1, Q4_K, Q6_K or Q8_0 tensor) also gets
 low-bit panels (panel_lowbit.py): calls of up to ``lowbit_max_rows`` rows read those,
 with the same results (the limit is measured per machine: lowbit_rows.py).
 """
@@ -22,7 +22,7 @@ import torch
 from inflight.kernels.cpu.build import load_library
 from inflight.kernels.cpu.isa import IsaLevel
 from inflight.kernels.cpu.panel_linear import PanelLinearBase, bind
-from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS, pack_panels_lowbit
+from inflight.kernels.cpu.panel_lowbit import LOWBIT_FORMS, LOWBIT_MAX_ROWS, pack_panels_lowbit
 
 _c_i64, _c_ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -40,7 +40,7 @@ def load_gemm_f32(level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:
     lib.gemm_f32_lowbit_pack.argtypes = [_c_ptr, _c_i64, _c_i64, ctypes.c_int, _c_ptr]
     lib.gemm_f32_lowbit_matches.argtypes = [_c_ptr, ctypes.c_int, _c_i64, _c_i64, _c_ptr]
     bind(lib, "gemm_f32")
-    for bits in (4, 8):  # the same signatures over low-bit panels
+    for bits in LOWBIT_FORMS:  # the same signatures over low-bit panels
         for suffix in ("", "_silu", "_argmax", "_argmax_masked"):
             low, full = getattr(lib, f"gemm_f32_q{bits}{suffix}"), getattr(lib, f"gemm_f32{suffix}")
             low.argtypes, low.restype = full.argtypes, ctypes.c_int
@@ -74,7 +74,7 @@ class PanelLinearF32(PanelLinearBase):
                  lowbit: bool = True) -> None:
         super().__init__(weight, bias, level)
         found = pack_panels_lowbit(weight.detach(), self.packed, self.panel, self.lib) if lowbit else None
-        self.lowbit_bits = 0 if found is None else found[1]  # 4 or 8; 0: fp32 panels only
+        self.lowbit_bits = 0 if found is None else found[1]  # 4, 8 or 6; 0: fp32 panels only
         self.register_buffer("lowbit", None if found is None else found[0], persistent=False)
         self.lowbit_max_rows = LOWBIT_MAX_ROWS  # lowbit_rows.py sets this machine's
 

@@ -21,7 +21,7 @@ import torch
 from inflight.attention.base import AttentionMetadata
 from inflight.attention.cpu_paged import CpuPagedAttentionBackend, kv_suffix
 from inflight.kernels.cpu.build import load_library
-from inflight.kernels.cpu.panel_lowbit import LOWBIT_MAX_ROWS
+from inflight.kernels.cpu.panel_lowbit import LOWBIT_FORMS, LOWBIT_MAX_ROWS
 from inflight.models.layer_plan import LayerPlan
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -32,7 +32,7 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 class _Kernels(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("gemm", "add_rmsnorm", "rope", "silu_mul", "write_kv", "decode", "prefill",
                                   "gemm_silu", "decode_sw", "prefill_sw", "rmsnorm_heads", "gemm_q4",
-                                  "gemm_q8", "gemm_q4_silu", "gemm_q8_silu")]
+                                  "gemm_q8", "gemm_q6", "gemm_q4_silu", "gemm_q8_silu", "gemm_q6_silu")]
 
 
 class _Dims(ctypes.Structure):
@@ -91,11 +91,11 @@ def _window(layer) -> int:
 
 
 def _lowbit_kernels(gemm: ctypes.CDLL, silu_ok: bool) -> tuple:
-    """gemm_q4, gemm_q8, gemm_q4_silu, gemm_q8_silu of the fp32 GEMM library (None: none)."""
+    """gemm_q4, gemm_q8, gemm_q6, then their _silu twins, of the fp32 GEMM library (None: none)."""
     if not hasattr(gemm, "gemm_f32_q4"):  # the bf16 library
-        return None, None, None, None
-    plain = tuple(_addr(gemm, f"gemm_f32_q{b}") for b in (4, 8))
-    return (*plain, *(_addr(gemm, f"gemm_f32_q{b}_silu") if silu_ok else None for b in (4, 8)))
+        return (None,) * 2 * len(LOWBIT_FORMS)
+    plain = tuple(_addr(gemm, f"gemm_f32_q{b}") for b in LOWBIT_FORMS)
+    return (*plain, *(_addr(gemm, f"gemm_f32_q{b}_silu") if silu_ok else None for b in LOWBIT_FORMS))
 
 
 def _head_norms_ok(layer, plan: LayerPlan, dtype: torch.dtype) -> bool:

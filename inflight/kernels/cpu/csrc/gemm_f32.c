@@ -31,8 +31,8 @@
  * Entry points: gemm_f32 (plain, optional bias); gemm_f32_silu (the gate_up
  * projection, silu(gate) * up in its epilogue); gemm_f32_argmax (the logits
  * projection reduced to each row's argmax, for greedy sampling; _masked: over the
- * tokens a grammar allows); gemm_f32_q4* and gemm_f32_q8* (the same over 4- and 8-bit
- * panels, panel_lowbit.h: for the few rows of a decode step).
+ * tokens a grammar allows); gemm_f32_q4*, gemm_f32_q8* and gemm_f32_q6* (the same over
+ * 4-bit, 8-bit and K-quant panels, panel_lowbit.h: for the few rows of a decode step).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -240,7 +240,7 @@ int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const flo
 }
 
 /* The four entry points over low-bit panels (panel_lowbit.h; K a multiple of 32, else
- * -2): gemm_f32_q4*, gemm_f32_q8*, the same outputs, bit for bit, as over the fp32
+ * -2): gemm_f32_q4*, gemm_f32_q8*, gemm_f32_q6*, the same outputs, bit for bit, as over the fp32
  * panels they expand to. */
 #define LOWBIT_ENTRY_POINTS(B)                                                                                       \
     int gemm_f32_q##B(const float* x, int64_t M, int64_t K, int64_t lda, const uint8_t* qp, int64_t N,            \
@@ -265,3 +265,4 @@ int gemm_f32_argmax(const float* x, int64_t M, int64_t K, int64_t lda, const flo
 
 LOWBIT_ENTRY_POINTS(4)
 LOWBIT_ENTRY_POINTS(8)
+LOWBIT_ENTRY_POINTS(6)

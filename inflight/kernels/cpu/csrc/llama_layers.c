@@ -60,8 +60,8 @@ struct kernels {
     decode_sw_fn decode_sw;    /* for layers with a sliding window; NULL when none has one */
     prefill_sw_fn prefill_sw;
     heads_norm_fn rmsnorm_heads;  /* per-head q/k RMSNorm (rmsnorm_heads_*); NULL when no layer has one */
-    gemm_fn gemm_q4, gemm_q8;     /* gemm and gemm_silu over 4- and 8-bit panels (gemm_f32_q4*, _q8*); */
-    gemm_silu_fn gemm_q4_silu, gemm_q8_silu;  /* NULL: none */
+    gemm_fn gemm_q4, gemm_q8, gemm_q6;  /* gemm and gemm_silu over low-bit panels (gemm_f32_q4*, _q8*, _q6*); */
+    gemm_silu_fn gemm_q4_silu, gemm_q8_silu, gemm_q6_silu;  /* NULL: none */
 };
 
 struct dims {
@@ -73,7 +73,7 @@ struct dims {
 /* one layer: packed projection panels (gemm_*.py), norm weights (q_norm, k_norm [head_dim]:
  * Qwen3's per-head norms before RoPE, NULL: none), its KV pool, its sliding window
  * (0: global attention), and the projections' low-bit panels (panel_lowbit.py; NULL: none)
- * with their widths in bits (4 or 8) */
+ * with their forms (4, 8 or 6: panel_lowbit.h) */
 struct layer {
     const void *input_norm, *qkv, *qkv_bias, *q_norm, *k_norm, *o, *post_norm, *gate_up, *down;
     void *k_cache, *v_cache;
@@ -123,7 +123,13 @@ int llama_layers_ticks(void) { return T_COUNT; }
  * its fp32 panels (none, or too many rows) */
 static gemm_fn lowbit_gemm(const struct kernels* k, const struct dims* d, const void* lb, int64_t bits, int64_t T) {
     if (!lb || T > d->lowbit_max_rows) return NULL;
-    return bits == 4 ? k->gemm_q4 : bits == 8 ? k->gemm_q8 : NULL;
+    return bits == 4 ? k->gemm_q4 : bits == 8 ? k->gemm_q8 : bits == 6 ? k->gemm_q6 : NULL;
+}
+
+static gemm_silu_fn lowbit_silu(const struct kernels* k, const struct dims* d, const void* lb, int64_t bits,
+                                int64_t T) {
+    if (!lowbit_gemm(k, d, lb, bits, T)) return NULL;
+    return bits == 4 ? k->gemm_q4_silu : bits == 8 ? k->gemm_q8_silu : k->gemm_q6_silu;
 }
 
 /* out[T, N] = x[T, K] . W^T (+ bias) */
@@ -238,8 +244,7 @@ int llama_layers(const struct kernels* k, const struct dims* d, const struct lay
         k->add_rmsnorm(s->y, s->res, w->post_norm, s->h, T, d->hidden, d->eps, 1);
         tick(tk, T_NORM, &last);
         if (k->gemm_silu && !lora_adapts(s, l, L_GATE_UP)) {  /* the SiLU counts as gate_up's */
-            const gemm_silu_fn low = !lowbit_gemm(k, d, w->gate_up_lb, w->gate_up_bits, T) ? NULL
-                                     : w->gate_up_bits == 4 ? k->gemm_q4_silu : k->gemm_q8_silu;
+            const gemm_silu_fn low = lowbit_silu(k, d, w->gate_up_lb, w->gate_up_bits, T);
             rc = low ? low(s->h, T, d->hidden, d->hidden, w->gate_up_lb, 2 * d->inter, s->act, d->inter)
                      : k->gemm_silu(s->h, T, d->hidden, d->hidden, w->gate_up, 2 * d->inter, s->act, d->inter);
             if (rc) return rc;

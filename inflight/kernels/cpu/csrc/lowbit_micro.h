@@ -69,6 +69,20 @@ static inline __attribute__((always_inline)) void lowbit_micro(
                 LB_FMA_ROWS(acc, xk + k, w0)
                 LB_FMA_ROWS(acc, xk + k + 1, w1)
             }
+        } else if (bits == 6) {
+            const int8_t* q = (const int8_t*)(blk + 16 * NR);
+            for (int h = 0; h < 2; h++) {
+                UNROLL for (int i = 0; i < NV; i++) {
+                    d[i] = ld((const float*)blk + h * NR + i * VL);
+                    m[i] = ld((const float*)blk + (2 + h) * NR + i * VL);
+                }
+                _Pragma("GCC unroll 2")
+                for (int k = h * LB_HALF; k < (h + 1) * LB_HALF; k++, q += NR) {
+                    UNROLL for (int i = 0; i < NV; i++)
+                        w0[i] = d[i] * __builtin_convertvector(vi_load_s8(q + i * VL), vf) + m[i];
+                    LB_FMA_ROWS(acc, xk + k, w0)
+                }
+            }
         } else {
             const int8_t* q = (const int8_t*)(blk + 4 * NR);
             _Pragma("GCC unroll 2")
@@ -119,6 +133,19 @@ static inline __attribute__((always_inline)) void lowbit_micro_panels(
                     }
                     LB_FMA_ROWS(acc[p], xk + k, w0)
                     LB_FMA_ROWS(acc[p], xk + k + 1, w1)
+                }
+            }
+        } else if (bits == 6) {
+            _Pragma("GCC unroll 2")
+            for (int k = 0; k < LB_K; k++) {
+                const int h = k / LB_HALF;
+                UNROLL for (int p = 0; p < P; p++) {
+                    const int8_t* q = (const int8_t*)(blk[p] + 16 * NR) + k * NR;  /* after d[2][NR], m[2][NR] */
+                    vf w0[NV];
+                    UNROLL for (int i = 0; i < NV; i++)
+                        w0[i] = LB_D(p, h * NV + i) * __builtin_convertvector(vi_load_s8(q + i * VL), vf) +
+                                LB_D(p, (2 + h) * NV + i);
+                    LB_FMA_ROWS(acc[p], xk + k, w0)
                 }
             }
         } else {

@@ -2,7 +2,9 @@
  * Low-bit panels for the fp32 GEMM (gemm_f32.c): a weight whose every block of 32
  * inputs holds values d * q + m with 4-bit q (what a GGUF Q4_0, Q4_1 or Q4_K tensor
  * dequantizes to), or d * q with 8-bit q (Q8_0), kept in that form: 0.75 or 1.125
- * bytes a weight instead of 4.
+ * bytes a weight instead of 4. The K-quant form (bits = 6) holds Q6_K's d * q with a
+ * d for every 16 inputs, q in -32..32, and a 4-bit block beside it in one fused weight
+ * (Q4_K and Q6_K rows in a Q4_K_M file's qkv) as d * q + m: 1.5 bytes a weight.
  *
  * A decode step of a few rows reads every weight byte once from DRAM for two FLOPs a
  * row: fp32 panels make it wait on memory, low-bit ones cut the bytes by 3.6-5.3x.
@@ -19,6 +21,8 @@
  *                                 nibble, at k = 2i + 1 in the high one
  *   8-bit:  float d[NR];
  *           int8  q[32][NR];      column j's q at k in byte j of row k
+ *   K-quant: float d[2][NR], m[2][NR];  scale and offset of the first and second 16 k
+ *           int8  q[32][NR];      as the 8-bit form's
  * K is a multiple of 32.
  */
 #ifndef INFLIGHT_PANEL_LOWBIT_H
@@ -30,7 +34,12 @@
 
 #define LB_K 32  /* inputs per block */
 
-static inline int64_t lowbit_block_bytes(int bits) { return bits == 4 ? 8 * NR + LB_K * NR / 2 : 4 * NR + LB_K * NR; }
+#define LB_HALF (LB_K / 2)  /* inputs per scale in the K-quant form */
+
+static inline int lowbit_form(int bits) { return bits == 4 || bits == 6 || bits == 8; }
+static inline int64_t lowbit_block_bytes(int bits) {
+    return bits == 4 ? 8 * NR + LB_K * NR / 2 : bits == 6 ? 16 * NR + LB_K * NR : 4 * NR + LB_K * NR;
+}
 static inline int64_t lowbit_panel_bytes(int bits, int64_t K) { return K / LB_K * lowbit_block_bytes(bits); }
 int64_t gemm_f32_lowbit_panel_bytes(int bits, int64_t K) { return lowbit_panel_bytes(bits, K); }
 
@@ -60,11 +69,26 @@ static void q8_block(const uint8_t* blk, float* o) {
         for (int i = 0; i < NV; i++) vf_store(o + i * VL, d[i] * __builtin_convertvector(vi_load_s8(q + i * VL), vf));
 }
 
+static void q6_block(const uint8_t* blk, float* o) {
+    const int8_t* q = (const int8_t*)(blk + 16 * NR);
+    for (int h = 0; h < 2; h++) {
+        vf d[NV], m[NV];
+        for (int i = 0; i < NV; i++) {
+            d[i] = vf_load((const float*)blk + h * NR + i * VL);
+            m[i] = vf_load((const float*)blk + (2 + h) * NR + i * VL);
+        }
+        for (int k = 0; k < LB_HALF; k++, q += NR, o += NR)
+            for (int i = 0; i < NV; i++)
+                vf_store(o + i * VL, d[i] * __builtin_convertvector(vi_load_s8(q + i * VL), vf) + m[i]);
+    }
+}
+
 /* panel (lowbit_panel_bytes(bits, K) bytes) -> out[K][NR], the fp32 panel it stands for */
 static void lowbit_dequant(const uint8_t* panel, int bits, int64_t K, float* out) {
     const int64_t bb = lowbit_block_bytes(bits);
     for (int64_t kb = 0; kb < K / LB_K; kb++) {
         if (bits == 4) q4_block(panel + kb * bb, out + kb * LB_K * NR);
+        else if (bits == 6) q6_block(panel + kb * bb, out + kb * LB_K * NR);
         else q8_block(panel + kb * bb, out + kb * LB_K * NR);
     }
 }
@@ -72,7 +96,7 @@ static void lowbit_dequant(const uint8_t* panel, int bits, int64_t K, float* out
 /* every panel of a low-bit weight expanded to fp32 panels (out: panels x K x NR), for
  * the tests to compare with the fp32 packing */
 int gemm_f32_lowbit_dequant(const uint8_t* qp, int bits, int64_t panels, int64_t K, float* out) {
-    if (K % LB_K || (bits != 4 && bits != 8)) return -2;
+    if (K % LB_K || !lowbit_form(bits)) return -2;
     for (int64_t p = 0; p < panels; p++)
         lowbit_dequant(qp + p * lowbit_panel_bytes(bits, K), bits, K, out + p * K * NR);
     return 0;
@@ -82,7 +106,7 @@ int gemm_f32_lowbit_dequant(const uint8_t* qp, int bits, int64_t panels, int64_t
  * panels (packed: panels x K x NR), 0 where one differs, -2 for a bad K or width, -3
  * without memory. Values, not bits: see panel_lowbit.py on the sign of zero. */
 int gemm_f32_lowbit_matches(const uint8_t* qp, int bits, int64_t panels, int64_t K, const float* packed) {
-    if (K % LB_K || (bits != 4 && bits != 8)) return -2;
+    if (K % LB_K || !lowbit_form(bits)) return -2;
     int same = 1, oom = 0;
     #pragma omp parallel reduction(& : same) reduction(| : oom)
     {
@@ -110,15 +134,15 @@ static float half_round(float x) {
     return x;
 }
 
-/* the smallest and largest of a block's values */
-static void block_range(const float* v, float* lo, float* hi) {
+/* the smallest and largest of n values */
+static void block_range(const float* v, int n, float* lo, float* hi) {
     *lo = *hi = v[0];
-    for (int k = 1; k < LB_K; k++) *lo = v[k] < *lo ? v[k] : *lo, *hi = v[k] > *hi ? v[k] : *hi;
+    for (int k = 1; k < n; k++) *lo = v[k] < *lo ? v[k] : *lo, *hi = v[k] > *hi ? v[k] : *hi;
 }
 
-/* 1 when every value of the block is dt * q + mt for some q in 0..15 (q set), else 0 */
-static int q4_try(const float* v, float dt, float mt, uint8_t* q) {
-    for (int k = 0; k < LB_K; k++) {
+/* 1 when each of the n values is dt * q + mt for some q in 0..15 (q set), else 0 */
+static int q4_try(const float* v, int n, float dt, float mt, uint8_t* q) {
+    for (int k = 0; k < n; k++) {
         float qk = dt != 0 ? nearbyintf((v[k] - mt) / dt) : 0;
         qk = qk < 0 ? 0 : qk > 15 ? 15 : qk;
         if (dt * qk + mt != v[k]) return 0;  /* exact product: fused or not, the same sum */
@@ -127,16 +151,16 @@ static int q4_try(const float* v, float dt, float mt, uint8_t* q) {
     return 1;
 }
 
-/* one block of 32 values as d * q + m, q in 0..15 (the 4-bit form): q = 0 at one end of
+/* a block of n values as d * q + m, q in 0..15 (the 4-bit form): q = 0 at one end of
  * the block (the smallest value when d > 0, as Q4_1 has it; either end in Q4_0), the
  * other end's q 15 unless rounding lowered it, d a half float. 0: found (d, m, q set). */
-static int q4_fit(const float* v, float* d, float* m, uint8_t* q) {
+static int q4_fit(const float* v, int n, float* d, float* m, uint8_t* q) {
     float lo, hi;
-    block_range(v, &lo, &hi);
+    block_range(v, n, &lo, &hi);
     for (int top = 15; top > 0; top--)
         for (int sign = 1; sign >= -1; sign -= 2) {
             const float dt = half_round((float)sign * (hi - lo) / (float)top), mt = sign > 0 ? lo : hi;
-            if (q4_try(v, dt, mt, q)) {
+            if (q4_try(v, n, dt, mt, q)) {
                 *d = dt, *m = mt;
                 return 0;
             }
@@ -148,9 +172,9 @@ static int q4_fit(const float* v, float* d, float* m, uint8_t* q) {
  * times a 6-bit integer (17 significant bits), not half floats as q4_fit assumes, and the
  * block's values need not reach q = 0 or 15, so both the span t of its q and its smallest q
  * are searched. d keeps d * q exact, as the NOTE above needs. 0: found (d, m, q set). */
-static int q4k_fit(const float* v, float* d, float* m, uint8_t* q) {
+static int q4k_fit(const float* v, int n, float* d, float* m, uint8_t* q) {
     float lo, hi;
-    block_range(v, &lo, &hi);
+    block_range(v, n, &lo, &hi);
     for (int t = 15; t > 0 && hi > lo; t--) {
         const float dt = (hi - lo) / (float)t;
         uint32_t bits;
@@ -158,13 +182,47 @@ static int q4k_fit(const float* v, float* d, float* m, uint8_t* q) {
         if (bits & 0xFu) continue;  /* over 20 significant bits: d * q would round (see the NOTE above) */
         for (int q0 = 0; q0 + t <= 15; q0++) {
             const float mt = lo - dt * (float)q0;
-            if (q4_try(v, dt, mt, q)) {
+            if (q4_try(v, n, dt, mt, q)) {
                 *d = dt, *m = mt;
                 return 0;
             }
         }
     }
     return 1;
+}
+
+/* 16 values as d * q, q in -32..32 (Q6_K's (d * scale) * q, q in -32..31): d of at most
+ * 19 significant bits, so d * q is exact (see the NOTE above). 0: found (d, q set). */
+static int q6k_fit(const float* v, float* d, int8_t* q) {
+    float amax = 0;
+    for (int k = 0; k < LB_HALF; k++) amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+    for (int t = 32; t > 0; t--) {  /* the largest magnitude's |q| */
+        const float dt = amax / (float)t;
+        uint32_t bits;
+        memcpy(&bits, &dt, 4);
+        if (bits & 0x1Fu) continue;
+        int k = 0;
+        for (; k < LB_HALF; k++) {
+            const float qk = dt != 0 ? nearbyintf(v[k] / dt) : 0;
+            if (dt * qk != v[k]) break;
+            q[k] = (int8_t)qk;
+        }
+        if (k == LB_HALF) {
+            *d = dt;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* 16 values in the K-quant form: Q6_K's d * q (m = 0), else a 4-bit block's d * q + m */
+static int kquant_fit(const float* v, float* d, float* m, int8_t* q) {
+    uint8_t u[LB_HALF];
+    *m = 0;
+    if (!q6k_fit(v, d, q)) return 0;
+    if (q4_fit(v, LB_HALF, d, m, u) && q4k_fit(v, LB_HALF, d, m, u)) return 1;
+    for (int k = 0; k < LB_HALF; k++) q[k] = (int8_t)u[k];
+    return 0;
 }
 
 /* one block as d * q, q in -128..127 (the 8-bit form; the largest magnitude at |q| = 127) */
@@ -182,33 +240,45 @@ static int q8_fit(const float* v, float* d, int8_t* q) {
     return 0;
 }
 
-/* w [N, K] (rows K apart) in the low-bit panels of bits (4 or 8) into out (zeroed,
+/* column j of one block (32 values at v) into the block's bytes at blk, in the form of
+ * bits: 0 done, 1 where the values have no such exact form */
+static int pack_column(const float* v, int bits, int64_t j, uint8_t* blk) {
+    float d, m;
+    if (bits == 4) {
+        uint8_t q[LB_K];
+        if (q4_fit(v, LB_K, &d, &m, q) && q4k_fit(v, LB_K, &d, &m, q)) return 1;
+        for (int k = 0; k < LB_K; k++) blk[8 * NR + (k / 2) * NR + j] |= (uint8_t)(q[k] << (k % 2 ? 4 : 0));
+        memcpy(blk + 4 * j, &d, 4);
+        memcpy(blk + 4 * (NR + j), &m, 4);
+        return 0;
+    }
+    int8_t q[LB_K];
+    if (bits == 8) {
+        if (q8_fit(v, &d, q)) return 1;
+        memcpy(blk + 4 * j, &d, 4);
+        for (int k = 0; k < LB_K; k++) blk[4 * NR + k * NR + j] = (uint8_t)q[k];
+        return 0;
+    }
+    for (int h = 0; h < 2; h++) {
+        if (kquant_fit(v + h * LB_HALF, &d, &m, q + h * LB_HALF)) return 1;
+        memcpy(blk + 4 * (h * NR + j), &d, 4);
+        memcpy(blk + 4 * ((2 + h) * NR + j), &m, 4);
+    }
+    for (int k = 0; k < LB_K; k++) blk[16 * NR + k * NR + j] = (uint8_t)q[k];
+    return 0;
+}
+
+/* w [N, K] (rows K apart) in the low-bit panels of bits (4, 6 or 8) into out (zeroed,
  * ceil(N / NR) panels): 0 when every block of 32 has that exact form, 1 where one has
  * not (out is then partly written), -2 for a bad K or width. */
 int gemm_f32_lowbit_pack(const float* w, int64_t N, int64_t K, int bits, uint8_t* out) {
-    if (K % LB_K || (bits != 4 && bits != 8)) return -2;
+    if (K % LB_K || !lowbit_form(bits)) return -2;
     const int64_t bb = lowbit_block_bytes(bits), kb = K / LB_K;
     int bad = 0;
     #pragma omp parallel for schedule(static) reduction(| : bad)
-    for (int64_t n = 0; n < N; n++) {
-        const int64_t j = n % NR;
-        for (int64_t b = 0; b < kb && !bad; b++) {
-            uint8_t* blk = out + ((n / NR) * kb + b) * bb;
-            const float* v = w + n * K + b * LB_K;
-            float d, m;
-            if (bits == 4) {
-                uint8_t q[LB_K];
-                bad |= q4_fit(v, &d, &m, q) && q4k_fit(v, &d, &m, q);
-                memcpy(blk + 4 * (NR + j), &m, 4);
-                for (int k = 0; k < LB_K; k++) blk[8 * NR + (k / 2) * NR + j] |= (uint8_t)(q[k] << (k % 2 ? 4 : 0));
-            } else {
-                int8_t q[LB_K];
-                bad |= q8_fit(v, &d, q);
-                for (int k = 0; k < LB_K; k++) blk[4 * NR + k * NR + j] = (uint8_t)q[k];
-            }
-            memcpy(blk + 4 * j, &d, 4);
-        }
-    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t b = 0; b < kb && !bad; b++)
+            bad |= pack_column(w + n * K + b * LB_K, bits, n % NR, out + ((n / NR) * kb + b) * bb);
     return bad;
 }
 
