@@ -45,16 +45,19 @@ def _load(path: str, dtype: torch.dtype):
 @contextlib.contextmanager
 def _tensor_name_maps_memoized():
     """transformers asks gguf for the same (arch, layers) name map once per submodule,
-    and each is built from scratch: a third of the load. The map is a pure function of
-    its arguments, so memoizing it changes no weight."""
+    and each is built from scratch: a third of the load; and it parses the file's header
+    (the tokenizer's vocabulary: most of the rest) once for the config and again for the
+    weights. The map is a pure function of its arguments and transformers only reads the
+    parsed file, so memoizing both changes no weight."""
     import gguf
 
-    original = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    original_map, original_reader = gguf.get_tensor_name_map, gguf.GGUFReader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original_map)
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(original_reader)
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = original
+        gguf.get_tensor_name_map, gguf.GGUFReader = original_map, original_reader
 
 
 def _from_gguf_without_accelerate(path: str, dtype: torch.dtype):

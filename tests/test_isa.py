@@ -1,4 +1,8 @@
 """ISA level selection: INFLIGHT_CPU_ISA's emulated AVX-512 levels and their build flags."""
+import subprocess
+import threading
+import time
+
 import pytest
 
 from inflight.kernels.cpu import build, isa
@@ -42,3 +46,26 @@ def test_amx_is_the_top_level_only_with_its_flags_and_never_emulated():
     with pytest.raises(ValueError, match="only the AVX-512 levels"):
         isa.emulated(amx)
     assert all(not lv.has_amx for lv in isa.emulated_levels())
+
+
+def test_processes_building_the_same_library_at_once_compile_it_once(tmp_path, monkeypatch):
+    """Test workers or data-parallel replicas starting together wait for one build of a
+    library (a lock beside it) instead of each compiling it."""
+    monkeypatch.setenv("INFLIGHT_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def slow_compile(name, level, out, cc):
+        calls.append(name)
+        time.sleep(0.5)
+        open(out, "wb").close()
+        return subprocess.CompletedProcess([cc], 0, "", "")
+
+    monkeypatch.setattr(build, "compile_library", slow_compile)
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(build.library_path("fused_ops", isa.current_level())))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["fused_ops"] and len(set(paths)) == 1 and paths[0].startswith(str(tmp_path))

@@ -8,7 +8,9 @@ plain C, chosen by the ``INFLIGHT_ISA_*`` macro the flags define.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -89,18 +91,33 @@ def library_path(name: str, level: IsaLevel, cross_cc: Optional[str] = None) -> 
     if cross_cc:
         tag = f"{level.arch}-{tag}"
     path = os.path.join(_cache_dir(), f"{name}-{tag}-{digest}.so")
-    if not os.path.exists(path):
-        if cc is None:
-            logger.warning("no C compiler found: the CPU kernels are off, plain torch runs")
-            return None
-        os.makedirs(_cache_dir(), exist_ok=True)
-        tmp_out = f"{path}.{os.getpid()}.tmp"
-        res = compile_library(name, level, tmp_out, cc)
-        if res.returncode != 0:
-            logger.warning("building C kernel %s for %s failed: %s", name, level.name, res.stderr[-800:])
-            return None
-        os.replace(tmp_out, path)  # atomic: a concurrent builder never sees half a file
+    if os.path.exists(path):
+        return path
+    if cc is None:
+        logger.warning("no C compiler found: the CPU kernels are off, plain torch runs")
+        return None
+    os.makedirs(_cache_dir(), exist_ok=True)
+    with _locked(f"{path}.lock"):  # another process building the same library: wait for it
+        if not os.path.exists(path):
+            tmp_out = f"{path}.{os.getpid()}.tmp"
+            res = compile_library(name, level, tmp_out, cc)
+            if res.returncode != 0:
+                logger.warning("building C kernel %s for %s failed: %s", name, level.name, res.stderr[-800:])
+                return None
+            os.replace(tmp_out, path)  # atomic: a reader that takes no lock never sees half a file
     return path
+
+
+@contextlib.contextmanager
+def _locked(lock_path: str):
+    """An exclusive lock on lock_path (created if absent) for the with-block, released when
+    it ends or its process dies."""
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @functools.lru_cache(maxsize=None)
