@@ -1,5 +1,5 @@
 """Low-bit panels for fp32 weights that are 4-, 6- or 8-bit underneath (panel_lowbit.py,
-csrc/panel_lowbit.h): a GGUF Q4_0 / Q4_1 / Q4_K / Q6_K / Q8_0 weight, dequantized as the loader does, is
+csrc/panel_lowbit.h): a GGUF Q4_0 / Q4_1 / Q8_0 / K-quant / Q5 weight, dequantized as the loader does, is
 recovered exactly, and the GEMMs over its low-bit panels (plain, SiLU epilogue, argmax)
 give the fp32 panel GEMM's outputs bit for bit at every ISA level the machine can run
 (the emulated AVX-512 one too: 48-column panels)."""
@@ -29,29 +29,21 @@ def gguf_weight(n: int, k: int, kind: str = "Q4_1", seed: int = 0) -> torch.Tens
     return torch.from_numpy(np.ascontiguousarray(dequantize(quantize(w, t), t), dtype=np.float32))
 
 
-def q4_k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """A GGUF Q4_K weight (gguf-py has no Q4_K quantizer): random super-blocks of 256 values,
-    each a half-float scale and minimum, 6-bit per-32 scales and minimums, 4-bit q, dequantized
-    by gguf-py as the loader does."""
-    rng = np.random.default_rng(seed)
-    blocks = n * k // 256
-    d = rng.uniform(1e-3, 2e-2, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
-    dmin = rng.uniform(1e-3, 2e-2, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
-    rest = rng.integers(0, 256, (blocks, 12 + 128), dtype=np.uint8)  # the scales and minimums, then q
-    raw = np.concatenate([d, dmin, rest], axis=1)
-    return torch.from_numpy(np.ascontiguousarray(dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(n, k)))
+# where each K-quant block (256 values) keeps its half-float scales (ggml's layouts)
+HALF_FLOATS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
-def q6_k_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """A GGUF Q6_K weight (gguf-py has no Q6_K quantizer): random super-blocks of 256 values,
-    each 6-bit q, an 8-bit scale for every 16 of them and a half-float scale, dequantized by
+def k_quant_weight(kind: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A GGUF K-quant weight (gguf-py has no K-quant quantizer): random super-blocks of 256
+    values (random q and sub-block scales, half-float scales in a sane range), dequantized by
     gguf-py as the loader does."""
     rng = np.random.default_rng(seed)
-    blocks = n * k // 256
-    rest = rng.integers(0, 256, (blocks, 128 + 64 + 16), dtype=np.uint8)  # q's low and high bits, the scales
-    d = rng.uniform(1e-4, 2e-3, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
-    raw = np.concatenate([rest, d], axis=1)
-    return torch.from_numpy(np.ascontiguousarray(dequantize(raw, gguf.GGMLQuantizationType.Q6_K).reshape(n, k)))
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    blocks, size = n * k // 256, gguf.GGML_QUANT_SIZES[qtype][1]
+    raw = rng.integers(0, 256, (blocks, size), dtype=np.uint8)
+    for at in HALF_FLOATS[kind]:
+        raw[:, at:at + 2] = rng.uniform(1e-3, 2e-2, blocks).astype(np.float16).view(np.uint8).reshape(blocks, 2)
+    return torch.from_numpy(np.ascontiguousarray(dequantize(raw, qtype).reshape(n, k)))
 
 
 def test_every_native_level_is_listed():
@@ -74,7 +66,7 @@ def test_recovers_gguf_weights_exactly(kind, bits):
 def test_q4_k_weights_take_the_4_bit_form(level):
     """llama.cpp's K-quants: a block's scale and offset are a half float times a 6-bit integer and
     its values need not reach q = 0 or 15; the 4-bit panels still give the fp32 GEMM bit for bit."""
-    w = q4_k_weight(300, 512, seed=5)  # past the sample of rows looked at first
+    w = k_quant_weight("Q4_K", 300, 512, seed=5)  # past the sample of rows looked at first
     fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
     assert fast.lowbit_bits == 4
     fast.lowbit_max_rows = 1 << 30
@@ -83,24 +75,34 @@ def test_q4_k_weights_take_the_4_bit_form(level):
         assert torch.equal(fast(x), plain(x)), rows
 
 
+def k_quant_form_weight(kind: str, n: int, k: int) -> torch.Tensor:
+    """A weight of GGUF type ``kind``, or (kind "Q4_K+Q6_K") Q4_K rows over Q6_K ones, as a
+    Q4_K_M file's fused qkv has them."""
+    if kind == "Q4_K+Q6_K":
+        return torch.cat([k_quant_weight("Q4_K", n // 2, k), k_quant_weight("Q6_K", n // 2, k, seed=1)])
+    return k_quant_weight(kind, n, k, seed=11) if kind.endswith("_K") else gguf_weight(n, k, kind, seed=11)
+
+
 @pytest.mark.parametrize("level", LEVELS)
-def test_q6_k_weights_take_the_k_quant_form(level):
-    """Q6_K (a scale for every 16 inputs), alone and fused after Q4_K rows as in a Q4_K_M file's
-    qkv: the K-quant panels (1.5 bytes a weight) give the fp32 GEMM, its SiLU epilogue and its
-    argmax bit for bit, for one or two rows (several panels at once) and more."""
+@pytest.mark.parametrize("kind", ["Q6_K", "Q4_K+Q6_K", "Q5_K", "Q5_0", "Q5_1", "Q3_K", "Q2_K"])
+def test_k_quant_form_is_the_fp32_gemm_bit_for_bit(level, kind):
+    """What the 4- and 8-bit forms cannot hold (a scale for every 16 inputs, 5-bit q, or rows of
+    both kinds in one fused weight) takes the K-quant form (1.5 bytes a weight), whose GEMM, SiLU
+    epilogue and argmax give the fp32 panels' outputs bit for bit, for one or two rows (several
+    panels at once) and more."""
     half = 8 * load_gemm_f32(level).gemm_f32_panel()  # gate | up on a panel boundary
-    for w in (q6_k_weight(2 * half, 256, seed=11), torch.cat([q4_k_weight(half, 256), q6_k_weight(half, 256)])):
-        fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
-        assert fast.lowbit_bits == 6 and fast.lowbit.numel() == 1.5 * plain.packed.numel()
-        back = torch.empty_like(plain.packed)
-        assert fast.lib.gemm_f32_lowbit_dequant(fast.lowbit.data_ptr(), 6, back.shape[0], 256, back.data_ptr()) == 0
-        assert torch.equal(back, plain.packed)
-        fast.lowbit_max_rows = 1 << 30
-        for rows in [1, 2, 5, 40]:
-            x = torch.randn(rows, 256)
-            assert torch.equal(fast(x), plain(x)), rows
-            assert torch.equal(fast.silu_mul(x), plain.silu_mul(x)), rows
-            assert torch.equal(fast.argmax(x), plain.argmax(x)), rows
+    w = k_quant_form_weight(kind, 2 * half, 256)
+    fast, plain = PanelLinearF32(w, None, level), PanelLinearF32(w, None, level, lowbit=False)
+    assert fast.lowbit_bits == 6 and fast.lowbit.numel() == 1.5 * plain.packed.numel()
+    back = torch.empty_like(plain.packed)
+    assert fast.lib.gemm_f32_lowbit_dequant(fast.lowbit.data_ptr(), 6, back.shape[0], 256, back.data_ptr()) == 0
+    assert torch.equal(back, plain.packed)
+    fast.lowbit_max_rows = 1 << 30
+    for rows in [1, 2, 5, 40]:
+        x = torch.randn(rows, 256)
+        assert torch.equal(fast(x), plain(x)), rows
+        assert torch.equal(fast.silu_mul(x), plain.silu_mul(x)), rows
+        assert torch.equal(fast.argmax(x), plain.argmax(x)), rows
 
 
 def test_other_weights_have_no_lowbit_form():
@@ -247,7 +249,7 @@ def k_quant_qwen3(tmp_path_factory):
     with torch.no_grad():
         for i, (name, p) in enumerate(model.named_parameters()):
             if p.dim() == 2 and ".layers." in name:
-                w = (q6_k_weight if "v_proj" in name or "down_proj" in name else q4_k_weight)(*p.shape, seed=i)
+                w = k_quant_weight("Q6_K" if "v_proj" in name or "down_proj" in name else "Q4_K", *p.shape, seed=i)
                 p.copy_(w * 2.0 ** -round(float(torch.log2(w.std() / 0.05))))
     model.save_pretrained(folder)
     return str(folder)

@@ -2,9 +2,10 @@
  * Low-bit panels for the fp32 GEMM (gemm_f32.c): a weight whose every block of 32
  * inputs holds values d * q + m with 4-bit q (what a GGUF Q4_0, Q4_1 or Q4_K tensor
  * dequantizes to), or d * q with 8-bit q (Q8_0), kept in that form: 0.75 or 1.125
- * bytes a weight instead of 4. The K-quant form (bits = 6) holds Q6_K's d * q with a
- * d for every 16 inputs, q in -32..32, and a 4-bit block beside it in one fused weight
- * (Q4_K and Q6_K rows in a Q4_K_M file's qkv) as d * q + m: 1.5 bytes a weight.
+ * bytes a weight instead of 4. The K-quant form (bits = 6), a d and m for every 16 inputs
+ * and q in a byte (1.5 bytes a weight), holds what those cannot: Q6_K and Q3_K (d * q with a
+ * d for every 16 inputs), Q5_0, Q5_1, Q5_K and Q2_K (d * q + m, q in 0..31), and fused
+ * weights whose rows mix them with 4-bit ones (a Q4_K_M file's qkv).
  *
  * A decode step of a few rows reads every weight byte once from DRAM for two FLOPs a
  * row: fp32 panels make it wait on memory, low-bit ones cut the bytes by 3.6-5.3x.
@@ -134,33 +135,44 @@ static float half_round(float x) {
     return x;
 }
 
+/* x (a normal float) rounded to b significant bits, ties to even */
+static float round_bits(float x, int b) {
+    const int s = 24 - b;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + (1u << (s - 1)) - 1 + ((u >> s) & 1u)) & ~((1u << s) - 1);
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 /* the smallest and largest of n values */
 static void block_range(const float* v, int n, float* lo, float* hi) {
     *lo = *hi = v[0];
     for (int k = 1; k < n; k++) *lo = v[k] < *lo ? v[k] : *lo, *hi = v[k] > *hi ? v[k] : *hi;
 }
 
-/* 1 when each of the n values is dt * q + mt for some q in 0..15 (q set), else 0 */
-static int q4_try(const float* v, int n, float dt, float mt, uint8_t* q) {
+/* 1 when each of the n values is dt * q + mt for some q in 0..qmax (q set), else 0 */
+static int affine_try(const float* v, int n, int qmax, float dt, float mt, uint8_t* q) {
     for (int k = 0; k < n; k++) {
         float qk = dt != 0 ? nearbyintf((v[k] - mt) / dt) : 0;
-        qk = qk < 0 ? 0 : qk > 15 ? 15 : qk;
+        qk = qk < 0 ? 0 : qk > (float)qmax ? (float)qmax : qk;
         if (dt * qk + mt != v[k]) return 0;  /* exact product: fused or not, the same sum */
         q[k] = (uint8_t)qk;
     }
     return 1;
 }
 
-/* a block of n values as d * q + m, q in 0..15 (the 4-bit form): q = 0 at one end of
- * the block (the smallest value when d > 0, as Q4_1 has it; either end in Q4_0), the
- * other end's q 15 unless rounding lowered it, d a half float. 0: found (d, m, q set). */
-static int q4_fit(const float* v, int n, float* d, float* m, uint8_t* q) {
+/* a block of n values as d * q + m, q in 0..qmax (15: the 4-bit form, Q4_0 / Q4_1; 31: Q5_0 /
+ * Q5_1 in the K-quant form): q = 0 at one end of the block (the smallest value when d > 0, as
+ * Q4_1 has it; either end in Q4_0), the other end's q qmax unless rounding lowered it, d a half
+ * float. 0: found (d, m, q set). */
+static int affine_fit_half(const float* v, int n, int qmax, float* d, float* m, uint8_t* q) {
     float lo, hi;
     block_range(v, n, &lo, &hi);
-    for (int top = 15; top > 0; top--)
+    for (int top = qmax; top > 0; top--)
         for (int sign = 1; sign >= -1; sign -= 2) {
             const float dt = half_round((float)sign * (hi - lo) / (float)top), mt = sign > 0 ? lo : hi;
-            if (q4_try(v, n, dt, mt, q)) {
+            if (affine_try(v, n, qmax, dt, mt, q)) {
                 *d = dt, *m = mt;
                 return 0;
             }
@@ -168,26 +180,30 @@ static int q4_fit(const float* v, int n, float* d, float* m, uint8_t* q) {
     return 1;
 }
 
-/* one block of a K-quant (Q4_K) as d * q + m, q in 0..15: d and -m are each a half float
- * times a 6-bit integer (17 significant bits), not half floats as q4_fit assumes, and the
- * block's values need not reach q = 0 or 15, so both the span t of its q and its smallest q
- * are searched. d keeps d * q exact, as the NOTE above needs. 0: found (d, m, q set). */
-static int q4k_fit(const float* v, int n, float* d, float* m, uint8_t* q) {
+/* a block of a K-quant (Q4_K; Q5_K and Q2_K with qmax 31) as d * q + m, q in 0..qmax (2^b - 1):
+ * d and -m are each a half float times a 6-bit integer (17 significant bits), not half floats
+ * as affine_fit_half assumes, and the block's values need not reach q = 0 or qmax, so both the
+ * span t of its q and its smallest q are searched. d keeps d * q exact, as the NOTE above
+ * needs. 0: found (d, m, q set). */
+static int affine_fit_k(const float* v, int n, int qmax, float* d, float* m, uint8_t* q) {
     float lo, hi;
     block_range(v, n, &lo, &hi);
-    for (int t = 15; t > 0 && hi > lo; t--) {
-        const float dt = (hi - lo) / (float)t;
-        uint32_t bits;
-        memcpy(&bits, &dt, 4);
-        if (bits & 0xFu) continue;  /* over 20 significant bits: d * q would round (see the NOTE above) */
-        for (int q0 = 0; q0 + t <= 15; q0++) {
-            const float mt = lo - dt * (float)q0;
-            if (q4_try(v, n, dt, mt, q)) {
-                *d = dt, *m = mt;
-                return 0;
+    for (int t = qmax; t > 0 && hi > lo; t--)
+        for (int r = 0; r < 2; r++) {
+            /* hi and lo are d * q + m rounded; where the rounding moved them, d and m come back
+             * rounded to a K-quant scale's 17 bits */
+            const float dt = r ? round_bits((hi - lo) / (float)t, 17) : (hi - lo) / (float)t;
+            uint32_t bits;
+            memcpy(&bits, &dt, 4);
+            if (bits & (uint32_t)qmax) continue;  /* over 24 - b significant bits: d * q would round */
+            for (int q0 = 0; q0 + t <= qmax; q0++) {
+                const float mt = r ? round_bits(lo - dt * (float)q0, 17) : lo - dt * (float)q0;
+                if (affine_try(v, n, qmax, dt, mt, q)) {
+                    *d = dt, *m = mt;
+                    return 0;
+                }
             }
         }
-    }
     return 1;
 }
 
@@ -215,12 +231,13 @@ static int q6k_fit(const float* v, float* d, int8_t* q) {
     return 1;
 }
 
-/* 16 values in the K-quant form: Q6_K's d * q (m = 0), else a 4-bit block's d * q + m */
+/* 16 values in the K-quant form: d * q as Q6_K, Q3_K or Q5_0 have them (m = 0), else d * q + m
+ * with q in 0..31, as a 4- or 5-bit block (Q4_*, Q5_1, Q5_K) or Q2_K's has them */
 static int kquant_fit(const float* v, float* d, float* m, int8_t* q) {
     uint8_t u[LB_HALF];
     *m = 0;
     if (!q6k_fit(v, d, q)) return 0;
-    if (q4_fit(v, LB_HALF, d, m, u) && q4k_fit(v, LB_HALF, d, m, u)) return 1;
+    if (affine_fit_k(v, LB_HALF, 31, d, m, u) && affine_fit_half(v, LB_HALF, 31, d, m, u)) return 1;
     for (int k = 0; k < LB_HALF; k++) q[k] = (int8_t)u[k];
     return 0;
 }
@@ -246,7 +263,7 @@ static int pack_column(const float* v, int bits, int64_t j, uint8_t* blk) {
     float d, m;
     if (bits == 4) {
         uint8_t q[LB_K];
-        if (q4_fit(v, LB_K, &d, &m, q) && q4k_fit(v, LB_K, &d, &m, q)) return 1;
+        if (affine_fit_half(v, LB_K, 15, &d, &m, q) && affine_fit_k(v, LB_K, 15, &d, &m, q)) return 1;
         for (int k = 0; k < LB_K; k++) blk[8 * NR + (k / 2) * NR + j] |= (uint8_t)(q[k] << (k % 2 ? 4 : 0));
         memcpy(blk + 4 * j, &d, 4);
         memcpy(blk + 4 * (NR + j), &m, 4);
