@@ -35,14 +35,17 @@ serve: setup
 # Two pytest workers: alone the suite leaves a third of a 2-core machine idle (servers
 # starting, gcc, HTTP waits). Whole files go to one worker, so a module's model loads once.
 # Passive OpenMP waits: a worker's threads sleep at a barrier instead of spinning on the core
-# the other worker needs. TEST_WORKERS=0 runs in one process.
+# the other worker needs. TEST_WORKERS=0 runs in one process. The low-bit row limit is set, not
+# measured: with two workers every measurement would be taken on a busy machine and not kept
+# (lowbit_rows.py), and each model load would measure again; test_lowbit_rows.py tests the tuner.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+TEST_ENV := OMP_WAIT_POLICY=passive INFLIGHT_LOWBIT_MAX_ROWS=128
 test: setup
-	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -x $(PYTEST_PARALLEL) --durations=15
+	$(TEST_ENV) $(PY) -m pytest -q -x $(PYTEST_PARALLEL) --durations=15
 
 test-fast: setup
-	OMP_WAIT_POLICY=passive $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
+	$(TEST_ENV) $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # The emulated kernel checks alone (aarch64 under qemu-user, AVX-512 through SIMDe); make cross-tools first.
 test-emulated: setup

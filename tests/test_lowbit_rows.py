@@ -1,7 +1,8 @@
 """The low-bit panels' row limit, measured at load (kernels/cpu/lowbit_rows.py): the
-search stops at the first row count where the fp32 panels are as fast, the answer is
-kept per machine and model so a warm start measures nothing, and the environment
-variable overrides both."""
+search stops at the first row count where the fp32 panels are clearly faster (a near-tie
+counts for the low-bit ones), the answer is kept per machine and model so a warm start
+measures nothing (unless it was measured on a busy machine), and the environment variable
+overrides both."""
 import pytest
 import torch
 from torch import nn
@@ -38,6 +39,16 @@ def test_the_limit_is_the_last_row_count_where_low_bit_wins(crossover, expected)
         assert True in firsts and False in firsts
 
 
+def test_a_near_tie_counts_for_the_low_bit_panels():
+    """Within TIE of the fp32 panels the low-bit ones still count (they leave the DRAM to
+    attention in a real step); clearly slower, the search stops."""
+    def timer(slower):
+        return lambda rows, lowbit: (1.0 + rows) * ((1 + slower) if lowbit and rows > 8 else 1.0)
+
+    assert measure_max_rows(timer(lowbit_rows.TIE * 0.6)) == LOWBIT_MAX_ROWS
+    assert measure_max_rows(timer(lowbit_rows.TIE * 2)) == 8
+
+
 def test_a_slow_outlier_does_not_decide():
     """Interrupted rounds (another process took the core) must not flip the answer."""
     seen = []
@@ -69,6 +80,7 @@ def cache(tmp_path, monkeypatch):
         return 16
 
     monkeypatch.setattr(lowbit_rows, "measure_max_rows", measure)
+    monkeypatch.setattr(lowbit_rows, "cpu_share", lambda wall, cpu: 1.0)  # a quiet machine
     return tmp_path, measured
 
 
@@ -97,6 +109,17 @@ def test_another_thread_count_or_model_measures_again(cache):
     other.b = PanelLinearF32(gguf_weight(128, 64, "Q8_0", seed=2), None)
     tune_lowbit_max_rows(other)
     assert len(measured) == 3
+
+
+def test_a_measurement_on_a_busy_machine_is_used_but_not_kept(cache, monkeypatch):
+    tmp_path, measured = cache
+    monkeypatch.setattr(lowbit_rows, "cpu_share", lambda wall, cpu: lowbit_rows.QUIET_SHARE / 2)
+    model = TwoLayers()
+    assert tune_lowbit_max_rows(model) == 16 and model.a.lowbit_max_rows == 16
+    assert not (tmp_path / "tune").exists() or not list((tmp_path / "tune").iterdir())
+    monkeypatch.setattr(lowbit_rows, "cpu_share", lambda wall, cpu: 1.0)
+    tune_lowbit_max_rows(TwoLayers())  # measured again, on a quiet machine this time: kept
+    assert len(measured) == 2 and len(list((tmp_path / "tune").iterdir())) == 1
 
 
 def test_a_corrupt_cache_entry_measures_again(cache):

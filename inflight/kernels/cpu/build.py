@@ -66,8 +66,8 @@ def compile_library(name: str, level: IsaLevel, out: str, cc: str) -> subprocess
             with open(os.path.join(tmp, fname), "w") as f:
                 f.write(text)
         # cwd: where an -include'd header (an emulated level's) is looked up first
-        return subprocess.run([cc, *compile_flags(level), os.path.join(tmp, f"{name}.c"), "-o", os.path.abspath(out), "-lm"],
-                              capture_output=True, text=True, cwd=tmp)
+        cmd = [cc, *compile_flags(level), os.path.join(tmp, f"{name}.c"), "-o", os.path.abspath(out), "-lm"]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
 
 
 def load_library(name: str = "paged_decode", level: Optional[IsaLevel] = None) -> Optional[ctypes.CDLL]:

@@ -7,7 +7,7 @@ NR contiguous floats per k. A decode step streams every weight byte once; a pref
 step keeps a chunk of a panel in L1 while a block of rows passes over it. A row's
 result does not depend on the batch it is in (same sums, same order at any M).
 
-A weight that is low-bit underneath (a GGUF Q4_0, Q4_1, Q4_K, Q6_K or Q8_0 tensor) also gets
+A weight that is low-bit underneath (a GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 or K-quant tensor) also gets
 low-bit panels (panel_lowbit.py): calls of up to ``lowbit_max_rows`` rows read those,
 with the same results (the limit is measured per machine: lowbit_rows.py).
 """

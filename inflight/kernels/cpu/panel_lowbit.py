@@ -3,10 +3,11 @@
 A GGUF Q4_0, Q4_1 or Q4_K tensor dequantizes to float32 values that, in each block of
 32 inputs of an output row, are ``d * q + m`` with q in 0..15 (d, m half floats; for
 Q4_K half floats times 6-bit integers);
-a Q8_0 tensor to ``d * q`` with q in -128..127; a Q6_K tensor to ``d * q`` with a d
-for every 16 inputs (a half float times an 8-bit integer) and q in -32..31, kept in the
-K-quant form (``bits`` 6: a d and m for every 16 inputs, q in a byte), which also holds
-the Q4_K rows fused beside Q6_K ones (a Q4_K_M file's qkv). The fp32 GEMM reads 4 bytes
+a Q8_0 tensor to ``d * q`` with q in -128..127. The rest are kept in the K-quant form
+(``bits`` 6: a d and m for every 16 inputs, q in a byte): a Q6_K or Q3_K tensor dequantizes
+to ``d * q`` with a d for every 16 inputs (a half float times an 8-bit integer), a Q5_0,
+Q5_1, Q5_K or Q2_K one to ``d * q + m`` with q in 0..31; the form also holds the Q4_K rows
+fused beside Q6_K ones (a Q4_K_M file's qkv). The fp32 GEMM reads 4 bytes
 a weight; a decode step of a few rows waits on those bytes (two FLOPs a row per weight).
 Kept as d, m and q (0.75, 1.125 or 1.5 bytes a weight), the same weight streams 2.7-5.3x faster and
 the kernel expands each panel to fp32 in L2 before the unchanged microkernel runs over

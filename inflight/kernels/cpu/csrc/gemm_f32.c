@@ -40,6 +40,7 @@
 
 #include "gemm_f32_tile.h"
 #include "panel_lowbit.h"
+#include "lowbit_fit.h"
 #include "lowbit_micro.h"
 
 #if defined(INFLIGHT_ISA_AMX_BF16)
