@@ -35,6 +35,24 @@ static void block_range(const float* v, int n, float* lo, float* hi) {
     for (int k = 1; k < n; k++) *lo = v[k] < *lo ? v[k] : *lo, *hi = v[k] > *hi ? v[k] : *hi;
 }
 
+/* the largest magnitude of n values */
+static float block_amax(const float* v, int n) {
+    float amax = 0;
+    for (int k = 0; k < n; k++) amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+    return amax;
+}
+
+/* 1 when each of the n values is dt * q for some q in -128..127 (q set), else 0 */
+static int symmetric_try(const float* v, int n, float dt, int8_t* q) {
+    for (int k = 0; k < n; k++) {
+        float qk = dt != 0 ? nearbyintf(v[k] / dt) : 0;
+        qk = qk < -128 ? -128 : qk > 127 ? 127 : qk;
+        if (dt * qk != v[k]) return 0;
+        q[k] = (int8_t)qk;
+    }
+    return 1;
+}
+
 /* 1 when each of the n values is dt * q + mt for some q in 0..qmax (q set), else 0 */
 static int affine_try(const float* v, int n, int qmax, float dt, float mt, uint8_t* q) {
     for (int k = 0; k < n; k++) {
@@ -94,20 +112,12 @@ static int affine_fit_k(const float* v, int n, int qmax, float* d, float* m, uin
 /* 16 values as d * q, q in -32..32 (Q6_K's (d * scale) * q, q in -32..31): d of at most
  * 19 significant bits, so d * q is exact (panel_lowbit.h's NOTE). 0: found (d, q set). */
 static int q6k_fit(const float* v, float* d, int8_t* q) {
-    float amax = 0;
-    for (int k = 0; k < LB_HALF; k++) amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+    const float amax = block_amax(v, LB_HALF);
     for (int t = 32; t > 0; t--) {  /* the largest magnitude's |q| */
         const float dt = amax / (float)t;
         uint32_t bits;
         memcpy(&bits, &dt, 4);
-        if (bits & 0x1Fu) continue;
-        int k = 0;
-        for (; k < LB_HALF; k++) {
-            const float qk = dt != 0 ? nearbyintf(v[k] / dt) : 0;
-            if (dt * qk != v[k]) break;
-            q[k] = (int8_t)qk;
-        }
-        if (k == LB_HALF) {
+        if (!(bits & 0x1Fu) && symmetric_try(v, LB_HALF, dt, q)) {
             *d = dt;
             return 0;
         }
@@ -128,17 +138,8 @@ static int kquant_fit(const float* v, float* d, float* m, int8_t* q) {
 
 /* one block as d * q, q in -128..127 (the 8-bit form; the largest magnitude at |q| = 127) */
 static int q8_fit(const float* v, float* d, int8_t* q) {
-    float amax = 0;
-    for (int k = 0; k < LB_K; k++) amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
-    const float dt = half_round(amax / 127.f);
-    for (int k = 0; k < LB_K; k++) {
-        float qk = dt != 0 ? nearbyintf(v[k] / dt) : 0;
-        qk = qk < -128 ? -128 : qk > 127 ? 127 : qk;
-        if (dt * qk != v[k]) return 1;
-        q[k] = (int8_t)qk;
-    }
-    *d = dt;
-    return 0;
+    *d = half_round(block_amax(v, LB_K) / 127.f);
+    return !symmetric_try(v, LB_K, *d, q);
 }
 
 /* column j of one block (32 values at v) into the block's bytes at blk, in the form of
