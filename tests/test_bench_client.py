@@ -156,9 +156,12 @@ def test_max_concurrency_is_respected(reset):
     res = asyncio.run(run_load(cfg(reset, max_concurrency=3), reqs(10, max_tokens=4)))
     assert all(r.success for r in res.records)
     assert reset.max_in_flight == 3  # reached, never exceeded
-    # TTFT counts from the send, not from the wait for a slot.
-    assert max(r.ttft for r in res.records) < 3 * TTFT_S + 0.5
-    assert max(r.start for r in res.records) > 2 * TTFT_S
+    # TTFT counts from the send, not from the wait for a slot: counted from the wait, a
+    # queued request's TTFT would exceed its start (all were due at 0). Sums, not each
+    # request, so that one slow first token on a busy machine does not decide it.
+    late = [r for r in res.records if r.start > 2 * TTFT_S]
+    assert len(late) >= 4  # the later waves waited for a slot
+    assert sum(r.ttft for r in late) < 0.6 * sum(r.start for r in late)
 
 
 def test_failures_are_counted_not_fatal(reset):
