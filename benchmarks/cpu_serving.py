@@ -107,6 +107,21 @@ def needed_flops(hf_config: dict, requests: list[tuple[int, int]], hits: float) 
     return total
 
 
+def add_mfu(s: dict, hits: float, peaks: list[float], fpt: float, hf_config: dict,
+            requests: list[tuple[int, int]]) -> None:
+    """A run's summary ``s`` gets its model FLOPs utilisation against the matmul peak measured
+    around it (the higher of the bursts ``peaks``: a low burst would inflate MFU): MFU by
+    2 x every parameter per token processed (``fpt``), MFU* by the FLOPs the work needs
+    (needed_flops over ``requests``' prompt and output lengths; left out where a prompt's
+    length is unknown, < 0). The ``hits`` prompt tokens the prefix cache served cost no FLOPs."""
+    peak = max(peaks)
+    tokens = s["total_input_tokens"] + s["total_output_tokens"] - hits
+    s.update(matmul_peak_gflops=peak, matmul_peak_gflops_bursts=peaks, prefix_cache_hit_tokens=hits,
+             tokens_processed=tokens, mfu=tokens * fpt / s["duration_s"] / (peak * 1e9))
+    if requests and min(p for p, _ in requests) >= 0:
+        s["mfu_needed"] = needed_flops(hf_config, requests, hits) / s["duration_s"] / (peak * 1e9)
+
+
 def workload_file(name: str, tmp: str) -> str:
     path = os.path.join(SHARED, f"{name}.jsonl")
     if os.path.exists(path):
@@ -166,20 +181,13 @@ def main() -> int:
             peaks = [matmul_peak_gflops()]
             s = run_workload(name, flags, tmp, inflight_bin, args.server_pythonpath)
             peaks.append(matmul_peak_gflops())
-            peak = max(peaks)
-            # Tokens processed: prompt + output, less prompt tokens read from the prefix cache.
-            tokens = s["total_input_tokens"] + s["total_output_tokens"] - s["prefix_cache_hit_tokens"]
-            s["tokens_processed"] = tokens
-            s["mfu"] = tokens * fpt / s["duration_s"] / (peak * 1e9)
             reqs = [(r.prompt_tokens, r.max_tokens) for r in load_jsonl(workload_file(name, tmp))]
-            needed = needed_flops(hf_config, reqs, s["prefix_cache_hit_tokens"])
-            s["mfu_needed"] = needed / s["duration_s"] / (peak * 1e9) if min(p for p, _ in reqs) >= 0 else float("nan")
-            s["matmul_peak_gflops"] = peak
-            s["matmul_peak_gflops_bursts"] = peaks
+            add_mfu(s, s["prefix_cache_hit_tokens"], peaks, fpt, hf_config, reqs)
             results["workloads"][name] = s
+            tokens, peak = s["tokens_processed"], s["matmul_peak_gflops"]
             print(f"{name:>10}: {s['output_throughput']:7.1f} out tok/s  TTFT p99 {s['ttft_p99_ms'] / 1e3:6.1f} s  "
                   f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  {tokens / s['duration_s']:6.0f} proc tok/s  "
-                  f"MFU {s['mfu']:.0%}, MFU* {s['mfu_needed']:.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
+                  f"MFU {s['mfu']:.0%}, MFU* {s.get('mfu_needed', float('nan')):.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

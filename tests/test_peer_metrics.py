@@ -84,3 +84,16 @@ def test_needed_flops_count_lm_head_per_sampled_token_and_attention_per_key():
     assert needed(SMOLLM2, [(3, 2)], 0) == 4 * LAYERS + 2 * LM_HEAD + 10 * ATTENTION
     # 4 hits over two requests: each one's first 2 prompt tokens were cached
     assert needed(SMOLLM2, [(4, 1), (3, 2)], 4) == (2 + 2) * LAYERS + 3 * LM_HEAD + ((3 + 4) + (3 + 4)) * ATTENTION
+
+
+def test_mfu_leaves_out_cached_tokens_and_takes_the_higher_peak():
+    cpu_serving = load_cpu_serving()
+    # 1 + 3 prompt tokens, 1 + 2 out, 2 of them from the prefix cache, in 2 s, bursts of 1 and 2 GFLOP/s
+    s = {"total_input_tokens": 4, "total_output_tokens": 3, "duration_s": 2.0}
+    cpu_serving.add_mfu(s, 2, [1.0, 2.0], 1e9, SMOLLM2, [(1, 1), (3, 2)])
+    assert s["tokens_processed"] == 5 and s["matmul_peak_gflops"] == 2.0
+    assert s["mfu"] == pytest.approx(5 * 1e9 / 2.0 / 2e9)
+    assert s["mfu_needed"] == pytest.approx(cpu_serving.needed_flops(SMOLLM2, [(1, 1), (3, 2)], 2) / 2.0 / 2e9)
+    unknown = {"total_input_tokens": 4, "total_output_tokens": 3, "duration_s": 2.0}
+    cpu_serving.add_mfu(unknown, 0, [2.0], 1e9, SMOLLM2, [(-1, 1)])  # a prompt of unknown length
+    assert unknown["mfu"] == pytest.approx(7 / 4) and "mfu_needed" not in unknown

@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: cpu_serving's workload lookup
 sys.path.insert(0, HERE)  # servers.py beside this file, wherever it is started from
 
-from cpu_serving import (flops_per_token, matmul_peak_gflops, needed_flops, prefix_cache_hits,  # noqa: E402
+from cpu_serving import (add_mfu, flops_per_token, matmul_peak_gflops, prefix_cache_hits,  # noqa: E402
                          workload_file)
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
 from servers import DEFAULT_LLAMA_SERVER, DEFAULT_VLLM_VENV, SERVED_NAME, SERVERS, cpu_facts, version_of  # noqa: E402
@@ -107,11 +107,8 @@ def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Na
     s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
     if mfu:
         peaks.append(matmul_peak_gflops(dtype=peak_dtype))
-        add_mfu(s, prefix_cache_hits(url) - hits, max(peaks), peaks, args.flops_per_token)
-        if all(r.prompt_tokens >= 0 for r in reqs):
-            flops = needed_flops(args.hf_config, [(r.prompt_tokens, r.max_tokens) for r in reqs],
-                                 s["prefix_cache_hit_tokens"])
-            s["mfu_needed"] = flops / s["duration_s"] / (s["matmul_peak_gflops"] * 1e9)
+        add_mfu(s, prefix_cache_hits(url) - hits, peaks, args.flops_per_token, args.hf_config,
+                [(r.prompt_tokens, r.max_tokens) for r in reqs])
     print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
           f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
     return s
@@ -142,17 +139,6 @@ def run_sitting(systems: list[str], args: argparse.Namespace, workloads: dict, l
         for i, (name, reqs) in enumerate(workloads.items()):
             for system in (systems if i % 2 == 0 else systems[::-1]):
                 results["workloads"][name][system] = run_workload(system, servers[system]["url"], name, reqs, args)
-
-
-def add_mfu(s: dict, hits: float, peak: float, peaks: list[float], fpt: float) -> None:
-    """Model FLOPs utilisation of a run against the matmul peak measured around it
-    (``matmul_peak_gflops``; the higher of the bursts before and after: a low burst would
-    inflate MFU). The ``hits``
-    prompt tokens the run's prefix cache served (both servers count them) cost no FLOPs and
-    are not counted."""
-    tokens = s["total_input_tokens"] + s["total_output_tokens"] - hits
-    s.update(matmul_peak_gflops=peak, matmul_peak_gflops_bursts=peaks, prefix_cache_hit_tokens=hits,
-             tokens_processed=tokens, mfu=tokens * fpt / s["duration_s"] / (peak * 1e9))
 
 
 def table(results: dict, systems: list[str]) -> str:
