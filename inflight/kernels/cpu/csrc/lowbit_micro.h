@@ -55,9 +55,11 @@ static inline __attribute__((always_inline)) void lowbit_micro(
         const uint8_t* blk = panel + kb * bb;
         const float* xk = a + kb * LB_K;
         vf d[NV], m[NV], w0[NV], w1[NV];
-        UNROLL for (int i = 0; i < NV; i++) d[i] = ld((const float*)blk + i * VL);
         if (bits == 4) {
-            UNROLL for (int i = 0; i < NV; i++) m[i] = ld((const float*)blk + NR + i * VL);
+            UNROLL for (int i = 0; i < NV; i++) {
+                d[i] = ld((const float*)blk + i * VL);
+                m[i] = ld((const float*)blk + NR + i * VL);
+            }
             const uint8_t* q = blk + 8 * NR;
             _Pragma("GCC unroll 2")
             for (int k = 0; k < LB_K; k += 2, q += NR) {
@@ -84,6 +86,7 @@ static inline __attribute__((always_inline)) void lowbit_micro(
                 }
             }
         } else {
+            UNROLL for (int i = 0; i < NV; i++) d[i] = ld((const float*)blk + i * VL);
             const int8_t* q = (const int8_t*)(blk + 4 * NR);
             _Pragma("GCC unroll 2")
             for (int k = 0; k < LB_K; k++, q += NR) {
@@ -120,6 +123,8 @@ static inline __attribute__((always_inline)) void lowbit_micro_panels(
         UNROLL for (int p = 0; p < P; p++) blk[p] = panel + p * pb + kb * bb;
 #define LB_D(p, i) ld((const float*)blk[p] + (i) * VL)
 #define LB_M(p, i) ld((const float*)blk[p] + NR + (i) * VL)
+#define LB_KD(p, h, i) ld((const float*)blk[p] + (h) * NR + (i) * VL)        /* K-quant: d[h] */
+#define LB_KM(p, h, i) ld((const float*)blk[p] + (2 + (h)) * NR + (i) * VL)  /* K-quant: m[h] */
         if (bits == 4) {
             _Pragma("GCC unroll 2")
             for (int k = 0; k < LB_K; k += 2) {
@@ -143,8 +148,7 @@ static inline __attribute__((always_inline)) void lowbit_micro_panels(
                     const int8_t* q = (const int8_t*)(blk[p] + 16 * NR) + k * NR;  /* after d[2][NR], m[2][NR] */
                     vf w0[NV];
                     UNROLL for (int i = 0; i < NV; i++)
-                        w0[i] = LB_D(p, h * NV + i) * __builtin_convertvector(vi_load_s8(q + i * VL), vf) +
-                                LB_D(p, (2 + h) * NV + i);
+                        w0[i] = LB_KD(p, h, i) * __builtin_convertvector(vi_load_s8(q + i * VL), vf) + LB_KM(p, h, i);
                     LB_FMA_ROWS(acc[p], xk + k, w0)
                 }
             }
@@ -167,6 +171,8 @@ static inline __attribute__((always_inline)) void lowbit_micro_panels(
 #undef LB_FMA_ROWS
 #undef LB_D
 #undef LB_M
+#undef LB_KD
+#undef LB_KM
 
 /* lowbit_micro with R a constant (or lowbit_micro_panels over LB_PANELS(R) panels where multi
  * is set and R takes several), so the accumulators stay in registers */
