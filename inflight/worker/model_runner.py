@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from inflight.attention.base import AttentionMetadata
@@ -44,6 +45,19 @@ class StepInputs:
     pool_rows: list[PoolRows] = field(default_factory=list)  # rows of pooling requests
 
 
+def flat_positions(q_lens: list[int], starts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The position of each of a step's flattened tokens and its request's row, request i
+    having q_lens[i] tokens from position starts[i]. NOTE: numpy, not torch: on arrays this
+    small one torch op's dispatch costs more than the whole computation in numpy, and a
+    one-row decode step feels it."""
+    st, rows = np.array(starts, dtype=np.int64), np.arange(len(q_lens), dtype=np.int64)
+    if q_lens.count(1) == len(q_lens):  # decodes only
+        return st, rows
+    ql = np.array(q_lens, dtype=np.int64)
+    qsl = np.concatenate(([0], np.cumsum(ql)))
+    return np.arange(qsl[-1], dtype=np.int64) + np.repeat(st - qsl[:-1], ql), np.repeat(rows, ql)
+
+
 class ModelRunner:
     """Owns the model, the KV pools and the per-request state (tokens, block tables,
     seeded generators), which it keeps up to date from each SchedulerOutput;
@@ -80,15 +94,11 @@ class ModelRunner:
             q_lens.append(s.num_new_tokens)
             starts.append(nc)
         dev = self.device
-        B = len(items)
         qsl = [0]
         for n in q_lens:
             qsl.append(qsl[-1] + n)
         seq_lens = [a + n for a, n in zip(starts, q_lens)]
-        q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
-        offsets = torch.tensor(starts, dtype=torch.int64) - torch.tensor(qsl[:-1], dtype=torch.int64)
-        positions = torch.arange(qsl[-1], dtype=torch.int64) + torch.repeat_interleave(offsets, q_lens_t)
-        req_idx = torch.repeat_interleave(torch.arange(B), q_lens_t)
+        positions, req_idx = flat_positions(q_lens, starts)
         groups = [self._block_table([s.state.block_ids[g] for s in items], req_idx, positions)
                   for g in range(len(items[0].state.block_ids))]
         num_decodes = sum(1 for n in q_lens if n == 1)
@@ -108,18 +118,17 @@ class ModelRunner:
                       for j in range(qsl[i + 1] - 1 - len(s.spec_token_ids), qsl[i + 1])]
         prompt = [r for i, s in enumerate(items) if (r := prompt_rows(s, qsl[i])) is not None]
         pool = [r for i, s in enumerate(items) if (r := pool_rows(s, qsl[i])) is not None]
-        return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), md,
+        return StepInputs(torch.tensor(ids, dtype=torch.int64, device=dev), torch.from_numpy(positions).to(dev), md,
                           torch.tensor(logits_idx, dtype=torch.int64, device=dev), sampling, prompt, pool)
 
-    def _block_table(self, tables: list[list[int]], req_idx: torch.Tensor,
-                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _block_table(self, tables: list[list[int]], req_idx: np.ndarray,
+                     positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """(block tables, slot of each new token) of one KV cache group, on the device."""
         max_blocks = max(len(t) for t in tables)
-        # one tensor from padded rows: a tensor per row costs ~4 us each at 128 rows
-        bt = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int64)
+        bt = np.array([t + [0] * (max_blocks - len(t)) for t in tables], dtype=np.int64)
         bs = self.block_size
         slots = bt[req_idx, positions // bs] * bs + positions % bs
-        return bt.to(self.device), slots.to(self.device)
+        return torch.from_numpy(bt).to(self.device), torch.from_numpy(slots).to(self.device)
 
     def _request_rows(self, s: ScheduledState) -> list[SamplingRow]:
         """The rows one request samples this step; raises for settings that cannot be sampled."""
