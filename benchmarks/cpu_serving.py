@@ -187,7 +187,8 @@ def main() -> int:
             tokens, peak = s["tokens_processed"], s["matmul_peak_gflops"]
             print(f"{name:>10}: {s['output_throughput']:7.1f} out tok/s  TTFT p99 {s['ttft_p99_ms'] / 1e3:6.1f} s  "
                   f"TPOT p99 {s['tpot_p99_ms'] / 1e3:5.2f} s  {tokens / s['duration_s']:6.0f} proc tok/s  "
-                  f"MFU {s['mfu']:.0%}, MFU* {s.get('mfu_needed', float('nan')):.0%} (peak {peak:.0f} GFLOP/s)", flush=True)
+                  f"MFU {s['mfu']:.0%}, MFU* {s.get('mfu_needed', float('nan')):.0%} (peak {peak:.0f} GFLOP/s)",
+                  flush=True)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
