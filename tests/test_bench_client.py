@@ -108,9 +108,13 @@ def test_all_at_once_records_every_metric(reset):
         assert r.success and r.error == ""
         assert r.output_tokens == 5 and r.prompt_tokens == 7  # the server's usage wins
         assert TTFT_S * 0.9 <= r.ttft <= r.e2e
-        assert len(r.itl) == 4 and all(x >= ITL_S * 0.8 for x in r.itl)
+        assert len(r.itl) == 4 and all(x >= 0 for x in r.itl)
+        assert r.ttft + sum(r.itl) <= r.e2e + 1e-6  # gaps between chunks, not times since the send
         assert r.tpot == pytest.approx((r.e2e - r.ttft) / 4)
-        assert r.start < 0.5  # all sent at once
+    # a busy machine may hand the client a few chunks at once (gaps near 0), not most of them
+    assert statistics.median(x for r in res.records for x in r.itl) >= ITL_S * 0.8
+    starts = [r.start for r in res.records]
+    assert max(starts) - min(starts) < 0.5  # all sent at once (a stall of the machine delays them alike)
     spread = max(reset.arrivals) - min(reset.arrivals)
     assert spread < 0.5 and reset.max_in_flight == 6
     body = reset.bodies[0]
@@ -130,9 +134,11 @@ def test_poisson_arrivals_follow_the_seeded_schedule(reset):
     res = asyncio.run(run_load(cfg(reset, request_rate=10.0, seed=3), reqs(20, max_tokens=2)))
     assert len(reset.arrivals) == 20 and all(r.success for r in res.records)
     starts = sorted(r.start for r in res.records)
-    assert starts == pytest.approx(offsets, abs=0.25)  # each sent when scheduled
+    # each sent when scheduled: never early, and late only by what a busy machine adds
+    assert all(s >= o - 0.01 for s, o in zip(starts, offsets))
+    assert statistics.median(s - o for s, o in zip(starts, offsets)) < 0.1
     seen = max(reset.arrivals) - min(reset.arrivals)
-    assert seen == pytest.approx(offsets[-1], abs=0.3)
+    assert seen >= offsets[-1] - 0.05
 
 
 def test_burstiness_shapes_the_gaps():
