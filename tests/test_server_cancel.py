@@ -25,7 +25,7 @@ def test_streaming_client_disconnect_aborts_and_frees_blocks(server):
             assert next(lines).startswith("data: ")
             assert server.state.engine.num_unfinished == 1
         # Leaving the block closed the connection mid-stream; finishing would take 2 s.
-        wait_until_idle(server, timeout=0.5)
+        wait_until_idle(server, timeout=1.0)
         text = h.get("/metrics").text
     assert metric(text, "inflight:request_success_total", finished_reason="abort") >= 1
     assert metric(text, "inflight:num_requests_running") == 0
@@ -38,7 +38,7 @@ def test_non_streaming_client_timeout_aborts_and_frees_blocks(server, caplog):
                      finished_reason="abort")
     with pytest.raises(openai.APITimeoutError):
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=100, extra_body={"ignore_eos": True})
-    wait_until_idle(server, timeout=0.5)  # finishing would take 2 s
+    wait_until_idle(server, timeout=1.0)  # finishing would take 2 s
     text = httpx.get(server.base_url + "/metrics").text
     assert metric(text, "inflight:request_success_total", finished_reason="abort") == aborted + 1
     assert not [r for r in caplog.records if r.levelname == "ERROR"]  # a client leaving is no server error
