@@ -122,6 +122,23 @@ def add_mfu(s: dict, hits: float, peaks: list[float], fpt: float, hf_config: dic
         s["mfu_needed"] = needed_flops(hf_config, requests, hits) / s["duration_s"] / (peak * 1e9)
 
 
+def median_summary(runs: list[dict]) -> dict:
+    """One record for repeated runs of a workload on one server: each number the median over
+    the runs (TTFT p99's is the median of the runs' p99s), a field that is not a number kept
+    where every run has it alike, and the runs themselves under "runs". One run is itself."""
+    if len(runs) == 1:
+        return runs[0]
+    out: dict = {}
+    for key in runs[0]:
+        vals = [r.get(key) for r in runs]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            out[key] = statistics.median(vals)
+        elif all(v == vals[0] for v in vals):
+            out[key] = vals[0]
+    out.update(repeats=len(runs), runs=runs)
+    return out
+
+
 def workload_file(name: str, tmp: str) -> str:
     path = os.path.join(SHARED, f"{name}.jsonl")
     if os.path.exists(path):

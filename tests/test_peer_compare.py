@@ -3,6 +3,7 @@ server up first, then each workload on each server in turn, the order reversed f
 workload to the next (a host that drifts weighs on both sides of every ratio)."""
 import argparse
 import importlib.util
+import json
 import pathlib
 import sys
 
@@ -20,7 +21,13 @@ def load_compare():
     return mod
 
 
-def sitting(interleave: bool, monkeypatch) -> tuple[list, dict]:
+def compare_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def sitting(interleave: bool, monkeypatch, repeats: int = 1, names=("chat", "decode", "longprompt"),
+            out=None, rates=None) -> tuple[list, dict]:
     compare = load_compare()
     events = []
 
@@ -32,14 +39,14 @@ def sitting(interleave: bool, monkeypatch) -> tuple[list, dict]:
     def run_workload(system, url, name, reqs, args):
         assert url == f"http://{system}"
         events.append((name, system))
-        return {"output_throughput": 1.0}
+        return {"output_throughput": rates[system].pop(0) if rates else 1.0, "ttft_p99_ms": len(events),
+                "engine": system}
 
     monkeypatch.setattr(compare, "start_server", start_server)
     monkeypatch.setattr(compare, "run_workload", run_workload)
     monkeypatch.setattr(compare.time, "sleep", lambda s: None)
-    names = ["chat", "decode", "longprompt"]
     results = {"systems": {}, "workloads": {n: {} for n in names}}
-    args = argparse.Namespace(interleave=interleave, idle_after_start=0.0)
+    args = argparse.Namespace(interleave=interleave, idle_after_start=0.0, repeats=repeats, out=out)
     compare.run_sitting(["vllm", "inflight"], args, {n: [] for n in names}, "/tmp", results)
     return events, results
 
@@ -52,7 +59,26 @@ def test_interleaved_sitting_alternates_who_goes_first(monkeypatch):
                       ("longprompt", "vllm"), ("longprompt", "inflight"),
                       ("stop", "inflight"), ("stop", "vllm")]
     assert set(results["systems"]) == {"vllm", "inflight"} and "url" not in results["systems"]["vllm"]
-    assert all(set(per) == {"vllm", "inflight"} for per in results["workloads"].values())
+    assert all({k for k in per if not k.startswith("ratio")} == {"vllm", "inflight"}
+               for per in results["workloads"].values())
+
+
+def test_repeats_flip_the_order_and_report_each_figure_s_median(monkeypatch, tmp_path):
+    out = tmp_path / "sitting.json"
+    rates = {"vllm": [100.0, 80.0, 120.0], "inflight": [150.0, 210.0, 160.0]}
+    events, results = sitting(True, monkeypatch, repeats=3, names=("decode",), out=str(out), rates=rates)
+    assert events[2:-2] == [("decode", "vllm"), ("decode", "inflight"), ("decode", "inflight"), ("decode", "vllm"),
+                            ("decode", "vllm"), ("decode", "inflight")]
+    per = results["workloads"]["decode"]
+    assert per["vllm"]["output_throughput"] == 100.0 and per["inflight"]["output_throughput"] == 160.0
+    assert per["vllm"]["ttft_p99_ms"] == 6  # the runs' own values 3, 6 and 7: their median, not the mean
+    assert per["inflight"]["repeats"] == 3 and [r["output_throughput"] for r in per["inflight"]["runs"]] == \
+        [150.0, 210.0, 160.0]
+    assert per["inflight"]["engine"] == "inflight"  # a field alike in every run stays
+    assert per["ratio_output_throughput"] == 1.6
+    assert per["ratio_output_throughput_runs"] == [1.5, 210.0 / 80.0, 160.0 / 120.0]
+    saved = compare_json(out)  # written after every repeat: the last holds all three
+    assert saved["workloads"]["decode"]["inflight"]["repeats"] == 3
 
 
 def test_default_sitting_runs_one_server_at_a_time(monkeypatch):

@@ -14,7 +14,9 @@ that a host whose speed drifts over the sitting (a shared VM's does) weighs on
 both sides of each ratio alike. Every workload (../shared/workloads/NAME.jsonl, else the project's generator)
 then runs against it with `inflight bench`'s streaming client: every request at
 once (or --max-concurrency at a time), ignore_eos, temperature 0, one short untimed warm-up
-request first. Run benchmarks/peers/setup_vllm.sh and make_hf_folder.py first, or
+request first. `--repeats N` runs each workload N times on each server (interleaved: the
+order flips every run) and reports each figure's median over them; the runs and each
+repeat's ratio stay in the JSON. Run benchmarks/peers/setup_vllm.sh and make_hf_folder.py first, or
 setup_llamacpp.sh for llama.cpp (README.md here).
 Server logs go to OUT-logs/ beside --out (else a temporary folder, removed).
 
@@ -43,8 +45,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: cpu_serving's workload lookup
 sys.path.insert(0, HERE)  # servers.py beside this file, wherever it is started from
 
-from cpu_serving import (add_mfu, flops_per_token, matmul_peak_gflops, prefix_cache_hits,  # noqa: E402
-                         workload_file)
+from cpu_serving import (add_mfu, flops_per_token, matmul_peak_gflops, median_summary,  # noqa: E402
+                         prefix_cache_hits, workload_file)
 from make_hf_folder import DEFAULT_OUT as DEFAULT_HF_FOLDER  # noqa: E402
 from servers import DEFAULT_LLAMA_SERVER, DEFAULT_VLLM_VENV, SERVED_NAME, SERVERS, cpu_facts, version_of  # noqa: E402
 
@@ -115,30 +117,38 @@ def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Na
 
 
 def run_sitting(systems: list[str], args: argparse.Namespace, workloads: dict, log_dir: str, results: dict) -> None:
-    """Every workload on every system, into ``results``. By default one server at a time,
-    all workloads each; with --interleave every server up at once and each workload run
-    on all of them back to back, the order reversed from one workload to the next, so
-    that a drift of the host's speed falls on both sides of every ratio alike."""
-    def record(system: str, server: dict) -> None:
-        results["systems"][system] = {k: v for k, v in server.items() if k != "url"}
+    """Every workload on every system, --repeats times, into ``results`` (each system's record
+    the median of its runs, median_summary). By default one server at a time, all workloads
+    each; with --interleave every server up at once and each workload run on all of them back
+    to back, the order reversed from one run of a workload to the next, so that a drift of the
+    host's speed falls on both sides of every ratio alike."""
+    runs: dict = {(name, system): [] for name in workloads for system in systems}
+
+    def run(system: str, url: str, name: str) -> None:
+        runs[name, system].append(run_workload(system, url, name, workloads[name], args))
+        results["workloads"][name][system] = median_summary(runs[name, system])
 
     if not args.interleave:
         for system in systems:
             with contextlib.ExitStack() as stack:
                 server = start_server(system, args, log_dir, stack)
-                record(system, server)
+                results["systems"][system] = {k: v for k, v in server.items() if k != "url"}
                 time.sleep(args.idle_after_start)  # a server started before its traffic arrives
-                for name, reqs in workloads.items():
-                    results["workloads"][name][system] = run_workload(system, server["url"], name, reqs, args)
+                for _ in range(args.repeats):
+                    for name in workloads:
+                        run(system, server["url"], name)
         return
     with contextlib.ExitStack() as stack:
         servers = {system: start_server(system, args, log_dir, stack) for system in systems}
         for system, server in servers.items():
-            record(system, server)
+            results["systems"][system] = {k: v for k, v in server.items() if k != "url"}
         time.sleep(args.idle_after_start)
-        for i, (name, reqs) in enumerate(workloads.items()):
-            for system in (systems if i % 2 == 0 else systems[::-1]):
-                results["workloads"][name][system] = run_workload(system, servers[system]["url"], name, reqs, args)
+        for rep in range(args.repeats):
+            for i, name in enumerate(workloads):
+                for system in (systems if (i + rep) % 2 == 0 else systems[::-1]):
+                    run(system, servers[system]["url"], name)
+            add_ratios(results)
+            write_results(results, args.out)  # a sitting cut short keeps its finished repeats
 
 
 def table(results: dict, systems: list[str]) -> str:
@@ -152,12 +162,12 @@ def table(results: dict, systems: list[str]) -> str:
                 lines.append(f"{name:<11}{system:<10}{s['output_throughput']:>10.1f}{s['ttft_p50_ms'] / 1e3:>11.2f}"
                              f"{s['ttft_p99_ms'] / 1e3:>11.2f}{s['tpot_p50_ms']:>12.1f}{s['tpot_p99_ms']:>12.1f}"
                              f"{s['failed']:>7.0f}" + "".join(f"{s[k]:>6.0%}" for k in ("mfu", "mfu_needed") if k in s))
-        if "ratio_output_throughput" in per_system:
-            lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_output_throughput']:>9.2f}x  (inflight / vLLM)")
-        if "ratio_llamacpp" in per_system:
-            lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_llamacpp']:>9.2f}x  (inflight / llama.cpp)")
-        if "ratio_baseline" in per_system:
-            lines.append(f"{name:<11}{'ratio':<10}{per_system['ratio_baseline']:>9.2f}x  (inflight / baseline)")
+        for key, peer in (("ratio_output_throughput", "vLLM"), ("ratio_llamacpp", "llama.cpp"),
+                          ("ratio_baseline", "baseline")):
+            if key in per_system:
+                each = per_system.get(key + "_runs")
+                lines.append(f"{name:<11}{'ratio':<10}{per_system[key]:>9.2f}x  (inflight / {peer})" +
+                             (f"; runs {', '.join(f'{r:.2f}' for r in each)}" if each else ""))
     lines.append("start-up (process start -> /health 200): " + ", ".join(
         f"{sys_} {results['systems'][sys_]['startup_s']:.1f} s" for sys_ in systems if sys_ in results["systems"]))
     return "\n".join(lines)
@@ -197,6 +207,8 @@ def parse_args() -> argparse.Namespace:
                     help="measure the fp32 matmul peak around each workload and report MFU")
     ap.add_argument("--idle-after-start", type=float, default=0.0,
                     help="seconds each server sits idle after /health before its first workload")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each workload on each server; each figure the median over them")
     ap.add_argument("--interleave", action="store_true",
                     help="all servers up at once, each workload on each in turn (order reversed every workload)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
@@ -210,6 +222,8 @@ def parse_args() -> argparse.Namespace:
         from inflight.loader import load_model
         args.hf_config = load_model(None).hf_config
         args.flops_per_token = flops_per_token(args.hf_config)
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     if unknown := [s for s in systems if s not in SERVERS]:
         ap.error(f"unknown system(s) {unknown}; choose from {list(SERVERS)}")
     if "vllm" in systems and not os.path.isfile(os.path.join(args.hf_folder, "config.json")):
@@ -233,12 +247,23 @@ def apply_isa_cap(args: argparse.Namespace) -> None:
 
 
 def add_ratios(results: dict) -> None:
-    """inflight's output throughput over vLLM's, llama.cpp's and the baseline's, per workload."""
+    """inflight's output throughput over vLLM's, llama.cpp's and the baseline's, per workload
+    (of the medians, with repeats; each repeat's own ratio under KEY_runs as well)."""
     keys = {"vllm": "ratio_output_throughput", "llamacpp": "ratio_llamacpp", "baseline": "ratio_baseline"}
     for per_system in results["workloads"].values():
         for peer, key in keys.items():
             if peer in per_system and "inflight" in per_system and per_system[peer]["output_throughput"]:
-                per_system[key] = per_system["inflight"]["output_throughput"] / per_system[peer]["output_throughput"]
+                ours, theirs = per_system["inflight"], per_system[peer]
+                per_system[key] = ours["output_throughput"] / theirs["output_throughput"]
+                if "runs" in ours and "runs" in theirs:
+                    per_system[key + "_runs"] = [a["output_throughput"] / b["output_throughput"]
+                                                 for a, b in zip(ours["runs"], theirs["runs"])]
+
+
+def write_results(results: dict, out: str | None) -> None:
+    if out:
+        with open(out, "w") as f:
+            json.dump(json_safe(results), f, indent=1, allow_nan=False)
 
 
 def main() -> int:
@@ -249,7 +274,7 @@ def main() -> int:
                                                      "ignore_eos": True, "stream": True,
                                                      "temperature": 0.0, "warmup_requests": 1},
                "isa_cap": ISA_CAPS.get(args.cap_isa), "num_requests": args.num_requests,
-               "max_tokens_cap": args.max_tokens_cap, "systems": {},
+               "max_tokens_cap": args.max_tokens_cap, "repeats": args.repeats, "systems": {},
                "workloads": {name: {} for name in args.workloads}}
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = os.path.splitext(os.path.abspath(args.out))[0] + "-logs" if args.out else tmp
@@ -258,9 +283,8 @@ def main() -> int:
         run_sitting(systems, args, workloads, log_dir, results)
         add_ratios(results)
         print(table(results, systems))
+    write_results(results, args.out)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(json_safe(results), f, indent=1, allow_nan=False)
         print(f"results written to {args.out}")
     return 0
 
