@@ -89,6 +89,15 @@ def test_default_sitting_runs_one_server_at_a_time(monkeypatch):
                       ("longprompt", "inflight"), ("stop", "inflight")]
 
 
+def test_default_sitting_repeats_every_workload_on_one_server_before_the_next(monkeypatch):
+    rates = {"vllm": [1.0, 2.0, 3.0, 4.0], "inflight": [5.0, 6.0, 7.0, 8.0]}
+    events, results = sitting(False, monkeypatch, repeats=2, names=("chat", "decode"), rates=rates)
+    assert events == [("start", "vllm"), ("chat", "vllm"), ("decode", "vllm"), ("chat", "vllm"), ("decode", "vllm"),
+                      ("stop", "vllm"), ("start", "inflight"), ("chat", "inflight"), ("decode", "inflight"),
+                      ("chat", "inflight"), ("decode", "inflight"), ("stop", "inflight")]
+    assert results["workloads"]["decode"]["inflight"]["output_throughput"] == 7.0  # the median of 6 and 8
+
+
 def test_llamacpp_serves_the_embedded_gguf_with_slots_of_the_model_length(monkeypatch):
     compare = load_compare()
     servers = sys.modules["servers"]
