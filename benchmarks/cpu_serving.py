@@ -124,14 +124,17 @@ def add_mfu(s: dict, hits: float, peaks: list[float], fpt: float, hf_config: dic
 
 def median_summary(runs: list[dict]) -> dict:
     """One record for repeated runs of a workload on one server: each number the median over
-    the runs (TTFT p99's is the median of the runs' p99s), a field that is not a number kept
-    where every run has it alike, and the runs themselves under "runs". One run is itself."""
+    the runs (TTFT p99's is the median of the runs' p99s) but ``failed``, their sum (a median
+    would hide a run's failures), a field that is not a number kept where every run has it
+    alike, and the runs themselves under "runs". One run is itself."""
     if len(runs) == 1:
         return runs[0]
     out: dict = {}
     for key in runs[0]:
         vals = [r.get(key) for r in runs]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        if key == "failed":
+            out[key] = sum(vals)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
             out[key] = statistics.median(vals)
         elif all(v == vals[0] for v in vals):
             out[key] = vals[0]

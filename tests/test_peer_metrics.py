@@ -97,3 +97,16 @@ def test_mfu_leaves_out_cached_tokens_and_takes_the_higher_peak():
     unknown = {"total_input_tokens": 4, "total_output_tokens": 3, "duration_s": 2.0}
     cpu_serving.add_mfu(unknown, 0, [2.0], 1e9, SMOLLM2, [(-1, 1)])  # a prompt of unknown length
     assert unknown["mfu"] == pytest.approx(7 / 4) and "mfu_needed" not in unknown
+
+
+def test_repeated_runs_report_medians_and_every_failure():
+    median_summary = load_cpu_serving().median_summary
+    runs = [{"output_throughput": 100.0, "ttft_p99_ms": 900.0, "failed": 0, "engine": "x", "bursts": [1.0]},
+            {"output_throughput": 300.0, "ttft_p99_ms": 100.0, "failed": 2, "engine": "x", "bursts": [2.0]},
+            {"output_throughput": 120.0, "ttft_p99_ms": 500.0, "failed": 0, "engine": "x", "bursts": [3.0]}]
+    s = median_summary(runs)
+    assert (s["output_throughput"], s["ttft_p99_ms"]) == (120.0, 500.0)  # each figure's own median
+    assert s["failed"] == 2  # a median of the runs' failures would read 0
+    assert s["engine"] == "x" and "bursts" not in s  # kept where alike, else left to the runs
+    assert s["repeats"] == 3 and s["runs"] == runs
+    assert median_summary(runs[:1]) is runs[0]

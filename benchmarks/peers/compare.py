@@ -261,6 +261,7 @@ def add_ratios(results: dict) -> None:
 
 
 def write_results(results: dict, out: str | None) -> None:
+    """The sitting's results as JSON at ``out`` (nowhere when None)."""
     if out:
         with open(out, "w") as f:
             json.dump(json_safe(results), f, indent=1, allow_nan=False)
