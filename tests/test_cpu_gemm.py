@@ -149,6 +149,24 @@ def test_argmax_matches_argmax_of_the_bf16_outputs(level, rows, n, k):
 
 
 @pytest.mark.parametrize("level", LEVEL_PARAMS)
+@pytest.mark.parametrize("rows", [1, 13])
+@pytest.mark.parametrize("nan_cols", [(990,), (40, 990)], ids=str)
+def test_argmax_takes_the_first_nan_as_torch_argmax_does(level, rows, nan_cols):
+    """A NaN output ranks above every number, as in torch.argmax: the first NaN column wins
+    over a larger finite output before it and over a later NaN."""
+    torch.manual_seed(6)
+    w = torch.randn(1000, 64, dtype=torch.bfloat16)
+    x = (torch.randn(rows, 64).abs() + 0.1).to(torch.bfloat16)
+    w[5] = 8.0
+    for c in nan_cols:
+        w[c, 3] = float("nan")
+    lin = panel_linear(w, None, level)
+    want = lin(x).float().argmax(dim=-1)
+    assert (want == nan_cols[0]).all()
+    assert torch.equal(lin.argmax(x), want)
+
+
+@pytest.mark.parametrize("level", LEVEL_PARAMS)
 @pytest.mark.parametrize("k", [77, 96])
 def test_a_row_does_not_depend_on_the_rows_beside_it(level, k):
     """Every register block (1 to 12 rows, panels widened once or in the inner loop; at

@@ -171,6 +171,24 @@ def test_argmax_ties_take_the_first_index(level):
         PanelLinearF32(w, torch.zeros(300), level).argmax(x)
 
 
+@pytest.mark.parametrize("level", level_params)
+@pytest.mark.parametrize("rows", [1, 7, 70])
+@pytest.mark.parametrize("nan_cols", [(2900,), (37, 2900), (2900, 2950)], ids=str)
+def test_argmax_takes_the_first_nan_as_torch_argmax_does(level, rows, nan_cols):
+    """torch.argmax ranks NaN above every number: the first NaN column wins over a larger
+    finite output before it and over a later NaN, in any panel and either thread's columns."""
+    torch.manual_seed(5)
+    w = torch.randn(3000, 16)
+    x = torch.randn(rows, 16).abs() + 0.1
+    w[5] = 50.0  # far the largest finite output of every row
+    for c in nan_cols:
+        w[c, 3] = float("nan")
+    lin = PanelLinearF32(w, None, level)
+    want = F.linear(x, w).argmax(-1)
+    assert (want == nan_cols[0]).all()  # torch's own rule, which the kernel follows
+    assert torch.equal(lin.argmax(x), want)
+
+
 def test_kernel_raw_entry_points_take_null_bias():
     lib = load_gemm_f32()
     w, x = torch.randn(16, 4), torch.randn(3, 4)

@@ -18,6 +18,10 @@ struct best {
     const int32_t* allow;
 };
 
+/* v takes the place of the running best cur: larger, or the first NaN (torch.argmax ranks NaN
+ * above every number, so the first NaN wins and nothing after it does) */
+static inline int best_beats(float v, float cur) { return v > cur || (v != v && cur == cur); }
+
 static inline int allowed(const int32_t* allow, int64_t c) {
     return !allow || (((uint32_t)allow[c >> 5] >> (c & 31)) & 1u);
 }
@@ -36,13 +40,13 @@ static struct best* best_alloc(int64_t M, int groups, const int32_t* bitmask, in
 }
 
 /* tokens[m] = row m's argmax over the first `groups` groups, then frees all. The groups
- * hold increasing column ranges: a later one wins only when strictly greater. A row with
- * no winner (nothing allowed, or every allowed output -inf) gets 0. */
+ * hold increasing column ranges: a later one wins only when strictly greater (or the first
+ * NaN). A row with no winner (nothing allowed, or every allowed output -inf) gets 0. */
 static void best_reduce(struct best* all, int64_t M, int groups, int64_t* tokens) {
     for (int64_t m = 0; m < M; m++) {
         struct best b = all[m];
         for (int g = 1; g < groups; g++)
-            if (all[(int64_t)g * M + m].val > b.val) b = all[(int64_t)g * M + m];
+            if (best_beats(all[(int64_t)g * M + m].val, b.val)) b = all[(int64_t)g * M + m];
         tokens[m] = b.idx < 0 ? 0 : b.idx;
     }
     free(all);

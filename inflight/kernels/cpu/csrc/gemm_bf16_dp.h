@@ -31,6 +31,14 @@ static inline void argmax16(struct best* best, int64_t c, int64_t N, __m512 acc)
     /* c is a multiple of 16: its 16 columns' bits are one half of a mask word */
     const __mmask16 ok = best->allow ? (__mmask16)((uint32_t)best->allow[c >> 5] >> (c & 31)) : 0xFFFF;
     const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail_mask(N - c) & ok, round_bf16(acc));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (nan) {  /* the first NaN wins, as in torch.argmax (best_beats); the max below would skip it */
+        if (best->val == best->val) {
+            best->val = NAN;
+            best->idx = c + __builtin_ctz(nan);
+        }
+        return;
+    }
     const float mx = _mm512_reduce_max_ps(v);
     if (mx > best->val) {
         best->val = mx;

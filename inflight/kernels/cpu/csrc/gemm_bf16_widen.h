@@ -57,7 +57,7 @@ static inline __attribute__((always_inline)) void epilogue(const int MODE, const
     } else if (MODE == ARGMAX) {
         for (int l = 0; l < n && n0 + l < N; l++) {
             const float b = bf16_to_f32(f32_to_bf16(v[l]));
-            if (b > best->val && allowed(best->allow, n0 + l)) {
+            if (best_beats(b, best->val) && allowed(best->allow, n0 + l)) {
                 best->val = b;
                 best->idx = n0 + l;
             }

@@ -94,7 +94,7 @@ static void tile_out(const float* t, int R, float* dst, int64_t ld, int64_t n) {
 static void tile_argmax(const float* t, int R, int64_t n, struct best* best, int64_t col0) {
     for (int r = 0; r < R; r++)
         for (int j = 0; j < n; j++)
-            if (t[r * NR + j] > best[r].val && allowed(best[r].allow, col0 + j)) {
+            if (best_beats(t[r * NR + j], best[r].val) && allowed(best[r].allow, col0 + j)) {
                 best[r].val = t[r * NR + j];
                 best[r].idx = col0 + j;
             }
