@@ -92,12 +92,18 @@ static void tile_out(const float* t, int R, float* dst, int64_t ld, int64_t n) {
 
 /* each row's running argmax over the tile's first n columns (panel column col0 on) */
 static void tile_argmax(const float* t, int R, int64_t n, struct best* best, int64_t col0) {
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        /* a row of the tile none of whose NR outputs beats the running best (none larger, no
+         * NaN) is passed over whole: once a row's best is large, nearly every tile is */
+        int pass = 1;
+        UNROLL for (int i = 0; i < NV; i++) pass &= vf_all_le(ld(t + r * NR + i * VL), vf_set1(best[r].val));
+        if (pass) continue;
         for (int j = 0; j < n; j++)
             if (best_beats(t[r * NR + j], best[r].val) && allowed(best[r].allow, col0 + j)) {
                 best[r].val = t[r * NR + j];
                 best[r].idx = col0 + j;
             }
+    }
 }
 
 /* The end of a register block of R rows (micro's and lowbit_micro's): acc into c (STORE, the

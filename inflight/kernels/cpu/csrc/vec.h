@@ -152,6 +152,19 @@ static inline int vf_all_eq(vf a, vf b) {
 #endif
 }
 
+/* whether a <= b in every lane (a NaN lane is not) */
+static inline int vf_all_le(vf a, vf b) {
+#if VL == 16
+    return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_LE_OQ) == 0xFFFF;
+#elif defined(INFLIGHT_ISA_AVX2)
+    return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, (__m256)b, _CMP_LE_OQ)) == 0xFF;
+#else
+    for (int i = 0; i < VL; i++)
+        if (!(a[i] <= b[i])) return 0;
+    return 1;
+#endif
+}
+
 /* round to the nearest integer (ties to even) per lane */
 static inline vf vf_round(vf a) {
 #if VL == 16
