@@ -89,6 +89,26 @@ def test_default_sitting_runs_one_server_at_a_time(monkeypatch):
                       ("longprompt", "inflight"), ("stop", "inflight")]
 
 
+def test_a_repeat_that_finds_its_prompts_cached_is_flagged(monkeypatch):
+    """Repeats of one workload back to back: the server's prefix cache still holds the first
+    run's prompts, so the later runs measure a warm cache and say so."""
+    compare = load_compare()
+    hits = iter([10.0, 10.0, 900.0, 10.0])  # the first run's own sharing, then one warm run
+
+    def run_workload(system, url, name, reqs, args):
+        return {"output_throughput": 1.0, "prefix_cache_hit_tokens": next(hits)}
+
+    monkeypatch.setattr(compare, "start_server", lambda system, args, log_dir, stack: {"url": "u", "startup_s": 1})
+    monkeypatch.setattr(compare, "run_workload", run_workload)
+    monkeypatch.setattr(compare.time, "sleep", lambda s: None)
+    results = {"systems": {}, "workloads": {"decode": {}}}
+    args = argparse.Namespace(interleave=False, idle_after_start=0.0, repeats=4, out=None)
+    compare.run_sitting(["inflight"], args, {"decode": []}, "/tmp", results)
+    record = results["workloads"]["decode"]["inflight"]
+    assert [r.get("warm_prefix_cache", False) for r in record["runs"]] == [False, False, True, False]
+    assert record["warm_prefix_cache_runs"] == 1
+
+
 def test_default_sitting_repeats_every_workload_on_one_server_before_the_next(monkeypatch):
     rates = {"vllm": [1.0, 2.0, 3.0, 4.0], "inflight": [5.0, 6.0, 7.0, 8.0]}
     events, results = sitting(False, monkeypatch, repeats=2, names=("chat", "decode"), rates=rates)

@@ -102,14 +102,16 @@ def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Na
     # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto". None for
     # llama.cpp: it computes on the GGUF's quantized weights, whose rate no float matmul bounds,
     # and its /metrics counts no prefix-cache hits.
-    mfu = args.mfu and system != "llamacpp"
+    mfu, counts_hits = args.mfu and system != "llamacpp", system != "llamacpp"
     peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
     peaks = [matmul_peak_gflops(dtype=peak_dtype)] if mfu else []
-    hits = prefix_cache_hits(url) if mfu else 0.0  # the counter runs from start-up
+    hits = prefix_cache_hits(url) if counts_hits else 0.0  # the counter runs from start-up
     s = bench_once(cfg, reqs, f"{system} {name}", extra_config={"workload": name})["summary"]
+    if counts_hits:
+        s["prefix_cache_hit_tokens"] = prefix_cache_hits(url) - hits
     if mfu:
         peaks.append(matmul_peak_gflops(dtype=peak_dtype))
-        add_mfu(s, prefix_cache_hits(url) - hits, peaks, args.flops_per_token, args.hf_config,
+        add_mfu(s, s["prefix_cache_hit_tokens"], peaks, args.flops_per_token, args.hf_config,
                 [(r.prompt_tokens, r.max_tokens) for r in reqs])
     print(f"[{system}] {name}: {s['output_throughput']:.1f} out tok/s, {s['failed']:.0f} failed, "
           f"{s['duration_s']:.1f} s", file=sys.stderr, flush=True)
@@ -125,8 +127,18 @@ def run_sitting(systems: list[str], args: argparse.Namespace, workloads: dict, l
     runs: dict = {(name, system): [] for name in workloads for system in systems}
 
     def run(system: str, url: str, name: str) -> None:
-        runs[name, system].append(run_workload(system, url, name, workloads[name], args))
-        results["workloads"][name][system] = median_summary(runs[name, system])
+        done = runs[name, system]
+        done.append(run_workload(system, url, name, workloads[name], args))
+        # NOTE: a server keeps a run's prompts in its prefix cache until other work evicts them:
+        # a repeat that finds them there measures a warm cache, not the workload's prefill
+        if len(done) > 1 and done[-1].get("prefix_cache_hit_tokens", 0) > done[0].get("prefix_cache_hit_tokens", 0):
+            done[-1]["warm_prefix_cache"] = True
+            print(f"[{system}] {name}: WARNING this run found {done[-1]['prefix_cache_hit_tokens']:.0f} prompt "
+                  f"tokens in the prefix cache against {done[0]['prefix_cache_hit_tokens']:.0f} in the first: an "
+                  "earlier run cached its prompts (run other workloads between repeats)", file=sys.stderr, flush=True)
+        results["workloads"][name][system] = record = median_summary(done)
+        if warm := sum(bool(r.get("warm_prefix_cache")) for r in done):
+            record["warm_prefix_cache_runs"] = warm
 
     if not args.interleave:
         for system in systems:
