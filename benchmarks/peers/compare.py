@@ -102,7 +102,8 @@ def run_workload(system: str, url: str, name: str, reqs: list, args: argparse.Na
     # the peak in the dtype the server computes in: vLLM's --dtype, inflight's "auto". None for
     # llama.cpp: it computes on the GGUF's quantized weights, whose rate no float matmul bounds,
     # and its /metrics counts no prefix-cache hits.
-    mfu, counts_hits = args.mfu and system != "llamacpp", system != "llamacpp"
+    counts_hits = system != "llamacpp"
+    mfu = args.mfu and counts_hits
     peak_dtype = getattr(torch, args.vllm_dtype) if system == "vllm" else None
     peaks = [matmul_peak_gflops(dtype=peak_dtype)] if mfu else []
     hits = prefix_cache_hits(url) if counts_hits else 0.0  # the counter runs from start-up
