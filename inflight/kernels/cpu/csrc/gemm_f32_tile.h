@@ -206,25 +206,26 @@ static void panel_block(const float* x, int64_t m0, int64_t m1, int64_t K, int64
      * has too few accumulators to hide the FMA latency and takes as long as a larger one (8 rows
      * as 4 + 4, not 6 + 2). A row's products and their order do not depend on its group. */
     const int64_t rows = m1 - m0, groups = (rows + MR - 1) / MR;
+    const int64_t base = groups ? rows / groups : 0, extra = groups ? rows % groups : 0;
     for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_len) {  /* K = 0: one empty chunk, out = bias */
         const int64_t kc = K - k0 < kc_len ? K - k0 : kc_len;
         const enum init init = k0 > 0 ? LOAD : bias ? BIAS : ZERO;
         const int last = k0 + kc == K;
-        for (int64_t gi = 0, m = m0, R; gi < groups; gi++, m += R) {
-            R = rows / groups + (gi < rows % groups);
-            const int64_t i = m - m0;
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const int R = (int)(base + (gi < extra));  /* the first `extra` groups take a row more */
+            const int64_t i = gi * base + (gi < extra ? gi : extra), m = m0 + i;
             const float* a = x + m * lda + k0;
             /* the second row group fetches the next panel's chunk into the caches, so
              * that the next panel's first row group does not wait on DRAM */
             const float* pf = next && gi == 1 ? next + k0 * NR : NULL;
             if (!last || fin == STORE)
-                micro_rows((int)R, a, lda, panel + k0 * NR, kc, init, STORE, bias, c + i * ldc, ldc, c + i * ldc, ldc,
+                micro_rows(R, a, lda, panel + k0 * NR, kc, init, STORE, bias, c + i * ldc, ldc, c + i * ldc, ldc,
                            ncols, NULL, NULL, 0, pf);
             else if (fin == SILU)
-                micro_rows((int)R, a, lda, panel + k0 * NR, kc, init, SILU, bias, c + i * ldc, ldc, fc + i * fldc, fldc,
+                micro_rows(R, a, lda, panel + k0 * NR, kc, init, SILU, bias, c + i * ldc, ldc, fc + i * fldc, fldc,
                            ncols, g + i * NR, NULL, 0, pf);
             else
-                micro_rows((int)R, a, lda, panel + k0 * NR, kc, init, ARGMAX, bias, c + i * ldc, ldc, NULL, 0, ncols,
+                micro_rows(R, a, lda, panel + k0 * NR, kc, init, ARGMAX, bias, c + i * ldc, ldc, NULL, 0, ncols,
                            NULL, best + i, col0, pf);
         }
     }
