@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from inflight import LLM, SamplingParams
+from inflight import LLM
 from inflight.kernels.cpu.packing import packed_linear_class
 from inflight.layers.moe import FusedMoE, dense_experts, grouped_experts, select_experts
 from inflight.loader.testing import TOKENS, write_tiny_gguf
