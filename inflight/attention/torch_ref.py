@@ -125,8 +125,8 @@ class TorchAttentionBackend(AttentionBackend):
             causal = False
         group = q.shape[1] // keys.shape[1]
         if group > 1:
-            # NOTE: with enable_gqa=True the CPU picks SDPA's unfused math path, 3x
-            # slower than the flash kernel on keys repeated per query head.
+            # NOTE: with enable_gqa=True the CPU picks SDPA's unfused math path, several
+            # times slower than the flash kernel on keys repeated per query head.
             keys, vals = keys.repeat_interleave(group, dim=1), vals.repeat_interleave(group, dim=1)
         if logits_soft_cap:
             return _softcapped_attention(q, keys, vals, mask, scale, logits_soft_cap)

@@ -27,10 +27,10 @@ class CpuPlatform(Platform):
     """x86-64 (AVX2, AVX-512, AVX-512-BF16) and aarch64 (NEON) CPUs, and a portable C fallback."""
 
     device_type = "cpu"
-    # Every request of a burst gets a seat at once (a queue behind 64 seats cost the
-    # decode workload's TTFT p99 5x). 1024 tokens a step rather than 512: with a hundred
-    # decodes in every step, 512 left prefills too little budget (chat TTFT p99 55 s
-    # against 41 s, and 15% less throughput); measured in benchmarks/README.md.
+    # Every request of a burst gets a seat at once (a queue behind 64 seats multiplied the
+    # decode workload's TTFT p99). 1024 tokens a step rather than 512: with a hundred
+    # decodes in every step, 512 left prefills too little budget (a higher chat TTFT p99,
+    # and less throughput); measured in benchmarks/README.md.
     default_max_num_seqs = 256
     default_max_num_batched_tokens = 1024
 

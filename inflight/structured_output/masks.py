@@ -42,8 +42,8 @@ class GrammarBitmask:
         """Set the logits of disallowed tokens to -inf, in place, for every constrained row at once."""
         if x.device.type == "cpu" and self.bitmask.device.type == "cpu" and self._mostly_masked(x.shape[1]):
             # NOTE: xgrammar's CPU kernel writes -inf one masked token at a time, on one
-            # thread: fast where nearly every token is allowed (a JSON string), ~4x slower
-            # than this where nearly every token is masked. Here each bit becomes a bias of
+            # thread: fast where nearly every token is allowed (a JSON string), several times
+            # slower than this where nearly every token is masked. Here each bit becomes a bias of
             # 0 or -inf (its float32 bits, 0xFF800000) in a few vectorised, threaded ops;
             # unconstrained rows are all-allowed words, so they get 0.
             bias = (self.bitmask.unsqueeze(-1) >> _SHIFTS).bitwise_and_(1).sub_(1).bitwise_and_(_NEG_INF_BITS)

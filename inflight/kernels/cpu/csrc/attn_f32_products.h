@@ -15,7 +15,7 @@
 /* Unaligned vector load / store as a plain dereference of the under-aligned vf type.
  * NOTE: vec.h's memcpy-based vf_load compiled (GCC 12, -mavx2 with generic tuning,
  * which splits unaligned 256-bit loads) into a store to the stack and a reload that
- * misses store forwarding: 10x slower in these inner loops. */
+ * misses store forwarding: many times slower in these inner loops. */
 #define AF_LD(p) (*(const vf*)(const void*)(p))
 #define AF_ST(p, v) (*(vf*)(void*)(p) = (v))
 

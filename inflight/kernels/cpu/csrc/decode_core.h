@@ -22,8 +22,8 @@
 
 #define CHUNK 16
 /* K and V rows are prefetched this many tokens ahead: blocks lie at random places
- * in the pool, where the hardware prefetcher loses the stream (8-10% faster on
- * contexts in DRAM; 16 tokens ahead gained nothing, 128 less than 32-64) */
+ * in the pool, where the hardware prefetcher loses the stream (faster on contexts
+ * in DRAM; nearer gained nothing, farther gained less) */
 #define AHEAD 32
 
 /* Sixteen dot-product accumulators -> one vector of their sums, lane j = sum(a[j]):

@@ -6,7 +6,7 @@
  * Per (request, kv head, tile of query tokens) the G query heads of that kv head are
  * folded into the rows; per register block of rows, the scores of every visible key
  * go to a per-thread buffer, then one max and one exp pass per row, then P.V (no
- * online rescaling: 1.1-1.2x faster than flash-style tiles, whose per-tile
+ * online rescaling: faster than flash-style tiles, whose per-tile
  * reductions and branches cost as much as the products on short prompts). Both
  * products run on the bf16 dot-product instruction with float32 accumulation, so
  * K and V are first repacked (phase 1) into the pair-interleaved ("VNNI") layout
@@ -29,7 +29,7 @@
 #include "attn_f32.h"
 #include "decode_bf16_fp8.h"
 
-/* keys per tile: with RB = 4 rows, 16 Q.K accumulators in flight (5-10% faster than 32) */
+/* keys per tile: with RB = 4 rows, 16 Q.K accumulators in flight (faster than 32 keys) */
 #define KT 64
 #define KV (KT / 16) /* score vectors per tile and row */
 #define MAX_ROWS 192 /* query rows (tokens x heads of a kv head) per work item */
