@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inflight.kernels.cpu.isa import IsaLevel, emulated, emulated_levels, supported_levels
+from inflight.kernels.cpu.isa import IsaLevel, emulated, emulated_levels, machine_arch, supported_levels
 
 
 def emulated_o0(level: IsaLevel) -> IsaLevel:
@@ -15,6 +15,17 @@ def emulated_o0(level: IsaLevel) -> IsaLevel:
     tests and the C check drivers use this one build."""
     lv = level if level.emulated else emulated(level)
     return replace(lv, cflags=(*lv.cflags, "-O0"))
+
+
+def built_here(level: IsaLevel) -> IsaLevel:
+    """``level`` as the native kernel tests build it: as the engine does where this CPU runs
+    it (or it is another architecture's, run under qemu), else at -O0 (the last -O wins). A
+    level this CPU cannot run is only checked to compile and to hold no instruction from above
+    it, and an -O0 build compiles several times faster; a CPU that runs the level checks its
+    optimised build."""
+    if level.arch != machine_arch() or level in supported_levels():
+        return level
+    return replace(level, cflags=(*level.cflags, "-O0"))
 
 
 def kernel_test_levels() -> list[IsaLevel]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from c_build import build_executable, executable_flags, kernel_libraries
-from isa_levels import emulated_o0
+from isa_levels import built_here, emulated_o0
 from inflight.kernels.cpu import build
 from inflight.kernels.cpu.isa import LEVELS, IsaLevel, get_level, machine_arch, simde_available, supported_levels
 
@@ -84,7 +84,7 @@ def test_kernel_check_native(level, tmp_path):
         pytest.skip("no C compiler")
     exe = tmp_path / f"kernel_check_{level.name}"
     runs = level in SUPPORTED
-    res = build_driver(level, cc, exe, opt="-O3" if runs else "-O0")
+    res = build_driver(built_here(level), cc, exe, opt="-O3" if runs else "-O0")
     assert res.returncode == 0, f"building kernel_check for {level.name} failed:\n{res.stderr[-4000:]}"
     if not runs:
         return  # it builds; this CPU cannot run it (an AVX-512 level on an AVX2 machine)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from c_build import build_executable, executable_flags, kernel_libraries
-from isa_levels import emulated_o0
+from isa_levels import built_here, emulated_o0
 from test_kernels_aarch64 import AVX512_LEVELS, avx512_emulation_cc, qemu_aarch64
 from inflight.kernels.cpu import build
 from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_levels
@@ -52,7 +52,7 @@ def test_bf16_kernels_native(level, tmp_path):
         pytest.skip("no C compiler")
     runs = level in supported_levels()
     exe = tmp_path / f"bf16_check_{level.name}"
-    res = _build(level, cc, exe, opt="-O3" if runs else "-O0")
+    res = _build(built_here(level), cc, exe, opt="-O3" if runs else "-O0")
     assert res.returncode == 0, f"building bf16_check for {level.name} failed:\n{res.stderr[-4000:]}"
     if runs:  # else it builds; this CPU cannot run it
         _check(subprocess.run([str(exe)], capture_output=True, text=True, env=_env(), timeout=300), level.name)
