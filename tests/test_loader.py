@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -103,6 +105,28 @@ def test_embedded_tokenizer(embedded):
     t0 = time.perf_counter()
     assert load_tokenizer(cache_dir=embedded["cache_dir"]).chat_template == direct.chat_template
     assert time.perf_counter() - t0 < 2.0  # from the cache, not re-converted from the GGUF
+
+
+@pytest.mark.slow
+def test_a_cache_entrys_tokenizer_is_autotokenizers_without_importing_it(embedded):
+    (entry,) = os.listdir(embedded["cache_dir"])
+    folder = os.path.join(embedded["cache_dir"], entry, "tokenizer")
+    ours, auto = embedded["second"].tokenizer, transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert type(ours) is type(auto)
+    assert ours.get_vocab() == auto.get_vocab() and ours.special_tokens_map == auto.special_tokens_map
+    assert (ours.model_max_length, ours.padding_side, ours.truncation_side) == \
+        (auto.model_max_length, auto.padding_side, auto.truncation_side)
+    text = "<|im_start|>user\nHello, world! Ünïcode  12345<|im_end|>"
+    assert ours(text).input_ids == auto(text).input_ids
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    # AutoTokenizer's import scans every model's module in transformers: a start-up cost
+    check = ("import sys; from inflight.loader import load_model; "
+             f"load_model(cache_dir={embedded['cache_dir']!r}); "
+             "print('transformers.models.auto.tokenization_auto' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "False", out.stderr[-2000:]
 
 
 @pytest.mark.slow

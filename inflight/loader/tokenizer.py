@@ -16,11 +16,9 @@ def tokenizer_from_folder(folder: str) -> "PreTrainedTokenizerBase":
     """Load the tokenizer saved in ``folder`` (an HF model folder or our cache entry); a
     multimodal checkpoint's chat template may live only in its processor's
     ``chat_template.json`` (Gemma 3), which transformers' tokenizer does not read."""
-    from transformers import AutoTokenizer
-
     try:
         # local_files_only: no hub is reachable, and a local folder must not fall back to one.
-        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tok = _tokenizer_class(folder).from_pretrained(folder, local_files_only=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot load tokenizer from {folder}: {type(exc).__name__}: {exc}") from exc
     processor_template = os.path.join(folder, "chat_template.json")
@@ -31,6 +29,27 @@ def tokenizer_from_folder(folder: str) -> "PreTrainedTokenizerBase":
         except (OSError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"cannot read {processor_template}: {exc}") from exc
     return tok
+
+
+def _tokenizer_class(folder: str) -> type:
+    """transformers' generic tokenizer class where the folder names it and holds no model
+    config that could make AutoTokenizer pick another (a GGUF cache entry's tokenizer: what
+    AutoTokenizer would build too); AutoTokenizer otherwise. Importing AutoTokenizer scans every
+    model's module in transformers, a large part of a warm start-up."""
+    try:
+        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = None
+    generic = (isinstance(config, dict) and config.get("tokenizer_class") == "TokenizersBackend"
+               and "auto_map" not in config and not os.path.exists(os.path.join(folder, "config.json")))
+    if generic:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
 
 
 def tokenizer_from_gguf(
