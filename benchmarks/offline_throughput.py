@@ -3,7 +3,9 @@
     python benchmarks/offline_throughput.py [--workload decode] [--num-requests 96] [--hf-requests 32]
 
 Both run the same requests (from the project's workload generator, or a JSONL file
-given with --workload-file) in the same process, bfloat16, every output generated to
+given with --workload-file) in the same process, in the dtype inflight's "auto" picks
+(bfloat16 on a CPU with bf16 units, float32 elsewhere) unless --dtype says otherwise, with
+inflight's defaults for the platform unless flags say otherwise, every output generated to
 exactly max_tokens (ignore_eos). transformers runs static batches of --hf-batch-size:
 each batch generates until its longest member is done; only each request's own
 max_tokens count as useful output. Prints tokens/s, TTFT/TPOT percentiles and the ratio.
@@ -43,8 +45,8 @@ def run_inflight(llm: LLM, reqs) -> dict:
             **latency_percentiles(ttft, tpot)}
 
 
-def hf_model_bf16():
-    """A plain transformers Llama in bfloat16 with the same (dequantized) weights.
+def hf_model(dtype: torch.dtype):
+    """A plain transformers Llama in ``dtype`` with the same (dequantized) weights.
 
     Loading the GGUF through transformers keeps the weights quantized and casts
     around every matmul, which would make the baseline unfairly slow."""
@@ -57,7 +59,7 @@ def hf_model_bf16():
     model = LlamaForCausalLM(LlamaConfig(**cfg))
     model.load_state_dict(loaded.weights, strict=False)
     model.tie_weights()
-    return model.to(torch.bfloat16).eval()
+    return model.to(dtype).eval()
 
 
 class _StepClock:
@@ -71,14 +73,14 @@ class _StepClock:
         return scores
 
 
-def run_hf_static(reqs, tokenizer, batch_size: int) -> dict:
+def run_hf_static(reqs, tokenizer, batch_size: int, dtype: torch.dtype) -> dict:
     """transformers' ``generate`` on static batches, every request arriving at t0.
 
     A request's first token comes with its batch's first step and its last with
     step ``max_tokens``; the batch runs on to its longest member regardless."""
     from transformers import LogitsProcessorList
 
-    model = hf_model_bf16()
+    model = hf_model(dtype)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -110,9 +112,9 @@ def main() -> int:
     ap.add_argument("--hf-requests", type=int, default=32, help="requests for the transformers baseline (0: skip)")
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--hf-only", action="store_true", help="only the transformers baseline on --hf-requests")
-    ap.add_argument("--max-num-seqs", type=int, default=128)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="default: the platform's")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the platform's")
+    ap.add_argument("--dtype", default="auto", help="both systems' dtype (auto: what `inflight serve` picks)")
     ap.add_argument("--speculative-config", default=None,
                     help='e.g. \'{"method": "ngram", "num_speculative_tokens": 2}\' (default: off)')
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -122,18 +124,20 @@ def main() -> int:
               speculative_config=args.speculative_config,
               kv_cache_memory=2 * 2**30)
     tok = llm.get_tokenizer()
+    dtype = llm.llm_engine.dtype
     reqs = load_jsonl(args.workload_file) if args.workload_file else generate(args.workload, tok)
     reqs = reqs[:args.num_requests] if args.num_requests else reqs
     res = {"machine": f"{os.cpu_count()} cpus, torch {torch.__version__}", "date": time.strftime("%Y-%m-%d"),
+           "dtype": str(dtype).removeprefix("torch."),
            "workload": args.workload_file or args.workload}
     if not args.hf_only:
         res["inflight_all"] = run_inflight(llm, reqs)
     if args.hf_only:
-        res["hf_static"] = run_hf_static(reqs[:args.hf_requests], tok, args.hf_batch_size)
+        res["hf_static"] = run_hf_static(reqs[:args.hf_requests], tok, args.hf_batch_size, dtype)
     elif args.hf_requests:
         sub = reqs[:args.hf_requests]
         res["inflight_subset"] = run_inflight(llm, sub)
-        res["hf_static"] = run_hf_static(sub, tok, args.hf_batch_size)
+        res["hf_static"] = run_hf_static(sub, tok, args.hf_batch_size, dtype)
         res["ratio_subset"] = res["inflight_subset"]["output_tok_s"] / res["hf_static"]["output_tok_s"]
     print(json.dumps(res, indent=2))
     if args.out:

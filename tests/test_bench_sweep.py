@@ -90,7 +90,13 @@ def test_bench_cli_wiring():
         args = parser.parse_args(argv)
         assert callable(args.handler)
     args = parser.parse_args(["bench", "throughput"])
-    assert args.dtype == "bfloat16" and args.workload == "decode" and args.scheduling == "continuous"
+    assert args.workload == "decode" and args.scheduling == "continuous"
+    # The benchmarks measure the dtype a server runs with its defaults: "auto" is float32 on a
+    # CPU without bf16 units, where bfloat16 matmuls run many times slower.
+    serve_dtype = parser.parse_args(["serve"]).dtype
+    assert serve_dtype == "auto"
+    assert args.dtype == serve_dtype
+    assert parser.parse_args(["bench", "sweep"]).dtype == serve_dtype
 
 
 FAKE_SERVER = textwrap.dedent('''

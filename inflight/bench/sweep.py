@@ -45,7 +45,7 @@ def add_sweep_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--request-rates", default="inf", help="comma list of rates (req/s; inf: all at once)")
     p.add_argument("--schedulings", default="continuous", help=f"comma list from {', '.join(SCHEDULINGS)}")
     p.add_argument("--out-dir", default="bench-out", help="where the CSV, JSON, logs and plots go")
-    p.add_argument("--dtype", default="bfloat16", help="server --dtype")
+    p.add_argument("--dtype", default="auto", help="server --dtype (auto: what `inflight serve` picks)")
     p.add_argument("--server-args", default="", help="more flags for `inflight serve`, one string")
     p.add_argument("--server-cmd", default=None,
                    help="run this server instead (format fields: {port} {max_num_seqs} {scheduling})")

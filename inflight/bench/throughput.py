@@ -44,7 +44,7 @@ def add_throughput_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--result-file", default=None, help="write the JSON report here")
     p.add_argument("--disable-tqdm", action="store_true")
     add_engine_args(p)
-    p.set_defaults(handler=run_bench_throughput, dtype="bfloat16")
+    p.set_defaults(handler=run_bench_throughput)
     return p
 
 
