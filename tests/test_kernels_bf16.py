@@ -1,4 +1,5 @@
-"""The bf16 kernels (gemm_bf16.c, paged_prefill.c's paged_prefill_bf16) on every ISA level,
+"""The bf16 kernels (gemm_bf16.c, paged_prefill.c's paged_prefill_bf16, paged_decode.c's
+paged_decode_bf16 over shared prefixes) on every ISA level,
 through one C driver (tests/csrc/bf16_check.c) that checks them against references in
 double: built with each level's flags (build.py's compile_flags) and linked against the
 engine's kernel libraries for the level (build.library_path), run natively for every
@@ -24,7 +25,7 @@ from inflight.kernels.cpu.isa import LEVELS, IsaLevel, machine_arch, supported_l
 
 CSRC = Path(build.__file__).parent / "csrc"
 DRIVER = Path(__file__).parent / "csrc" / "bf16_check.c"
-LIBRARIES = ("gemm_bf16", "paged_prefill")
+LIBRARIES = ("gemm_bf16", "paged_prefill", "paged_decode")
 HERE = machine_arch()
 CROSS_CC = "aarch64-linux-gnu-gcc"
 

@@ -1,5 +1,5 @@
-/* The bf16 kernels (gemm_bf16.c: plain, argmax, silu; paged_prefill.c: paged_prefill_bf16)
- * built with one ISA level's flags, against references in double: the check
+/* The bf16 kernels (gemm_bf16.c: plain, argmax, silu; paged_prefill.c: paged_prefill_bf16;
+ * paged_decode.c: paged_decode_bf16 over shared prefixes) built with one ISA level's flags, against references in double: the check
  * tests/test_kernels_bf16.py runs natively for every level the CPU runs and under
  * qemu-user for the aarch64 levels. Prints "<passed> passed, <failed> failed" last;
  * exit status 1 on any failure. */
@@ -22,6 +22,8 @@ int64_t paged_prefill_workspace(const int64_t*, const int64_t*, int, int, int, i
 int encoder_attention_bf16(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, int64_t, const int64_t*,
                            const int64_t*, uint16_t*, int, int, int, int, float, void*);
 int64_t encoder_attention_workspace(const int64_t*, int, int, int, int);
+void paged_decode_bf16(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, const int64_t*, int64_t,
+                       const int64_t*, uint16_t*, int, int, int, int, int, float, int);
 
 static int passed, failed;
 static uint32_t seed = 12345;
@@ -151,6 +153,62 @@ static void check_prefill(int H, int KVH, int D, int BS) {
     free(kc); free(vc); free(bt); free(q); free(o); free(ws); free(p);
 }
 
+static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
+
+/* paged_decode_bf16 over requests whose block tables start with the same `shared` blocks
+ * (prefix caching): the first n_shared of N requests, one of them only a token past the prefix.
+ * At the AVX-512-BF16 levels their prefix is scored for several requests in one pass (the
+ * cascade); every request's output against a reference in double */
+static void check_decode_shared(int N, int n_shared, int H, int KVH, int D, int BS, int shared) {
+    char what[128];
+    snprintf(what, sizeof what, "paged_decode_bf16 shared prefix seqs=%d/%d H=%d KVH=%d D=%d block=%d blocks=%d",
+             n_shared, N, H, KVH, D, BS, shared);
+    const int64_t row_len = (int64_t)KVH * D, shared_len = (int64_t)shared * BS;
+    int64_t* lens = malloc(sizeof(int64_t) * (size_t)N);
+    int64_t maxb = 0, longest = 0;
+    for (int s = 0; s < N; s++) {
+        lens[s] = s == 1 ? shared_len + 1 : shared_len + 1 + (int64_t)((rnd() + 1) * 40);
+        maxb = (lens[s] + BS - 1) / BS > maxb ? (lens[s] + BS - 1) / BS : maxb;
+        longest = lens[s] > longest ? lens[s] : longest;
+    }
+    const int64_t nb = N * maxb;
+    int64_t* bt = malloc(sizeof(int64_t) * (size_t)nb);
+    int64_t step = 7;  /* scattered, distinct: a step coprime with nb */
+    while (gcd64(step, nb) != 1) step += 2;
+    for (int64_t i = 0; i < nb; i++) bt[i] = (i * step) % nb;
+    for (int s = 1; s < n_shared; s++)
+        for (int b = 0; b < shared; b++) bt[s * maxb + b] = bt[b];
+    uint16_t *kc = malloc((size_t)(nb * BS * row_len) * 2), *vc = malloc((size_t)(nb * BS * row_len) * 2);
+    for (int64_t i = 0; i < nb * BS * row_len; i++) kc[i] = f32_to_bf16(rnd() * 2), vc[i] = f32_to_bf16(rnd());
+    uint16_t *q = malloc((size_t)N * H * D * 2), *o = malloc((size_t)N * H * D * 2);
+    for (int64_t i = 0; i < (int64_t)N * H * D; i++) q[i] = f32_to_bf16(rnd() * 2);
+    const float scale = 1.f / sqrtf((float)D);
+    paged_decode_bf16(q, (int64_t)H * D, kc, vc, bt, maxb, lens, o, N, H, KVH, D, BS, scale, (int)longest);
+    double* p = malloc(sizeof(double) * (size_t)longest);
+    int ok = 1;
+    for (int r = 0; r < N && ok; r++)
+        for (int h = 0; h < H && ok; h++) {
+            const int kh = h / (H / KVH);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t t = 0; t < lens[r]; t++) {
+                const int64_t at = (bt[r * maxb + t / BS] * BS + t % BS) * row_len + (int64_t)kh * D;
+                double d = 0;
+                for (int e = 0; e < D; e++) d += (double)b2f(q[((int64_t)r * H + h) * D + e]) * b2f(kc[at + e]);
+                p[t] = d * scale;
+                mx = p[t] > mx ? p[t] : mx;
+            }
+            for (int64_t t = 0; t < lens[r]; t++) sum += p[t] = exp(p[t] - mx);
+            for (int e = 0; e < D && ok; e++) {
+                double ref = 0;
+                for (int64_t t = 0; t < lens[r]; t++)
+                    ref += p[t] / sum * b2f(vc[(bt[r * maxb + t / BS] * BS + t % BS) * row_len + (int64_t)kh * D + e]);
+                ok = fabs(b2f(o[((int64_t)r * H + h) * D + e]) - ref) <= 1e-2 + fabs(ref) / 64;
+            }
+        }
+    report(ok, what);
+    free(lens); free(bt); free(kc); free(vc); free(q); free(o); free(p);
+}
+
 /* an encoder's attention: each request's rows over every row of the request, both ways; q, k
  * and v read in place from one fused [T][(H + 2 KVH) D] output, as the model hands them over */
 static void check_encoder(int H, int KVH, int D) {
@@ -228,6 +286,9 @@ int main(void) {
     check_prefill(8, 1, 128, 16);
     check_prefill(6, 2, 96, 16);  /* a last group of 32 head-dim columns on the AMX tiles */
     if (paged_prefill_supported(48)) check_prefill(4, 2, 48, 16);
+    check_decode_shared(40, 36, 9, 3, 64, 16, 12);  /* several passes of 3 query heads a kv head */
+    check_decode_shared(40, 36, 8, 8, 64, 16, 12);  /* one query head a kv head */
+    check_decode_shared(12, 12, 8, 2, 128, 5, 20);  /* head_dim 128; a prefix of 100 keys: no whole 32 */
     check_encoder(4, 4, 64);  /* BERT's: as many kv heads as heads */
     check_encoder(12, 12, 32);
     check_encoder(6, 2, 96);

@@ -2,12 +2,12 @@
  * levels): cascade attention. shared_prefix.h groups the requests whose block tables start
  * with the same blocks (prefix caching hands them the same block ids); the prefix keys of a
  * group are then scored for several of its requests in one pass, their queries as the pass's
- * rows (each seeing every prefix key): on AMX tiles at the amx_bf16 level
- * (decode_prefix_amx.h), else as decode_core.h's passes. Each request's own keys after the
+ * rows (each seeing every prefix key), as a small GEMM (decode_prefix_pass.h: on AMX tiles at
+ * the amx_bf16 level, else with vdpbf16ps). Each request's own keys after the
  * prefix run as a part of its context, and the two softmax states merge into its output
  * (dk_merge). Requests in no group run whole.
  * NOTE: a prefix stays in L2 and L3 while the step's requests read it, so what a pass saves
- * is arithmetic (a GEMM on the tiles instead of a row at a time), not memory traffic.
+ * is arithmetic (a GEMM instead of a row at a time), not memory traffic.
  */
 #ifndef INFLIGHT_DECODE_BF16_PREFIX_H
 #define INFLIGHT_DECODE_BF16_PREFIX_H
@@ -21,11 +21,11 @@
 #include "shared_prefix.h"
 
 #if defined(INFLIGHT_ISA_AVX512_BF16)
+#include "decode_prefix_pass.h"
 #if defined(INFLIGHT_ISA_AMX_BF16)
-#include "decode_prefix_amx.h"
 #define DP_MIN_ROWS 16           /* query rows a group fills, at least: one A tile */
 #else
-#define DP_MIN_ROWS AW_MIN_ROWS  /* a row at a time, a small group saves less than its merge costs */
+#define DP_MIN_ROWS AW_MIN_ROWS  /* a small group saves less than its merge costs */
 #endif
 
 /* the step's groups (shared_prefix.h's plan with this level's thresholds; no chunks where
@@ -38,16 +38,25 @@ static struct sp_plan dp_plan(const int64_t* bt, int64_t bt_stride, const int64_
     return plan;
 }
 
+/* how many passes a chunk of n requests takes: at most `most` requests each, and a multiple of
+ * the threads where that leaves each pass `least` requests (passes go to the threads whole,
+ * and each repacks its prefix: an odd pass out would keep the other threads waiting) */
+static int dp_cuts(int n, int most, int threads, int least) {
+    const int k = (n + most - 1) / most, even = (k + threads - 1) / threads * threads;
+    return n / even >= least ? even : k;
+}
+
 /* the plan's chunks cut into passes of near-equal size, each at most `most` requests
  * (*n_pass of them; NULL: out of memory) */
-static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int* n_pass) {
+static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int least, int* n_pass) {
+    const int threads = omp_get_max_threads();
     int n = 0;
-    for (int c = 0; c < plan->n_chunks; c++) n += (plan->chunks[c].n + most - 1) / most;
+    for (int c = 0; c < plan->n_chunks; c++) n += dp_cuts(plan->chunks[c].n, most, threads, least);
     struct sp_chunk* pass = malloc(sizeof *pass * (size_t)n);
     if (!pass) return NULL;
     for (int c = 0, i = 0; c < plan->n_chunks; c++) {
         const struct sp_chunk ch = plan->chunks[c];
-        const int k = (ch.n + most - 1) / most;
+        const int k = dp_cuts(ch.n, most, threads, least);
         for (int j = 0, start = ch.start; j < k; j++) {
             const int size = ch.n / k + (j < ch.n % k);
             pass[i++] = (struct sp_chunk){start, size, ch.prefix};
@@ -59,21 +68,19 @@ static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int* n_p
 }
 
 /* One pass over a prefix of len keys: nq requests' query rows (q, q_stride apart) into their
- * states (part, part_row apart): on the tiles where the level has them and the kernel may use
- * them (tiles: that pass's buffer, or NULL), else as decode_core.h's passes of at most
+ * states (part, part_row apart): decode_prefix_pass.h's GEMM (tiles: that pass's buffer), or
+ * where its buffer could not be had (tiles NULL) decode_core.h's passes of at most
  * DECODE_MAX_ROWS rows (with ws.part set they never write out). */
 static void dp_prefix_pass(const uint16_t* q, int64_t q_stride, int nq, const uint16_t* k_cache,
                            const uint16_t* v_cache, const int64_t* bt, int64_t len, int G, int num_kv_heads,
                            int head_dim, int block_size, float scale, float* part, int64_t part_row, float* tiles,
                            uint16_t* out, const struct decode_scratch* ws) {
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
-#if defined(INFLIGHT_ISA_AMX_BF16)
-    if (tiles && prefix_pass_amx(q, q_stride, nq, k_cache, v_cache, bt, len, G, num_kv_heads, head_dim, block_size,
-                                 tok_stride, scale, part, part_row, tiles, ws->rows) == 0)
+    if (tiles) {
+        prefix_pass(q, q_stride, nq, k_cache, v_cache, bt, len, G, num_kv_heads, head_dim, block_size, tok_stride,
+                    scale, part, part_row, tiles, ws->rows);
         return;
-#else
-    (void)tiles;
-#endif
+    }
     const int most = DECODE_MAX_ROWS / G;
     struct decode_scratch w = *ws;  /* the thread's buffers, with this pass's outputs */
     w.part_row = part_row, w.all_keys = 1;
@@ -95,11 +102,7 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
     const int64_t srow = (int64_t)num_heads * (head_dim + 2);  /* one request's state: each head's D + 2 */
     const int grouped = plan->chunks[plan->n_chunks - 1].start + plan->chunks[plan->n_chunks - 1].n;
     int n_pass = 0;
-#if defined(INFLIGHT_ISA_AMX_BF16)
-    struct sp_chunk* pass = dp_passes(plan, PA_MAX_ROWS / G, &n_pass);
-#else
-    struct sp_chunk* pass = dp_passes(plan, DECODE_MAX_ROWS / G, &n_pass);
-#endif
+    struct sp_chunk* pass = dp_passes(plan, PA_MAX_ROWS / G, (16 + G - 1) / G, &n_pass);  /* a row tile, at least */
     uint16_t* qg = malloc(sizeof(uint16_t) * (size_t)(grouped * row));  /* the pass's rows in plan order */
     float* states = malloc(sizeof(float) * (size_t)(grouped * 2 * srow));  /* a request's prefix, then own */
     if (!pass || !qg || !states) {
@@ -117,11 +120,7 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)(DECODE_MAX_ROWS * lp));
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
         struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
-#if defined(INFLIGHT_ISA_AMX_BF16)
         float* tiles = (float*)aligned_alloc(64, sizeof(float) * (size_t)((pa_floats(widest, head_dim) + 15) & ~15));
-#else
-        float* tiles = NULL;
-#endif
         _Pragma("omp for schedule(dynamic, 1)")
         for (int i = 0; i < n_pass; i++)
             dp_prefix_pass(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache,
