@@ -1,7 +1,8 @@
 /* The bf16 kernels (gemm_bf16.c: plain, argmax, silu; paged_prefill.c: paged_prefill_bf16;
- * paged_decode.c: paged_decode_bf16 over shared prefixes) built with one ISA level's flags, against references in double: the check
- * tests/test_kernels_bf16.py runs natively for every level the CPU runs and under
- * qemu-user for the aarch64 levels. Prints "<passed> passed, <failed> failed" last;
+ * paged_decode.c: paged_decode_bf16 over shared prefixes) built with one ISA level's flags,
+ * against references in double: the check tests/test_kernels_bf16.py runs natively for every
+ * level the CPU runs, under qemu-user for the aarch64 levels and through SIMDe for the AVX-512
+ * levels on a CPU without them. Prints "<passed> passed, <failed> failed" last;
  * exit status 1 on any failure. */
 #include <math.h>
 #include <stdint.h>
