@@ -98,6 +98,29 @@ static void check_gemm(int M, int N, int K) {
     free(w); free(x); free(bias); free(out); free(nob); free(tok); free(pk);
 }
 
+/* One query row (q: D values, of kv head kh) over the first n keys a block table (bt, blocks of
+ * BS tokens, pool rows of row_len) holds, in double; whether out (D values) is within 1e-2 +
+ * |ref| / 64 of it. p: n doubles of scratch. */
+static int attention_row_ok(const uint16_t* q, const uint16_t* kc, const uint16_t* vc, const int64_t* bt, int64_t n,
+                            int BS, int64_t row_len, int kh, int D, float scale, const uint16_t* out, double* p) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t at = (bt[t / BS] * BS + t % BS) * row_len + (int64_t)kh * D;
+        double d = 0;
+        for (int e = 0; e < D; e++) d += (double)b2f(q[e]) * b2f(kc[at + e]);
+        p[t] = d * scale;
+        mx = p[t] > mx ? p[t] : mx;
+    }
+    for (int64_t t = 0; t < n; t++) sum += p[t] = exp(p[t] - mx);
+    for (int e = 0; e < D; e++) {
+        double ref = 0;
+        for (int64_t t = 0; t < n; t++)
+            ref += p[t] / sum * b2f(vc[(bt[t / BS] * BS + t % BS) * row_len + (int64_t)kh * D + e]);
+        if (fabs(b2f(out[e]) - ref) > 1e-2 + fabs(ref) / 64) return 0;
+    }
+    return 1;
+}
+
 /* requests (cached, new): causal over the cache and the chunk, H heads over KVH kv heads */
 static void check_prefill(int H, int KVH, int D, int BS) {
     char what[96];
@@ -132,23 +155,9 @@ static void check_prefill(int H, int KVH, int D, int BS) {
     for (int r = 0; r < R && ok; r++)
         for (int64_t i = 0; i < q_len[r] && ok; i++)
             for (int h = 0; h < H && ok; h++) {
-                const int kh = h / (H / KVH);
-                const int64_t n = cached[r] + i + 1, row = q_start[r] + i;
-                double mx = -INFINITY, sum = 0;
-                for (int64_t t = 0; t < n; t++) {
-                    const int64_t s = (bt[r * maxb + t / BS] * BS + t % BS) * row_len + (int64_t)kh * D;
-                    double d = 0;
-                    for (int e = 0; e < D; e++) d += (double)b2f(q[(row * H + h) * D + e]) * b2f(kc[s + e]);
-                    p[t] = d * scale;
-                    mx = p[t] > mx ? p[t] : mx;
-                }
-                for (int64_t t = 0; t < n; t++) sum += p[t] = exp(p[t] - mx);
-                for (int e = 0; e < D && ok; e++) {
-                    double ref = 0;
-                    for (int64_t t = 0; t < n; t++)
-                        ref += p[t] / sum * b2f(vc[(bt[r * maxb + t / BS] * BS + t % BS) * row_len + (int64_t)kh * D + e]);
-                    ok = fabs(b2f(o[(row * H + h) * D + e]) - ref) <= 1e-2 + fabs(ref) / 64;
-                }
+                const int64_t row = q_start[r] + i;
+                ok = attention_row_ok(q + (row * H + h) * D, kc, vc, bt + r * maxb, cached[r] + i + 1, BS, row_len,
+                                      h / (H / KVH), D, scale, o + (row * H + h) * D, p);
             }
     report(ok, what);
     free(kc); free(vc); free(bt); free(q); free(o); free(ws); free(p);
@@ -189,22 +198,9 @@ static void check_decode_shared(int N, int n_shared, int H, int KVH, int D, int 
     int ok = 1;
     for (int r = 0; r < N && ok; r++)
         for (int h = 0; h < H && ok; h++) {
-            const int kh = h / (H / KVH);
-            double mx = -INFINITY, sum = 0;
-            for (int64_t t = 0; t < lens[r]; t++) {
-                const int64_t at = (bt[r * maxb + t / BS] * BS + t % BS) * row_len + (int64_t)kh * D;
-                double d = 0;
-                for (int e = 0; e < D; e++) d += (double)b2f(q[((int64_t)r * H + h) * D + e]) * b2f(kc[at + e]);
-                p[t] = d * scale;
-                mx = p[t] > mx ? p[t] : mx;
-            }
-            for (int64_t t = 0; t < lens[r]; t++) sum += p[t] = exp(p[t] - mx);
-            for (int e = 0; e < D && ok; e++) {
-                double ref = 0;
-                for (int64_t t = 0; t < lens[r]; t++)
-                    ref += p[t] / sum * b2f(vc[(bt[r * maxb + t / BS] * BS + t % BS) * row_len + (int64_t)kh * D + e]);
-                ok = fabs(b2f(o[((int64_t)r * H + h) * D + e]) - ref) <= 1e-2 + fabs(ref) / 64;
-            }
+            const int64_t row = (int64_t)r * H + h;
+            ok = attention_row_ok(q + row * D, kc, vc, bt + r * maxb, lens[r], BS, row_len, h / (H / KVH), D, scale,
+                                  o + row * D, p);
         }
     report(ok, what);
     free(lens); free(bt); free(kc); free(vc); free(q); free(o); free(p);
