@@ -68,17 +68,17 @@ static struct sp_chunk* dp_passes(const struct sp_plan* plan, int most, int leas
 }
 
 /* One pass over a prefix of len keys: nq requests' query rows (q, q_stride apart) into their
- * states (part, part_row apart): decode_prefix_pass.h's GEMM (tiles: that pass's buffer), or
- * where its buffer could not be had (tiles NULL) decode_core.h's passes of at most
- * DECODE_MAX_ROWS rows (with ws.part set they never write out). */
+ * states (part, part_row apart): decode_prefix_pass.h's GEMM (pbuf: its buffer of at least
+ * pa_floats(len, head_dim) floats), or where that could not be had (pbuf NULL) decode_core.h's
+ * passes of at most DECODE_MAX_ROWS rows (with ws.part set they never write out). */
 static void dp_prefix_pass(const uint16_t* q, int64_t q_stride, int nq, const uint16_t* k_cache,
                            const uint16_t* v_cache, const int64_t* bt, int64_t len, int G, int num_kv_heads,
-                           int head_dim, int block_size, float scale, float* part, int64_t part_row, float* tiles,
+                           int head_dim, int block_size, float scale, float* part, int64_t part_row, float* pbuf,
                            uint16_t* out, const struct decode_scratch* ws) {
     const int64_t tok_stride = (int64_t)num_kv_heads * head_dim;
-    if (tiles) {
+    if (pbuf) {
         prefix_pass(q, q_stride, nq, k_cache, v_cache, bt, len, G, num_kv_heads, head_dim, block_size, tok_stride,
-                    scale, part, part_row, tiles, ws->rows);
+                    scale, part, part_row, pbuf, ws->rows);
         return;
     }
     const int most = DECODE_MAX_ROWS / G;
@@ -120,15 +120,15 @@ static int decode_bf16_grouped(const uint16_t* q, int64_t q_stride, const uint16
         float* sbuf = (float*)malloc(sizeof(float) * (size_t)(DECODE_MAX_ROWS * lp));
         int64_t* rows = (int64_t*)malloc(sizeof(int64_t) * (size_t)lp);
         struct decode_scratch ws = {sbuf, rows, {0}, 0, 0, NULL};
-        float* tiles = (float*)aligned_alloc(64, sizeof(float) * (size_t)((pa_floats(widest, head_dim) + 15) & ~15));
+        float* pbuf = (float*)aligned_alloc(64, sizeof(float) * (size_t)((pa_floats(widest, head_dim) + 15) & ~15));
         _Pragma("omp for schedule(dynamic, 1)")
         for (int i = 0; i < n_pass; i++)
             dp_prefix_pass(qg + pass[i].start * row, row, pass[i].n, k_cache, v_cache,
                            block_tables + (int64_t)plan->order[pass[i].start] * bt_stride, pass[i].prefix, G,
                            num_kv_heads, head_dim, block_size, scale, states + (int64_t)pass[i].start * 2 * srow,
-                           2 * srow, tiles, out, &ws);
+                           2 * srow, pbuf, out, &ws);
         /* NOTE: the implicit barrier here: every prefix state is written before a request merges it */
-        free(tiles);
+        free(pbuf);
         _Pragma("omp for schedule(dynamic, 1)")
         for (int s = 0; s < num_seqs; s++) {
             const int slot = plan->slot[s];
